@@ -1,0 +1,230 @@
+//! The result of one cell as a caller sees it ([`CellResult`]), and its parts.
+//!
+//! Field names follow Jupyter's messaging spec where Jupyter has one
+//! (`execution_count`, `execute_result` → `result`, `display_data` →
+//! `displays`, `stream` → `stdout`/`stderr`, `error {ename, evalue,
+//! traceback}`); the shape is DESIGN.md's "The result an agent sees".
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A MIME bundle. Text types (`text/plain`, `text/html`, `text/markdown`,
+/// `image/svg+xml`, `application/json`) hold their data inline; binary types
+/// (`image/png`, `image/jpeg`) hold `{"path": "...", "bytes": N}` pointing to
+/// the file the host saved in the session's directory.
+pub type MimeBundle = Map<String, Value>;
+
+/// How a cell ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellStatus {
+    /// The code ran to its end.
+    Ok,
+    /// The code raised (including `SystemExit`), or could not start.
+    Error,
+    /// The cell passed its deadline and was stopped.
+    Timeout,
+    /// A caller interrupted the cell.
+    Interrupted,
+    /// The worker process died during the cell.
+    Crashed,
+}
+
+impl CellStatus {
+    /// Exit code of `cellhost exec` for this status (CLI contract):
+    /// 0 ok, 1 error, 124 timeout, 130 interrupted, 137 crashed.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            CellStatus::Ok => 0,
+            CellStatus::Error => 1,
+            CellStatus::Timeout => 124,
+            CellStatus::Interrupted => 130,
+            CellStatus::Crashed => 137,
+        }
+    }
+
+    /// The wire name (`ok`, `error`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellStatus::Ok => "ok",
+            CellStatus::Error => "error",
+            CellStatus::Timeout => "timeout",
+            CellStatus::Interrupted => "interrupted",
+            CellStatus::Crashed => "crashed",
+        }
+    }
+}
+
+/// An exception raised by a cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellError {
+    /// Exception class name, e.g. `ZeroDivisionError`.
+    pub ename: String,
+    /// `str()` of the exception (redacted).
+    pub evalue: String,
+    /// Formatted traceback lines, worker frames removed, repeats collapsed.
+    pub traceback: Vec<String>,
+}
+
+/// A display (Jupyter `display_data`) shown during the cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DisplayOutput {
+    /// The bundle (binary types replaced by file references, see [`MimeBundle`]).
+    pub data: MimeBundle,
+    /// Jupyter display metadata.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+/// How one stream was cut to its inline size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncation {
+    /// Bytes of the whole rendered, redacted stream.
+    pub total_bytes: u64,
+    /// Bytes returned inline (head + tail, without the omission line).
+    pub shown_bytes: u64,
+    /// `total_bytes - shown_bytes`.
+    pub omitted_bytes: u64,
+    /// File holding the full stream (up to the spill cap), if one was written.
+    pub spill_path: Option<PathBuf>,
+    /// Bytes written to the spill file (less than `total_bytes` when the
+    /// spill cap was reached).
+    #[serde(default)]
+    pub spill_bytes: u64,
+}
+
+/// Which kernel ran the cell.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRef {
+    /// Session name.
+    pub session: String,
+    /// Kernel generation within the session (1 for the first kernel).
+    pub generation: u64,
+    /// Host-side pid of the Python worker.
+    pub pid: u32,
+    /// The kernel had run earlier cells of this session.
+    pub reused: bool,
+    /// The session's namespace was lost before this cell (a new kernel).
+    pub state_reset: bool,
+    /// Why the state was reset, when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_reason: Option<String>,
+}
+
+/// What happened when a cell was interrupted or timed out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterruptReport {
+    /// SIGINT reached the worker's main thread.
+    pub delivered: bool,
+    /// Thread the signal was sent to (`pid/tid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The cell did not settle within the grace and the kernel was killed.
+    pub escalated: bool,
+    /// The namespace survived.
+    pub state_kept: bool,
+    /// Why the interrupt did not stop the code in time, or was not delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// How the worker process died (status `crashed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrashReport {
+    /// Exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal number, when a signal killed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Signal name, e.g. `SIGSEGV`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal_name: Option<String>,
+    /// One line for a reader: what died and the likely cause.
+    pub message: String,
+}
+
+/// Resources used by the worker.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// CPU seconds (user + system) the cell used.
+    #[serde(default)]
+    pub cpu_s: f64,
+    /// Peak resident set of the worker so far, in KiB.
+    #[serde(default)]
+    pub peak_rss_kb: u64,
+}
+
+/// Output that earlier cells' threads or children wrote after those cells
+/// settled, delivered with the next result and never mixed into its streams.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackgroundOutput {
+    /// Text on stdout.
+    pub stdout: String,
+    /// Text on stderr.
+    pub stderr: String,
+    /// Bytes dropped because the background buffer was full.
+    #[serde(default)]
+    pub dropped_bytes: u64,
+}
+
+impl BackgroundOutput {
+    /// Nothing was captured.
+    pub fn is_empty(&self) -> bool {
+        self.stdout.is_empty() && self.stderr.is_empty() && self.dropped_bytes == 0
+    }
+}
+
+/// The result of one cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellResult {
+    /// Cell id (unique within the host process).
+    pub cell_id: String,
+    /// How the cell ended.
+    pub status: CellStatus,
+    /// Jupyter's execution_count of this cell (0 if it never started).
+    pub execution_count: u64,
+    /// Rendered, redacted, bounded stdout.
+    pub stdout: String,
+    /// Rendered, redacted, bounded stderr.
+    pub stderr: String,
+    /// The last expression's value (Jupyter `execute_result`).
+    pub result: Option<MimeBundle>,
+    /// Displays shown during the cell, in order.
+    pub displays: Vec<DisplayOutput>,
+    /// The exception, for status `error` (and `interrupted`/`timeout` when
+    /// the worker reported KeyboardInterrupt).
+    pub error: Option<CellError>,
+    /// Streams that were cut, by name (`stdout`, `stderr`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub truncated: BTreeMap<String, Truncation>,
+    /// The kernel that ran it.
+    pub kernel: KernelRef,
+    /// Set when the cell was interrupted or timed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupt: Option<InterruptReport>,
+    /// Set for status `crashed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash: Option<CrashReport>,
+    /// Wall time from submission to settlement, in milliseconds.
+    pub duration_ms: u64,
+    /// Worker resource use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Host calls made by the cell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
+    /// Output of earlier cells' threads or children that arrived since the
+    /// previous result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_output: Option<BackgroundOutput>,
+    /// The worker's working directory after the cell (None if deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// One line for a language model on how to proceed after a common failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}

@@ -1,0 +1,195 @@
+//! Frame types of protocol v1. Field names are the wire names.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A MIME bundle: MIME type → data (a string, or JSON for `application/json`).
+pub type MimeBundle = Map<String, Value>;
+
+/// Options the host passes with a cell.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecuteOptions {
+    /// Do not bump `execution_count` nor record `_` (Jupyter's `silent`).
+    #[serde(default)]
+    pub silent: bool,
+    /// Directory where the worker may place files (figures are sent as
+    /// frames; this is only informative for user code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_dir: Option<String>,
+}
+
+/// Frames the host sends to a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HostFrame {
+    /// Run `code` as cell `id`; write `marker` to fd 1 and fd 2 when done.
+    Execute {
+        /// Cell id, unique within the kernel.
+        id: String,
+        /// Source code of the cell.
+        code: String,
+        /// End marker token for this cell (fresh random hex per cell).
+        marker: String,
+        /// Options.
+        #[serde(default)]
+        options: ExecuteOptions,
+    },
+    /// Tell the worker that cell `id` is being interrupted. Sent right
+    /// after the SIGINT; it catches an interrupt that reached the worker
+    /// before the cell's code started.
+    Interrupt {
+        /// Cell id the interrupt is meant for.
+        id: String,
+    },
+    /// List the user namespace (idle kernels only).
+    InspectVariables {
+        /// Request id.
+        id: String,
+        /// Maximum number of variables, 1..=500.
+        limit: u32,
+    },
+    /// Answer to a [`WorkerFrame::HostCall`].
+    HostResponse {
+        /// Id of the host call.
+        id: String,
+        /// Result of the call, when it succeeded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+        /// Error message, when it failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// Exit cleanly.
+    Shutdown {},
+}
+
+/// How a worker's SIGINT handling stood when an interrupt arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SigintHandler {
+    /// The worker's own handler (raises KeyboardInterrupt in the cell).
+    Worker,
+    /// User code set `SIG_IGN`.
+    Ignored,
+    /// User code installed its own handler.
+    User,
+    /// User code restored `SIG_DFL` (the process would die).
+    Default,
+}
+
+/// Frames a worker sends to the host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerFrame {
+    /// First frame: the worker is ready for cells.
+    Ready {
+        /// Worker pid as the worker sees it (its own pid namespace).
+        pid: u32,
+        /// `sys.version` of the interpreter.
+        python: String,
+        /// `sys.executable`.
+        #[serde(default)]
+        executable: String,
+        /// Protocol version the worker speaks.
+        protocol: u32,
+    },
+    /// A MIME bundle shown during cell `id`.
+    Display {
+        /// Cell id.
+        id: String,
+        /// The bundle.
+        data: MimeBundle,
+        /// Jupyter display metadata.
+        #[serde(default)]
+        metadata: Map<String, Value>,
+    },
+    /// A cell (or one of its threads) calls a host tool.
+    HostCall {
+        /// Call id (answered by a [`HostFrame::HostResponse`] with the same id).
+        id: String,
+        /// Cell whose authority the call claims.
+        cell: String,
+        /// Tool name.
+        method: String,
+        /// Arguments.
+        #[serde(default)]
+        args: Value,
+    },
+    /// Answer to [`HostFrame::InspectVariables`].
+    Variables {
+        /// Request id.
+        id: String,
+        /// One object per variable.
+        variables: Vec<Value>,
+        /// More variables existed than `limit`.
+        truncated: bool,
+    },
+    /// Output written through `sys.stdout`/`sys.stderr` by a thread that an
+    /// earlier, settled cell started. Kept apart from the running cell.
+    Background {
+        /// `stdout` or `stderr`.
+        stream: String,
+        /// The text.
+        text: String,
+    },
+    /// The reader thread's view of an interrupt frame.
+    InterruptAck {
+        /// Cell id from the interrupt frame.
+        id: String,
+        /// The cell's code was running when the frame arrived.
+        running: bool,
+        /// SIGINT handling at that moment.
+        handler: SigintHandler,
+    },
+    /// The worker raised KeyboardInterrupt in cell `id`.
+    InterruptRaised {
+        /// Cell id.
+        id: String,
+    },
+    /// The cell is done; the end markers follow on fd 1 and fd 2.
+    Response {
+        /// Cell id.
+        id: String,
+        /// `ok`, `error` or `interrupted`.
+        status: String,
+        /// Jupyter's execution_count after this cell.
+        execution_count: u64,
+        /// MIME bundle of the last expression.
+        #[serde(default)]
+        result: Option<MimeBundle>,
+        /// `{ename, evalue, traceback}`.
+        #[serde(default)]
+        error: Option<Value>,
+        /// `{cpu_s, peak_rss_kb}` of the worker.
+        #[serde(default)]
+        usage: Option<Value>,
+        /// Working directory after the cell (null if it was deleted).
+        #[serde(default)]
+        cwd: Option<String>,
+        /// SIGINT handling after the cell (re-armed before the next one).
+        #[serde(default)]
+        sigint_handler: Option<SigintHandler>,
+    },
+    /// Diagnostic message from the worker itself.
+    Log {
+        /// Text.
+        msg: String,
+    },
+}
+
+impl WorkerFrame {
+    /// The frame's `type` tag, for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WorkerFrame::Ready { .. } => "ready",
+            WorkerFrame::Display { .. } => "display",
+            WorkerFrame::HostCall { .. } => "host_call",
+            WorkerFrame::Variables { .. } => "variables",
+            WorkerFrame::Background { .. } => "background",
+            WorkerFrame::InterruptAck { .. } => "interrupt_ack",
+            WorkerFrame::InterruptRaised { .. } => "interrupt_raised",
+            WorkerFrame::Response { .. } => "response",
+            WorkerFrame::Log { .. } => "log",
+        }
+    }
+}
