@@ -1,1 +1,71 @@
-fn main() {}
+//! `cellhost`: run code cells and notebooks in persistent, supervised
+//! Python kernels.
+//!
+//! Exit codes of `exec` (and of `run` when it stops at a cell): 0 ok,
+//! 1 error, 2 usage, 124 timeout, 130 interrupted, 137 crashed.
+
+mod cmd_bench;
+mod cmd_exec;
+mod cmd_repl;
+mod cmd_run;
+mod common;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Persistent, supervised code kernels for agents and people.
+#[derive(Debug, Parser)]
+#[command(name = "cellhost", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run one cell and print its output (exit code = status).
+    Exec(cmd_exec::ExecArgs),
+    /// Execute a notebook (.ipynb) or a percent-format script (.py).
+    Run(cmd_run::RunArgs),
+    /// Interactive session: Ctrl-C interrupts the running cell.
+    Repl(cmd_repl::ReplArgs),
+    /// Measure cellhost against its peers and rewrite BENCHMARKS.md.
+    Bench(cmd_bench::BenchArgs),
+}
+
+/// Options shared by every command that starts a kernel.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KernelArgs {
+    /// Interpreter to run (any venv or conda env); default: python3 on PATH,
+    /// resolved to its real executable.
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    // The kernel init is a hidden subcommand of this binary: handle it before
+    // anything else (no threads, no runtime).
+    cellhost_sandbox::launcher::run_if_requested();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CELLHOST_LOG"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let code = match cli.command {
+        Cmd::Exec(a) => cmd_exec::run(a),
+        Cmd::Run(a) => cmd_run::run(a),
+        Cmd::Repl(a) => cmd_repl::run(a),
+        Cmd::Bench(a) => cmd_bench::run(a),
+    };
+    ExitCode::from(code)
+}

@@ -77,7 +77,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// [`ProtocolError::TruncatedFrame`] at EOF inside a line, and I/O errors.
     pub async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ProtocolError> {
         if self.poisoned {
-            return Err(ProtocolError::Oversized { limit: self.max, seen: self.line.len() });
+            return Err(ProtocolError::Oversized {
+                limit: self.max,
+                seen: self.line.len(),
+            });
         }
         loop {
             let available = self.inner.fill_buf().await?;
@@ -97,7 +100,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 let seen = self.line.len() + take;
                 self.poisoned = true;
                 self.line.clear();
-                return Err(ProtocolError::Oversized { limit: self.max, seen });
+                return Err(ProtocolError::Oversized {
+                    limit: self.max,
+                    seen,
+                });
             }
             self.line.extend_from_slice(&available[..take]);
             self.inner.consume(if complete { take + 1 } else { take });
@@ -189,13 +195,26 @@ mod tests {
         line.push(b'\n');
         let out = read_all(&line, 50).await;
         assert_eq!(out.len(), 1);
-        assert!(out[0].as_ref().is_err_and(|e| e.contains("exceeds 50 bytes")), "{out:?}");
+        assert!(
+            out[0]
+                .as_ref()
+                .is_err_and(|e| e.contains("exceeds 50 bytes")),
+            "{out:?}"
+        );
     }
 
     #[tokio::test]
     async fn malformed_frame_is_reported_and_reading_goes_on() {
-        let out = read_all(b"not json\n{\"type\":\"nope\"}\n{\"type\":\"log\",\"msg\":\"ok\"}\n", 1024).await;
-        assert!(out[0].as_ref().is_err_and(|e| e.contains("malformed") && e.contains("not json")));
+        let out = read_all(
+            b"not json\n{\"type\":\"nope\"}\n{\"type\":\"log\",\"msg\":\"ok\"}\n",
+            1024,
+        )
+        .await;
+        assert!(
+            out[0]
+                .as_ref()
+                .is_err_and(|e| e.contains("malformed") && e.contains("not json"))
+        );
         assert!(out[1].as_ref().is_err_and(|e| e.contains("malformed")));
         assert_eq!(out[2], Ok(Some(WorkerFrame::Log { msg: "ok".into() })));
         assert_eq!(out[3], Ok(None));
@@ -204,7 +223,11 @@ mod tests {
     #[tokio::test]
     async fn eof_inside_a_frame_is_truncation() {
         let out = read_all(b"{\"type\":\"log\"", 1024).await;
-        assert!(out[0].as_ref().is_err_and(|e| e.contains("middle of a frame")));
+        assert!(
+            out[0]
+                .as_ref()
+                .is_err_and(|e| e.contains("middle of a frame"))
+        );
     }
 
     #[tokio::test]
@@ -212,7 +235,9 @@ mod tests {
         let mut buf = Vec::new();
         let mut w = FrameWriter::new(&mut buf);
         w.send(&HostFrame::Shutdown {}).await.expect("send");
-        w.send(&HostFrame::Interrupt { id: "c1".into() }).await.expect("send");
+        w.send(&HostFrame::Interrupt { id: "c1".into() })
+            .await
+            .expect("send");
         assert_eq!(
             String::from_utf8(buf).expect("utf8"),
             "{\"type\":\"shutdown\"}\n{\"type\":\"interrupt\",\"id\":\"c1\"}\n"

@@ -140,6 +140,9 @@ pub enum WorkerFrame {
         running: bool,
         /// SIGINT handling at that moment.
         handler: SigintHandler,
+        /// KeyboardInterrupts the worker has raised in this cell so far.
+        #[serde(default)]
+        raised: u64,
     },
     /// The worker raised KeyboardInterrupt in cell `id`.
     InterruptRaised {

@@ -1,1 +1,27 @@
-//! placeholder
+//! Confinement and supervision of one cellhost worker.
+//!
+//! * [`launcher`]: the *kernel init*, a hidden subcommand of the embedding
+//!   binary that sits between the host and Python: it starts a new session,
+//!   becomes a child subreaper so no descendant of the kernel escapes it,
+//!   reaps everything, kills the whole tree when Python dies or the host asks
+//!   (or dies), and mirrors Python's exit status.
+//! * [`signal`]: thread-directed signals (`tgkill`) and process-tree sweeps.
+//! * [`env`]: the environment allowlist.
+//!
+//! This is the only crate of cellhost with `unsafe` code; every block has a
+//! `// SAFETY:` line.
+
+pub mod env;
+pub mod launcher;
+pub mod procfs;
+pub mod signal;
+
+#[cfg(feature = "ctor-launcher")]
+mod ctor_hook {
+    /// Runs the kernel init before `main` when the binary was started as one
+    /// (see [`crate::launcher::run_if_requested`]).
+    #[ctor::ctor(unsafe)]
+    fn cellhost_kernel_init_hook() {
+        crate::launcher::run_if_requested_from_proc();
+    }
+}

@@ -1,0 +1,124 @@
+//! `cellhost exec [--python PATH] [--timeout SECONDS] [--json] CODE`.
+
+use std::io::{Read, Write};
+
+use cellhost_kernel::{ExecOptions, LiveEvent, Session};
+use tokio::sync::mpsc;
+
+use crate::KernelArgs;
+use crate::common::{self, EXIT_USAGE};
+use crate::render;
+
+/// Arguments of `exec`.
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Deadline in seconds (default 300; 0 = none). At the deadline the cell
+    /// is interrupted, then killed after a 2 s grace.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// Print the CellResult as JSON instead of the output.
+    #[arg(long)]
+    json: bool,
+    /// The code to run; `-` reads it from stdin.
+    #[arg(value_name = "CODE")]
+    code: String,
+}
+
+/// Runs `exec`; returns the process exit code.
+pub fn run(args: ExecArgs) -> u8 {
+    let code = if args.code == "-" {
+        let mut s = String::new();
+        if let Err(e) = std::io::stdin().read_to_string(&mut s) {
+            eprintln!("cellhost: cannot read the code from stdin: {e}");
+            return EXIT_USAGE;
+        }
+        s
+    } else {
+        args.code.clone()
+    };
+    let timeout = match common::parse_timeout(args.timeout) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let rt = match common::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(async move {
+        let dir = common::new_session_dir("exec");
+        let cfg = match common::kernel_config(&args.kernel, "exec", &dir) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
+        };
+        let mut session = Session::new(cfg);
+        session.set_cell_timeout(timeout);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let opts = ExecOptions {
+            live: (!args.json).then_some(tx),
+            ..Default::default()
+        };
+        let printer = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    LiveEvent::Stdout(t) => {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(t.as_bytes());
+                        let _ = o.flush();
+                    }
+                    LiveEvent::Stderr(t) => {
+                        let _ = std::io::stderr().lock().write_all(t.as_bytes());
+                    }
+                    LiveEvent::Display(_) => {}
+                }
+            }
+        });
+        let result = match session.submit(&code, opts).await {
+            Ok(handle) => {
+                // Ctrl-C interrupts the cell (a second one during the grace
+                // is answered by the escalation already under way).
+                let kernel = session.kernel().cloned();
+                let watcher = tokio::spawn(async move {
+                    while tokio::signal::ctrl_c().await.is_ok() {
+                        if let Some(k) = &kernel {
+                            k.interrupt().await;
+                        }
+                    }
+                });
+                let r = session.finish(handle).await;
+                watcher.abort();
+                r
+            }
+            Err(e) => Err(e),
+        };
+        let _ = printer.await;
+        session.shutdown().await;
+        match result {
+            Ok(r) => {
+                if args.json {
+                    match serde_json::to_string_pretty(&r) {
+                        Ok(s) => println!("{s}"),
+                        Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),
+                    }
+                } else {
+                    render::print_result(&r, true);
+                }
+                r.status.exit_code() as u8
+            }
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                1
+            }
+        }
+    })
+}

@@ -1,0 +1,221 @@
+//! `cellhost repl [--python PATH]`: an interactive session.
+//!
+//! Ctrl-C while a cell runs interrupts it; a second Ctrl-C within the grace
+//! kills the kernel (the next cell starts a fresh one and says so). Ctrl-C
+//! at the prompt clears the line; Ctrl-D leaves.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::{ExecOptions, LiveEvent, Session};
+use rustyline::error::ReadlineError;
+use tokio::sync::mpsc;
+
+use crate::KernelArgs;
+use crate::common;
+use crate::render;
+
+/// Arguments of `repl`.
+#[derive(Debug, clap::Args)]
+pub struct ReplArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+}
+
+/// True while `code` still needs lines: open brackets, a trailing `\`, or a
+/// block opened with `:` that has not been closed by a blank line.
+pub fn needs_more(code: &str) -> bool {
+    let mut depth: i64 = 0;
+    let mut quote: Option<char> = None;
+    let mut prev = '\0';
+    for c in code.chars() {
+        match quote {
+            Some(q) => {
+                if c == q && prev != '\\' {
+                    quote = None;
+                }
+            }
+            None => match c {
+                '\'' | '"' => quote = Some(c),
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => depth -= 1,
+                '#' => {}
+                _ => {}
+            },
+        }
+        prev = c;
+    }
+    let last = code.lines().last().unwrap_or("");
+    if depth > 0 || last.trim_end().ends_with('\\') {
+        return true;
+    }
+    let opened_block = code.lines().any(|l| l.trim_end().ends_with(':'));
+    opened_block && !code.ends_with("\n\n") && !last.trim().is_empty()
+}
+
+/// Runs the REPL; returns the exit code.
+pub fn run(args: ReplArgs) -> u8 {
+    let rt = match common::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    let dir = common::new_session_dir("repl");
+    let cfg = match common::kernel_config(&args.kernel, "repl", &dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    let grace = cfg.interrupt_grace;
+    let mut session = Session::new(cfg);
+    session.set_cell_timeout(None);
+    if let Err(e) = rt.block_on(session.ensure_kernel()) {
+        eprintln!("cellhost: {e}");
+        return 1;
+    }
+    let mut editor = match rustyline::DefaultEditor::new() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("cellhost: cannot open the line editor: {e}");
+            return 1;
+        }
+    };
+    let history = common::state_dir().join("repl_history");
+    let _ = editor.load_history(&history);
+    if let Some(k) = session.kernel() {
+        let v = k
+            .info()
+            .python_version
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        println!(
+            "cellhost repl — Python {v} ({}). Ctrl-C interrupts, Ctrl-D quits.",
+            k.info().python.display()
+        );
+    }
+    let mut count = 1u64;
+    loop {
+        let mut code = String::new();
+        let mut prompt = format!("In [{count}]: ");
+        loop {
+            match editor.readline(&prompt) {
+                Ok(line) => {
+                    code.push_str(&line);
+                    code.push('\n');
+                    if !needs_more(&code) {
+                        break;
+                    }
+                    prompt = format!("{:>width$}: ", "...", width = prompt.len() - 2);
+                }
+                Err(ReadlineError::Interrupted) => {
+                    code.clear();
+                    break;
+                }
+                Err(ReadlineError::Eof) => {
+                    let _ = std::fs::create_dir_all(common::state_dir());
+                    let _ = editor.save_history(&history);
+                    rt.block_on(session.shutdown());
+                    return 0;
+                }
+                Err(e) => {
+                    eprintln!("cellhost: {e}");
+                    rt.block_on(session.shutdown());
+                    return 1;
+                }
+            }
+        }
+        if code.trim().is_empty() {
+            continue;
+        }
+        let _ = editor.add_history_entry(code.trim_end());
+        let result = rt.block_on(run_cell(&mut session, &code, grace));
+        match result {
+            Ok(r) => {
+                render::print_result(&r, true);
+                count = r.execution_count + 1;
+            }
+            Err(e) => eprintln!("cellhost: {e}"),
+        }
+    }
+}
+
+async fn run_cell(
+    session: &mut Session,
+    code: &str,
+    grace: Duration,
+) -> Result<cellhost_kernel::CellResult, cellhost_kernel::KernelError> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let handle = session
+        .submit(
+            code,
+            ExecOptions {
+                live: Some(tx),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let kernel = session.kernel().cloned();
+    let printer = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                LiveEvent::Stdout(t) => {
+                    let mut o = std::io::stdout().lock();
+                    let _ = o.write_all(t.as_bytes());
+                    let _ = o.flush();
+                }
+                LiveEvent::Stderr(t) => {
+                    let _ = std::io::stderr().lock().write_all(t.as_bytes());
+                }
+                LiveEvent::Display(_) => {}
+            }
+        }
+    });
+    let watcher = tokio::spawn(async move {
+        let mut first: Option<Instant> = None;
+        while tokio::signal::ctrl_c().await.is_ok() {
+            let Some(k) = &kernel else { break };
+            match first {
+                Some(t) if t.elapsed() <= grace => {
+                    eprintln!("\ncellhost: second Ctrl-C: killing the kernel");
+                    k.kill().await;
+                }
+                _ => {
+                    first = Some(Instant::now());
+                    let out = k.interrupt().await;
+                    if !out.delivered {
+                        eprintln!(
+                            "\ncellhost: interrupt not delivered: {}",
+                            out.reason.unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+    });
+    let r = session.finish(handle).await;
+    watcher.abort();
+    let _ = printer.await;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_more;
+
+    #[test]
+    fn continuation_rules() {
+        assert!(!needs_more("x = 1\n"));
+        assert!(needs_more("f(1,\n"));
+        assert!(needs_more("for i in range(3):\n"));
+        assert!(needs_more("for i in range(3):\n    print(i)\n"));
+        assert!(!needs_more("for i in range(3):\n    print(i)\n\n"));
+        assert!(!needs_more("s = '('\n"));
+        assert!(needs_more("x = 1 + \\\n"));
+    }
+}

@@ -1,0 +1,322 @@
+//! `cellhost run INPUT [--output PATH] [--python PATH] [--timeout SECONDS] [--allow-errors]`.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use cellhost_kernel::{CellResult, CellStatus, ExecOptions, Session};
+use cellhost_notebook::{Notebook, Output, default_output_path, merge_streams};
+use serde_json::{Map, Value};
+
+use crate::KernelArgs;
+use crate::common::{self, EXIT_USAGE};
+
+/// Arguments of `run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// A Jupyter notebook (.ipynb, nbformat 4) or a percent-format script (.py).
+    #[arg(value_name = "INPUT")]
+    input: PathBuf,
+    /// Where to write the executed notebook (always .ipynb); default
+    /// `<stem>.executed.ipynb` beside the input.
+    #[arg(long, value_name = "PATH")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Deadline per cell in seconds (default 300; 0 = none).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
+    /// Keep going after a cell fails.
+    #[arg(long)]
+    allow_errors: bool,
+}
+
+/// Runs `run`; returns the exit code (0, or the status code of the cell it stopped at).
+pub fn run(args: RunArgs) -> u8 {
+    let (mut nb, _kind) = match Notebook::load(&args.input) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let timeout = match common::parse_timeout(args.timeout) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output_path(&args.input));
+    let stem = output
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "notebook".into());
+    let out_dir = output.parent().map(Path::to_path_buf).unwrap_or_default();
+    let files_dir = out_dir.join(format!("{stem}_files"));
+    let rt = match common::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(async move {
+        let session_name = args
+            .input
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let dir = common::new_session_dir("run");
+        let cfg = match common::kernel_config(&args.kernel, &session_name, &dir) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
+        };
+        let python = cfg.python.clone();
+        let mut session = Session::new(cfg);
+        session.set_cell_timeout(timeout);
+        nb.clear_outputs();
+        let cells = nb.code_cells();
+        let total = cells.len();
+        let started = Instant::now();
+        let progress = Progress::new();
+        let mut exit = 0u8;
+        let mut figures = 0usize;
+        for (i, cell) in cells.iter().enumerate() {
+            if cell.source.trim().is_empty() {
+                continue;
+            }
+            let t0 = Instant::now();
+            let fut = session.execute(&cell.source, ExecOptions::default());
+            let result = progress.track(i + 1, total, started, fut).await;
+            let r = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("cellhost: cell {}/{total}: {e}", i + 1);
+                    exit = 1;
+                    break;
+                }
+            };
+            if let Some(k) = session.kernel()
+                && i == 0
+            {
+                nb.set_kernel_info(&k.info().python_version, &python.display().to_string());
+            }
+            let outputs = to_outputs(&r, &files_dir, i + 1, &mut figures);
+            let count = (r.execution_count > 0).then_some(r.execution_count);
+            if let Err(e) = nb.set_outputs(cell.index, count, merge_streams(outputs)) {
+                eprintln!("cellhost: {e}");
+                exit = 1;
+                break;
+            }
+            progress.done(i + 1, total, &r, t0.elapsed());
+            if r.status != CellStatus::Ok && !args.allow_errors {
+                eprintln!(
+                    "cellhost: stopped at cell {}/{total} ({}); use --allow-errors to go on",
+                    i + 1,
+                    r.status.as_str()
+                );
+                if let Some(e) = &r.error {
+                    for line in &e.traceback {
+                        eprintln!("{line}");
+                    }
+                }
+                exit = r.status.exit_code() as u8;
+                break;
+            }
+        }
+        session.shutdown().await;
+        if let Err(e) = nb.write(&output) {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+        eprintln!(
+            "cellhost: wrote {} ({} cells, {:.1} s){}",
+            output.display(),
+            total,
+            started.elapsed().as_secs_f64(),
+            if figures > 0 {
+                format!("; {figures} figure(s) in {}", files_dir.display())
+            } else {
+                String::new()
+            }
+        );
+        exit
+    })
+}
+
+/// Jupyter outputs for one result; images are read back from the session
+/// directory, embedded as base64, and copied to `files_dir`.
+fn to_outputs(
+    r: &CellResult,
+    files_dir: &Path,
+    cell_no: usize,
+    figures: &mut usize,
+) -> Vec<Output> {
+    let mut out = Vec::new();
+    if let Some(bg) = &r.background_output
+        && !bg.stdout.is_empty()
+    {
+        out.push(Output::Stream {
+            name: "stdout".into(),
+            text: bg.stdout.clone(),
+        });
+    }
+    if !r.stdout.is_empty() {
+        out.push(Output::Stream {
+            name: "stdout".into(),
+            text: r.stdout.clone(),
+        });
+    }
+    if !r.stderr.is_empty() {
+        out.push(Output::Stream {
+            name: "stderr".into(),
+            text: r.stderr.clone(),
+        });
+    }
+    for (n, d) in r.displays.iter().enumerate() {
+        let data = embed(
+            &d.data,
+            files_dir,
+            &format!("cell{cell_no}-{}", n + 1),
+            figures,
+        );
+        out.push(Output::DisplayData {
+            data,
+            metadata: d.metadata.clone(),
+        });
+    }
+    if let Some(res) = &r.result {
+        let data = embed(res, files_dir, &format!("cell{cell_no}-result"), figures);
+        out.push(Output::ExecuteResult {
+            execution_count: r.execution_count,
+            data,
+            metadata: Map::new(),
+        });
+    }
+    if let Some(e) = &r.error {
+        out.push(Output::Error {
+            ename: e.ename.clone(),
+            evalue: e.evalue.clone(),
+            traceback: e.traceback.clone(),
+        });
+    } else if r.status != CellStatus::Ok {
+        let (ename, evalue) = match (&r.crash, &r.interrupt) {
+            (Some(c), _) => ("KernelCrashed".to_string(), c.message.clone()),
+            (_, Some(i)) => (
+                if r.status == CellStatus::Timeout {
+                    "CellTimeout"
+                } else {
+                    "CellInterrupted"
+                }
+                .to_string(),
+                i.reason
+                    .clone()
+                    .unwrap_or_else(|| r.status.as_str().to_string()),
+            ),
+            _ => ("CellFailed".to_string(), r.status.as_str().to_string()),
+        };
+        out.push(Output::Error {
+            ename,
+            evalue,
+            traceback: Vec::new(),
+        });
+    }
+    out
+}
+
+fn embed(
+    bundle: &Map<String, Value>,
+    files_dir: &Path,
+    stem: &str,
+    figures: &mut usize,
+) -> Map<String, Value> {
+    let mut data = Map::new();
+    for (mime, v) in bundle {
+        if let Some(path) = v.get("path").and_then(Value::as_str) {
+            match std::fs::read(path) {
+                Ok(bytes) => {
+                    let ext = Path::new(path)
+                        .extension()
+                        .and_then(|e| e.to_str())
+                        .unwrap_or("bin");
+                    if std::fs::create_dir_all(files_dir).is_ok() {
+                        let dest = files_dir.join(format!("{stem}.{ext}"));
+                        if std::fs::write(&dest, &bytes).is_ok() {
+                            *figures += 1;
+                        }
+                    }
+                    data.insert(
+                        mime.clone(),
+                        Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                    );
+                }
+                Err(e) => eprintln!("cellhost: cannot read {path}: {e}"),
+            }
+        } else if !v.is_object() || mime == "application/json" {
+            data.insert(mime.clone(), v.clone());
+        }
+    }
+    data
+}
+
+/// Progress on stderr: a spinner with the elapsed time on a terminal, one
+/// line per cell otherwise.
+struct Progress {
+    tty: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    async fn track<F: std::future::Future>(
+        &self,
+        i: usize,
+        n: usize,
+        started: Instant,
+        fut: F,
+    ) -> F::Output {
+        if !self.tty {
+            return fut.await;
+        }
+        tokio::pin!(fut);
+        let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+        let t0 = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut k = 0;
+        loop {
+            tokio::select! {
+                out = &mut fut => {
+                    eprint!("\r\x1b[2K");
+                    return out;
+                }
+                _ = tick.tick() => {
+                    if t0.elapsed() > Duration::from_millis(300) {
+                        eprint!("\r\x1b[2K{} cell {i}/{n}  {:.1} s (total {:.1} s)", frames[k % frames.len()], t0.elapsed().as_secs_f64(), started.elapsed().as_secs_f64());
+                        let _ = std::io::stderr().flush();
+                        k += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn done(&self, i: usize, n: usize, r: &CellResult, took: Duration) {
+        eprintln!(
+            "cell {i}/{n} {} in {:.2} s",
+            r.status.as_str(),
+            took.as_secs_f64()
+        );
+    }
+}

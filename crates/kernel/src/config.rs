@@ -1,0 +1,160 @@
+//! Configuration of one kernel and the interpreter it runs.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cellhost_capture::{Redactor, StreamLimits};
+
+use crate::error::KernelError;
+
+/// Everything needed to start one kernel.
+#[derive(Clone)]
+pub struct KernelConfig {
+    /// Absolute path of the Python interpreter (any venv or conda env).
+    pub python: PathBuf,
+    /// Working directory of the worker (default: the host's).
+    pub cwd: Option<PathBuf>,
+    /// The worker's whole environment (already filtered by the allowlist).
+    pub env: Vec<(OsString, OsString)>,
+    /// Where figures and spill files of this kernel's cells go.
+    pub session_dir: PathBuf,
+    /// Session name, for results and error messages.
+    pub session: String,
+    /// Generation number of this kernel within its session.
+    pub generation: u64,
+    /// Binary that implements the kernel init (`__cellhost-kernel-init`);
+    /// default: `CELLHOST_LAUNCHER`, else the running executable.
+    pub launcher: Option<PathBuf>,
+    /// Inline caps for stdout.
+    pub stdout_limits: StreamLimits,
+    /// Inline caps for stderr.
+    pub stderr_limits: StreamLimits,
+    /// Masks secrets in everything a cell outputs.
+    pub redactor: Arc<Redactor>,
+    /// Default per-cell timeout (DESIGN.md: 300 s); `None` = no deadline.
+    pub cell_timeout: Option<Duration>,
+    /// Time between an interrupt and the kill of the whole tree (2 s).
+    pub interrupt_grace: Duration,
+    /// How long the worker may take to say `ready` (60 s: a cold venv import
+    /// of a large site-packages can take seconds on a loaded machine).
+    pub startup_timeout: Duration,
+    /// Names of host tools the cell may call.
+    pub tools: Vec<String>,
+}
+
+impl std::fmt::Debug for KernelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelConfig")
+            .field("python", &self.python)
+            .field("cwd", &self.cwd)
+            .field("session_dir", &self.session_dir)
+            .field("session", &self.session)
+            .field("generation", &self.generation)
+            .field("cell_timeout", &self.cell_timeout)
+            .field("interrupt_grace", &self.interrupt_grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KernelConfig {
+    /// Defaults of DESIGN.md for interpreter `python`, with the session's
+    /// files under `session_dir` and the host's environment filtered by
+    /// the allowlist (withheld secret values are registered with the redactor).
+    pub fn new(python: impl Into<PathBuf>, session_dir: impl Into<PathBuf>) -> Self {
+        let filtered = cellhost_sandbox::env::filter_env(std::env::vars_os(), &[]);
+        let mut redactor =
+            Redactor::new(Default::default()).unwrap_or_else(|_| Redactor::disabled());
+        redactor.add_secrets(filtered.withheld_secret_values);
+        KernelConfig {
+            python: python.into(),
+            cwd: None,
+            env: filtered.pass,
+            session_dir: session_dir.into(),
+            session: "default".into(),
+            generation: 1,
+            launcher: None,
+            stdout_limits: StreamLimits::stdout_default(),
+            stderr_limits: StreamLimits::stderr_default(),
+            redactor: Arc::new(redactor),
+            cell_timeout: Some(Duration::from_secs(300)),
+            interrupt_grace: Duration::from_secs(2),
+            startup_timeout: Duration::from_secs(60),
+            tools: Vec::new(),
+        }
+    }
+
+    /// `session/generation`, as error messages name a kernel.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.session, self.generation)
+    }
+
+    pub(crate) fn launcher_path(&self) -> Result<PathBuf, KernelError> {
+        if let Some(p) = &self.launcher {
+            return Ok(p.clone());
+        }
+        if let Some(p) = std::env::var_os("CELLHOST_LAUNCHER") {
+            return Ok(PathBuf::from(p));
+        }
+        std::env::current_exe()
+            .map_err(|e| KernelError::io(&self.label(), "locating the kernel init binary", e))
+    }
+}
+
+/// Resolves the interpreter to run: an explicit path is made absolute;
+/// `None` finds `python3` on `PATH` and asks it for `sys.executable`, so a
+/// pyenv shim (a shell script costing ~100 ms per start) is never used.
+/// The answer for `None` is computed once per process.
+///
+/// # Errors
+/// [`KernelError::Spawn`] when no interpreter can be found or run.
+pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, KernelError> {
+    if let Some(p) = explicit {
+        return std::path::absolute(p).map_err(|e| KernelError::Spawn {
+            python: p.display().to_string(),
+            reason: e.to_string(),
+        });
+    }
+    static CACHE: OnceLock<Mutex<Option<PathBuf>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(None));
+    if let Ok(guard) = cache.lock()
+        && let Some(p) = guard.as_ref()
+    {
+        return Ok(p.clone());
+    }
+    let found = find_on_path("python3").ok_or_else(|| KernelError::Spawn {
+        python: "python3".into(),
+        reason: "python3 is not on PATH; pass --python PATH".into(),
+    })?;
+    let out = Command::new(&found)
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .map_err(|e| KernelError::Spawn {
+            python: found.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || text.is_empty() {
+        return Err(KernelError::Spawn {
+            python: found.display().to_string(),
+            reason: format!(
+                "it did not report sys.executable ({})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    let path = PathBuf::from(text);
+    if let Ok(mut guard) = cache.lock() {
+        *guard = Some(path.clone());
+    }
+    Ok(path)
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}

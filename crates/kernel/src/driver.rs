@@ -1,0 +1,1094 @@
+//! The task that owns one kernel's process, pipes and control channel.
+//!
+//! Everything about a kernel happens here, in one place and in order: frames,
+//! output bytes, the process's exit, caller commands and deadlines. A cell
+//! *settles* only when its `response` frame and its end marker on both fd 1
+//! and fd 2 have arrived (or the worker died), so no late byte of a cell
+//! leaks into the next one.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellhost_capture::{StreamCapture, StreamLimits};
+use cellhost_protocol::frame::{ExecuteOptions, SigintHandler};
+use cellhost_protocol::{FrameReader, FrameWriter, HostFrame, ProtocolError, WorkerFrame};
+use cellhost_sandbox::signal;
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::KernelConfig;
+use crate::error::KernelError;
+use crate::hints;
+use crate::kernel::{
+    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, LiveEvent, Variables,
+};
+use crate::marker::MarkerScanner;
+use crate::outputs;
+use crate::result::{
+    BackgroundOutput, CellError, CellResult, CellStatus, CrashReport, DisplayOutput,
+    InterruptReport, KernelRef, Truncation, Usage,
+};
+
+/// How long after a `response` the end markers may take before the cell
+/// settles without them (they are written before the response, so this only
+/// matters if a pipe is wedged).
+const MARKER_WAIT: Duration = Duration::from_secs(2);
+/// How long to keep reading the pipes after the worker died.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
+/// How long the init may take to kill and reap the tree after SIGTERM
+/// before the host SIGKILLs the tree itself.
+const KILL_GRACE: Duration = Duration::from_millis(1000);
+/// How long to wait for the reader thread's answer to an escalation probe.
+const PROBE_WAIT: Duration = Duration::from_millis(300);
+/// Background output kept for the next result, per stream.
+const BACKGROUND_CAP: usize = 16 * 1024;
+/// Live text kept for `peek`, per stream.
+const PEEK_TAIL: usize = 64 * 1024;
+
+/// State visible to handles without asking the driver.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub running: Option<String>,
+    pub queued: usize,
+    pub exit: Option<String>,
+    pub cells_settled: u64,
+}
+
+pub(crate) struct QueuedCell {
+    pub id: String,
+    pub code: String,
+    pub options: ExecOptions,
+    pub submitted: Instant,
+    pub reply: oneshot::Sender<Result<CellResult, KernelError>>,
+}
+
+pub(crate) enum Command {
+    Execute(Box<QueuedCell>),
+    Interrupt {
+        cell: Option<String>,
+        reply: oneshot::Sender<InterruptOutcome>,
+    },
+    Inspect {
+        limit: u32,
+        reply: oneshot::Sender<Result<Variables, KernelError>>,
+    },
+    Peek {
+        cell: String,
+        reply: oneshot::Sender<Option<CellProgress>>,
+    },
+    Kill {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    User,
+    Timeout,
+}
+
+struct Interrupt {
+    cause: Cause,
+    delivered: bool,
+    target: String,
+    not_delivered: Option<String>,
+    escalate_at: Instant,
+    probe_until: Option<Instant>,
+    handler: Option<SigintHandler>,
+    raised: u64,
+    escalation: Option<String>,
+}
+
+struct ActiveCell {
+    q: QueuedCell,
+    marker: Vec<u8>,
+    scan: [MarkerScanner; 2],
+    marker_seen: [bool; 2],
+    capture: [Option<StreamCapture>; 2],
+    peek: [String; 2],
+    response: Option<WorkerFrame>,
+    response_at: Option<Instant>,
+    displays: Vec<DisplayOutput>,
+    started: Instant,
+    deadline: Option<Instant>,
+    interrupt: Option<Interrupt>,
+    background: BackgroundOutput,
+    dir: PathBuf,
+}
+
+/// Bounded text kept for the next result.
+#[derive(Default)]
+struct Background {
+    text: [String; 2],
+    dropped: u64,
+}
+
+impl Background {
+    fn push(&mut self, stream: usize, text: &str) {
+        let room = BACKGROUND_CAP.saturating_sub(self.text[stream].len());
+        if text.len() <= room {
+            self.text[stream].push_str(text);
+        } else {
+            let mut cut = room;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.text[stream].push_str(&text[..cut]);
+            self.dropped += (text.len() - cut) as u64;
+        }
+    }
+
+    fn take(&mut self) -> BackgroundOutput {
+        let [stdout, stderr] = std::mem::take(&mut self.text);
+        BackgroundOutput {
+            stdout,
+            stderr,
+            dropped_bytes: std::mem::take(&mut self.dropped),
+        }
+    }
+}
+
+pub(crate) struct Driver {
+    config: KernelConfig,
+    info: KernelInfo,
+    label: String,
+    child: Child,
+    pidfd: AsyncFd<OwnedFd>,
+    reader: FrameReader<OwnedReadHalf>,
+    writer: FrameWriter<OwnedWriteHalf>,
+    pipes: [Option<pipe::Receiver>; 2],
+    bufs: [Vec<u8>; 2],
+    cmd_rx: mpsc::UnboundedReceiver<Command>,
+    cmds_open: bool,
+    ctl_open: bool,
+    shared: Arc<Mutex<Shared>>,
+    queue: VecDeque<QueuedCell>,
+    active: Option<ActiveCell>,
+    background: Background,
+    /// Background bytes not yet decoded (raw, between cells).
+    raw_background: [Vec<u8>; 2],
+    inspect: Option<(String, oneshot::Sender<Result<Variables, KernelError>>)>,
+    exit: Option<ExitStatus>,
+    drain_until: Option<Instant>,
+    kill_requested: Option<Instant>,
+    kill_waiters: Vec<oneshot::Sender<()>>,
+    protocol_error: Option<String>,
+    cells_settled: u64,
+    seq: u64,
+    dead: bool,
+}
+
+impl Driver {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        config: KernelConfig,
+        child: Child,
+        pidfd: AsyncFd<OwnedFd>,
+        reader: FrameReader<OwnedReadHalf>,
+        writer: FrameWriter<OwnedWriteHalf>,
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
+        cmd_rx: mpsc::UnboundedReceiver<Command>,
+        shared: Arc<Mutex<Shared>>,
+        info: KernelInfo,
+        early_stderr: Vec<u8>,
+    ) -> Self {
+        let label = config.label();
+        Driver {
+            config,
+            info,
+            label,
+            child,
+            pidfd,
+            reader,
+            writer,
+            pipes: [Some(stdout), Some(stderr)],
+            bufs: [vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]],
+            cmd_rx,
+            cmds_open: true,
+            ctl_open: true,
+            shared,
+            queue: VecDeque::new(),
+            active: None,
+            background: Background::default(),
+            raw_background: [Vec::new(), early_stderr],
+            inspect: None,
+            exit: None,
+            drain_until: None,
+            kill_requested: None,
+            kill_waiters: Vec::new(),
+            protocol_error: None,
+            cells_settled: 0,
+            seq: 0,
+            dead: false,
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let mut d: Option<Instant> = None;
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                d = Some(d.map_or(t, |x| x.min(t)));
+            }
+        };
+        consider(self.drain_until);
+        consider(self.kill_requested.map(|t| t + KILL_GRACE));
+        if let Some(a) = &self.active {
+            if a.interrupt.is_none() {
+                consider(a.deadline);
+            }
+            if let Some(i) = a.interrupt.as_ref().filter(|i| i.escalation.is_none()) {
+                consider(Some(i.probe_until.unwrap_or(i.escalate_at)));
+            }
+            consider(a.response_at.map(|t| t + MARKER_WAIT));
+        }
+        d
+    }
+
+    pub(crate) async fn run(mut self) {
+        loop {
+            if self.dead && self.active.is_none() && self.queue.is_empty() && !self.cmds_open {
+                break;
+            }
+            if self.dead && !self.cmds_open {
+                break;
+            }
+            let deadline = self.next_deadline();
+            let alive = self.exit.is_none();
+            let [out_pipe, err_pipe] = &mut self.pipes;
+            let [out_buf, err_buf] = &mut self.bufs;
+            tokio::select! {
+                cmd = self.cmd_rx.recv(), if self.cmds_open => match cmd {
+                    Some(c) => self.on_command(c).await,
+                    None => {
+                        self.cmds_open = false;
+                        if !self.dead {
+                            self.request_kill();
+                        }
+                    }
+                },
+                frame = self.reader.next::<WorkerFrame>(), if self.ctl_open => self.on_frame(frame).await,
+                n = read_opt(out_pipe, out_buf) => self.on_bytes(0, n),
+                n = read_opt(err_pipe, err_buf) => self.on_bytes(1, n),
+                _ = self.pidfd.readable(), if alive => self.on_exit(),
+                _ = sleep_opt(deadline) => self.on_timer().await,
+            }
+            self.after_event().await;
+        }
+        self.finish_waiters();
+    }
+
+    fn finish_waiters(&mut self) {
+        for w in self.kill_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    async fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Execute(cell) => {
+                if self.dead || self.kill_requested.is_some() {
+                    let err = self.dead_error();
+                    self.set_shared(|s| s.queued = s.queued.saturating_sub(1));
+                    let _ = cell.reply.send(Err(err));
+                } else {
+                    self.queue.push_back(*cell);
+                }
+            }
+            Command::Interrupt { cell, reply } => {
+                let out = self.interrupt(cell, Cause::User).await;
+                let _ = reply.send(out);
+            }
+            Command::Inspect { limit, reply } => {
+                if self.dead {
+                    let _ = reply.send(Err(self.dead_error()));
+                } else if let Some(a) = &self.active {
+                    let _ = reply.send(Err(KernelError::KernelBusy {
+                        kernel: self.label.clone(),
+                        cell: a.q.id.clone(),
+                    }));
+                } else if !self.queue.is_empty() || self.inspect.is_some() {
+                    let _ = reply.send(Err(KernelError::KernelBusy {
+                        kernel: self.label.clone(),
+                        cell: "queued".into(),
+                    }));
+                } else {
+                    self.seq += 1;
+                    let id = format!("v{}", self.seq);
+                    match self
+                        .writer
+                        .send(&HostFrame::InspectVariables {
+                            id: id.clone(),
+                            limit,
+                        })
+                        .await
+                    {
+                        Ok(()) => self.inspect = Some((id, reply)),
+                        Err(e) => {
+                            let _ = reply.send(Err(KernelError::Protocol {
+                                kernel: self.label.clone(),
+                                source: e,
+                            }));
+                        }
+                    }
+                }
+            }
+            Command::Peek { cell, reply } => {
+                let progress = if let Some(a) = self.active.as_ref().filter(|a| a.q.id == cell) {
+                    Some(CellProgress {
+                        cell_id: cell,
+                        state: "running".into(),
+                        stdout_tail: a.peek[0].clone(),
+                        stderr_tail: a.peek[1].clone(),
+                        elapsed_ms: a.started.elapsed().as_millis() as u64,
+                    })
+                } else if self.queue.iter().any(|q| q.id == cell) {
+                    Some(CellProgress {
+                        cell_id: cell,
+                        state: "queued".into(),
+                        stdout_tail: String::new(),
+                        stderr_tail: String::new(),
+                        elapsed_ms: 0,
+                    })
+                } else {
+                    None
+                };
+                let _ = reply.send(progress);
+            }
+            Command::Kill { reply } => {
+                if self.dead {
+                    let _ = reply.send(());
+                } else {
+                    self.kill_waiters.push(reply);
+                    self.request_kill();
+                }
+            }
+        }
+    }
+
+    async fn interrupt(&mut self, cell: Option<String>, cause: Cause) -> InterruptOutcome {
+        let pid = self.info.pid as i32;
+        let target = format!("{pid}/{pid}");
+        let Some(active) = self.active.as_mut() else {
+            return InterruptOutcome {
+                delivered: false,
+                target: None,
+                cell: None,
+                reason: Some("no cell is running".into()),
+            };
+        };
+        if cell.as_ref().is_some_and(|c| *c != active.q.id) {
+            return InterruptOutcome {
+                delivered: false,
+                target: None,
+                cell: cell.clone(),
+                reason: Some("that cell is not running".into()),
+            };
+        }
+        let id = active.q.id.clone();
+        if let Some(i) = &active.interrupt {
+            // A second interrupt during the grace changes nothing but is
+            // reported; the escalation timer keeps running.
+            return InterruptOutcome {
+                delivered: i.delivered,
+                target: Some(i.target.clone()),
+                cell: Some(id),
+                reason: Some("an interrupt is already in progress; the kernel is killed if the cell does not stop within the grace".into()),
+            };
+        }
+        if active.response.is_some() {
+            return InterruptOutcome {
+                delivered: false,
+                target: None,
+                cell: Some(id),
+                reason: Some("the cell already finished".into()),
+            };
+        }
+        // Signal first, then the frame: the frame catches a SIGINT that
+        // reached the worker before the cell's code started.
+        let sent = signal::tgkill(pid, pid, libc::SIGINT);
+        let not_delivered = sent.as_ref().err().map(|e| format!("tgkill failed: {e}"));
+        active.interrupt = Some(Interrupt {
+            cause,
+            delivered: sent.is_ok(),
+            target: target.clone(),
+            not_delivered: not_delivered.clone(),
+            escalate_at: Instant::now() + self.config.interrupt_grace,
+            probe_until: None,
+            handler: None,
+            raised: 0,
+            escalation: None,
+        });
+        let _ = self
+            .writer
+            .send(&HostFrame::Interrupt { id: id.clone() })
+            .await;
+        InterruptOutcome {
+            delivered: sent.is_ok(),
+            target: Some(target),
+            cell: Some(id),
+            reason: not_delivered,
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Result<Option<WorkerFrame>, ProtocolError>) {
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                self.ctl_open = false;
+                return;
+            }
+            Err(e) => {
+                // A malformed or oversized frame: the channel cannot be
+                // trusted. Fail the cell with a protocol error, kill the kernel.
+                let msg = e.to_string();
+                tracing::warn!(kernel = %self.label, "protocol error: {msg}");
+                self.protocol_error = Some(msg);
+                self.ctl_open = false;
+                self.request_kill();
+                return;
+            }
+        };
+        match frame {
+            WorkerFrame::Response { ref id, .. } => {
+                if let Some(a) = self.active.as_mut().filter(|a| a.q.id == *id) {
+                    a.response = Some(frame);
+                    a.response_at = Some(Instant::now());
+                }
+            }
+            WorkerFrame::Display {
+                id: _,
+                data,
+                metadata,
+            } => {
+                let Some(a) = self.active.as_mut() else {
+                    return;
+                };
+                let n = a.displays.len() + 1;
+                let data = outputs::save_bundle(
+                    data,
+                    &a.dir,
+                    &format!("display-{n}"),
+                    &self.config.redactor,
+                );
+                let d = DisplayOutput { data, metadata };
+                if let Some(live) = &a.q.options.live {
+                    let _ = live.send(LiveEvent::Display(d.clone()));
+                }
+                a.displays.push(d);
+            }
+            WorkerFrame::HostCall { id, method, .. } => {
+                let error = if self.config.tools.is_empty() {
+                    format!("tool '{method}' is not enabled: this kernel has no host tools")
+                } else {
+                    format!("tool '{method}' has no provider in this host")
+                };
+                let _ = self
+                    .writer
+                    .send(&HostFrame::HostResponse {
+                        id,
+                        data: None,
+                        error: Some(error),
+                    })
+                    .await;
+            }
+            WorkerFrame::Variables {
+                id,
+                variables,
+                truncated,
+            } => {
+                if self.inspect.as_ref().is_some_and(|(i, _)| *i == id)
+                    && let Some((_, reply)) = self.inspect.take()
+                {
+                    let variables = variables
+                        .into_iter()
+                        .map(|v| outputs::redact_value(v, &self.config.redactor))
+                        .collect();
+                    let _ = reply.send(Ok(Variables {
+                        variables,
+                        truncated,
+                    }));
+                }
+            }
+            WorkerFrame::Background { stream, text } => {
+                let idx = usize::from(stream == "stderr");
+                let text = self.config.redactor.redact(&text).into_owned();
+                match self.active.as_mut() {
+                    Some(a) => {
+                        let buf = if idx == 0 {
+                            &mut a.background.stdout
+                        } else {
+                            &mut a.background.stderr
+                        };
+                        if buf.len() < BACKGROUND_CAP {
+                            buf.push_str(&text);
+                        } else {
+                            a.background.dropped_bytes += text.len() as u64;
+                        }
+                    }
+                    None => self.background.push(idx, &text),
+                }
+            }
+            WorkerFrame::InterruptAck {
+                id,
+                handler,
+                raised,
+                ..
+            } => {
+                if let Some(i) = self
+                    .active
+                    .as_mut()
+                    .filter(|a| a.q.id == id)
+                    .and_then(|a| a.interrupt.as_mut())
+                {
+                    i.handler = Some(handler);
+                    i.raised = raised;
+                    if i.probe_until.is_some() && i.escalation.is_none() {
+                        i.escalation = Some(escalation_reason(i));
+                        self.request_kill();
+                    }
+                }
+            }
+            WorkerFrame::InterruptRaised { .. } | WorkerFrame::Ready { .. } => {}
+            WorkerFrame::Log { msg } => tracing::debug!(kernel = %self.label, "worker: {msg}"),
+        }
+    }
+
+    fn on_bytes(&mut self, stream: usize, n: std::io::Result<usize>) {
+        let n = match n {
+            Ok(0) | Err(_) => {
+                self.pipes[stream] = None;
+                return;
+            }
+            Ok(n) => n,
+        };
+        let chunk = &self.bufs[stream][..n];
+        if let Some(a) = self.active.as_mut()
+            && !a.marker_seen[stream]
+        {
+            let scan = a.scan[stream].feed(chunk);
+            push_capture(a, stream, &scan.before);
+            if scan.found {
+                a.marker_seen[stream] = true;
+                self.raw_background[stream].extend_from_slice(&scan.after);
+            }
+            return;
+        }
+        if self.raw_background[stream].len() < 4 * BACKGROUND_CAP {
+            self.raw_background[stream].extend_from_slice(chunk);
+        } else {
+            self.background.dropped += n as u64;
+        }
+    }
+
+    fn on_exit(&mut self) {
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.exit = Some(status);
+                self.drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+                let reason = if self.kill_requested.is_some() {
+                    "killed by the host".to_string()
+                } else {
+                    describe_exit(status)
+                };
+                self.set_shared(|s| s.exit = Some(reason));
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(kernel = %self.label, "waiting for the kernel init: {e}"),
+        }
+    }
+
+    async fn on_timer(&mut self) {
+        let now = Instant::now();
+        if let Some(t) = self.kill_requested
+            && now >= t + KILL_GRACE
+            && self.exit.is_none()
+        {
+            // The init did not finish in time: sweep the tree from here.
+            let init = self.info.init_pid as i32;
+            signal::kill_descendants(init, 20);
+            let _ = signal::kill(init, libc::SIGKILL);
+            self.kill_requested = Some(now);
+        }
+        if self.drain_until.is_some_and(|t| now >= t) {
+            self.pipes = [None, None];
+        }
+        let mut to_interrupt = false;
+        let mut escalate = false;
+        if let Some(a) = self.active.as_mut() {
+            if a.interrupt.is_none() && a.deadline.is_some_and(|d| now >= d) {
+                to_interrupt = true;
+            }
+            if let Some(i) = a.interrupt.as_mut()
+                && i.escalation.is_none()
+            {
+                if let Some(p) = i.probe_until {
+                    if now >= p {
+                        i.escalation = Some(escalation_reason(i));
+                        escalate = true;
+                    }
+                } else if now >= i.escalate_at {
+                    if i.handler.is_some_and(|h| h != SigintHandler::Worker) {
+                        i.escalation = Some(escalation_reason(i));
+                        escalate = true;
+                    } else {
+                        i.probe_until = Some(now + PROBE_WAIT);
+                        let id = a.q.id.clone();
+                        let _ = self.writer.send(&HostFrame::Interrupt { id }).await;
+                    }
+                }
+            }
+            if a.response_at.is_some_and(|t| now >= t + MARKER_WAIT) {
+                tracing::warn!(kernel = %self.label, "cell {} settled without its end markers", a.q.id);
+                a.marker_seen = [true, true];
+            }
+        }
+        if to_interrupt {
+            self.interrupt(None, Cause::Timeout).await;
+        }
+        if escalate {
+            self.request_kill();
+        }
+    }
+
+    fn request_kill(&mut self) {
+        if self.kill_requested.is_some() || self.exit.is_some() {
+            return;
+        }
+        self.kill_requested = Some(Instant::now());
+        let _ = signal::kill(self.info.init_pid as i32, libc::SIGTERM);
+    }
+
+    async fn after_event(&mut self) {
+        // Background bytes between cells: decode and keep for the next result.
+        for s in 0..2 {
+            if !self.raw_background[s].is_empty()
+                && (self.active.is_none() || self.active_marker_seen(s))
+            {
+                let raw = std::mem::take(&mut self.raw_background[s]);
+                let text = cellhost_capture::render_once(&raw);
+                let text = self.config.redactor.redact(&text).into_owned();
+                self.background.push(s, &text);
+            }
+        }
+        let gone = self.exit.is_some() && self.pipes.iter().all(Option::is_none);
+        if let Some(a) = &self.active {
+            let complete = a.response.is_some() && a.marker_seen == [true, true];
+            // After a protocol error the cell settles once the kill is done,
+            // so the caller never sees a result while the kernel still lives.
+            if complete || gone {
+                self.settle();
+            }
+        }
+        if gone && !self.dead {
+            self.dead = true;
+            let err = self.dead_error();
+            for q in self.queue.drain(..) {
+                let _ = q.reply.send(Err(clone_dead(&err)));
+            }
+            if let Some((_, reply)) = self.inspect.take() {
+                let _ = reply.send(Err(clone_dead(&err)));
+            }
+            self.set_shared(|s| {
+                s.queued = 0;
+                s.running = None;
+            });
+            self.finish_waiters();
+        }
+        if self.active.is_none() && !self.dead && self.kill_requested.is_none() {
+            self.start_next().await;
+        }
+    }
+
+    fn active_marker_seen(&self, s: usize) -> bool {
+        self.active.as_ref().is_some_and(|a| a.marker_seen[s])
+    }
+
+    async fn start_next(&mut self) {
+        let Some(q) = self.queue.pop_front() else {
+            return;
+        };
+        let mut token = [0u8; 16];
+        let _ = getrandom::fill(&mut token);
+        let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
+        let marker = format!("\u{1}cellhost-end-{hex}\u{1}");
+        let dir = self.config.session_dir.join("cells").join(&q.id);
+        let timeout = match q.options.timeout {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+            None => self.config.cell_timeout,
+        };
+        let redactor = self.config.redactor.clone();
+        let cap = |limits: &StreamLimits, name: &str| {
+            StreamCapture::new(
+                limits.clone(),
+                redactor.clone(),
+                Some(dir.join(format!("{name}.txt"))),
+            )
+        };
+        let started = Instant::now();
+        let frame = HostFrame::Execute {
+            id: q.id.clone(),
+            code: q.code.clone(),
+            marker: marker.clone(),
+            options: ExecuteOptions {
+                silent: q.options.silent,
+                session_dir: None,
+            },
+        };
+        let mut a = ActiveCell {
+            marker: marker.clone().into_bytes(),
+            scan: [
+                MarkerScanner::new(marker.as_bytes()),
+                MarkerScanner::new(marker.as_bytes()),
+            ],
+            marker_seen: [false, false],
+            capture: [
+                Some(cap(&self.config.stdout_limits, "stdout")),
+                Some(cap(&self.config.stderr_limits, "stderr")),
+            ],
+            peek: [String::new(), String::new()],
+            response: None,
+            response_at: None,
+            displays: Vec::new(),
+            started,
+            deadline: timeout.map(|t| started + t),
+            interrupt: None,
+            background: self.background.take(),
+            dir,
+            q,
+        };
+        let _ = &a.marker;
+        self.set_shared(|s| {
+            s.running = Some(a.q.id.clone());
+            s.queued = s.queued.saturating_sub(1);
+        });
+        if let Err(e) = self.writer.send(&frame).await {
+            self.protocol_error = Some(format!("cannot send the cell: {e}"));
+            a.marker_seen = [true, true];
+        }
+        self.active = Some(a);
+    }
+
+    fn settle(&mut self) {
+        let Some(mut a) = self.active.take() else {
+            return;
+        };
+        for s in 0..2 {
+            let held = a.scan[s].take_held();
+            push_capture(&mut a, s, &held);
+        }
+        let [out, err] =
+            [a.capture[0].take(), a.capture[1].take()].map(|c| c.map(StreamCapture::finish));
+        let mut truncated = std::collections::BTreeMap::new();
+        let mut texts = [String::new(), String::new()];
+        for (i, (fin, name)) in [(out, "stdout"), (err, "stderr")].into_iter().enumerate() {
+            if let Some(fin) = fin {
+                if !fin.live_tail.is_empty()
+                    && let Some(live) = &a.q.options.live
+                {
+                    let ev = if i == 0 {
+                        LiveEvent::Stdout(fin.live_tail.clone())
+                    } else {
+                        LiveEvent::Stderr(fin.live_tail.clone())
+                    };
+                    let _ = live.send(ev);
+                }
+                texts[i] = fin.text;
+                if let Some(t) = fin.truncation {
+                    truncated.insert(
+                        name.to_string(),
+                        Truncation {
+                            total_bytes: t.total_bytes,
+                            shown_bytes: t.shown_bytes,
+                            omitted_bytes: t.omitted_bytes,
+                            spill_path: t.spill_path,
+                            spill_bytes: t.spill_bytes,
+                        },
+                    );
+                }
+            }
+        }
+        let [stdout, stderr] = texts;
+        let redactor = self.config.redactor.clone();
+        let mut status;
+        let mut execution_count = 0;
+        let mut result = None;
+        let mut error = None;
+        let mut usage = None;
+        let mut cwd = None;
+        let mut crash = None;
+        if let Some(WorkerFrame::Response {
+            status: st,
+            execution_count: ec,
+            result: res,
+            error: er,
+            usage: us,
+            cwd: c,
+            ..
+        }) = a.response.take()
+        {
+            status = match st.as_str() {
+                "ok" => CellStatus::Ok,
+                "interrupted" => CellStatus::Interrupted,
+                _ => CellStatus::Error,
+            };
+            execution_count = ec;
+            result = res.map(|r| outputs::save_bundle(r, &a.dir, "result", &redactor));
+            error = er.and_then(|e| parse_error(e, &redactor));
+            usage = us.and_then(|u| serde_json::from_value::<Usage>(u).ok());
+            cwd = c;
+        } else if let Some(msg) = &self.protocol_error {
+            status = CellStatus::Crashed;
+            crash = Some(CrashReport {
+                exit_code: None,
+                signal: None,
+                signal_name: None,
+                message: format!(
+                    "protocol error from the worker (kernel {} killed): {msg}",
+                    self.label
+                ),
+            });
+        } else {
+            status = CellStatus::Crashed;
+            crash = Some(self.crash_report());
+        }
+        let mut interrupt = None;
+        if let Some(i) = &a.interrupt {
+            let escalated = i.escalation.is_some();
+            if escalated || status != CellStatus::Ok {
+                status = match i.cause {
+                    Cause::User => CellStatus::Interrupted,
+                    Cause::Timeout => CellStatus::Timeout,
+                };
+            }
+            if escalated {
+                crash = None;
+            }
+            interrupt = Some(InterruptReport {
+                delivered: i.delivered,
+                target: Some(i.target.clone()),
+                escalated,
+                state_kept: !escalated,
+                reason: i.escalation.clone().or_else(|| i.not_delivered.clone()),
+            });
+        }
+        self.cells_settled += 1;
+        let reused = self.cells_settled > 1;
+        let truncated_any = !truncated.is_empty();
+        let mut res = CellResult {
+            cell_id: a.q.id.clone(),
+            status,
+            execution_count,
+            stdout,
+            stderr,
+            result,
+            displays: a.displays,
+            error,
+            truncated,
+            kernel: KernelRef {
+                session: self.info.session.clone(),
+                generation: self.info.generation,
+                pid: self.info.pid,
+                reused,
+                state_reset: false,
+                reset_reason: None,
+            },
+            interrupt,
+            crash,
+            duration_ms: a.q.submitted.elapsed().as_millis() as u64,
+            usage,
+            tool_calls: Vec::new(),
+            background_output: (!a.background.is_empty()).then_some(a.background),
+            cwd,
+            hint: None,
+        };
+        res.hint = hints::hint_for(&res, &self.config.python, truncated_any);
+        let settled = self.cells_settled;
+        self.set_shared(|s| {
+            s.running = None;
+            s.cells_settled = settled;
+        });
+        let _ = a.q.reply.send(Ok(res));
+    }
+
+    fn crash_report(&self) -> CrashReport {
+        match self.exit {
+            Some(st) => {
+                let signal_num = st.signal();
+                let code = st.code();
+                let signal_name = signal_num.map(signal::signal_name);
+                let mut message = format!("the worker process {}", describe_exit(st));
+                if signal_num == Some(libc::SIGKILL) {
+                    message.push_str(" (killed from outside: often the out-of-memory killer)");
+                }
+                CrashReport {
+                    exit_code: code,
+                    signal: signal_num,
+                    signal_name,
+                    message,
+                }
+            }
+            None => CrashReport {
+                exit_code: None,
+                signal: None,
+                signal_name: None,
+                message: "the worker's output ended without a result".into(),
+            },
+        }
+    }
+
+    fn dead_error(&self) -> KernelError {
+        let reason = if let Some(p) = &self.protocol_error {
+            format!("protocol error: {p}")
+        } else if self.kill_requested.is_some() {
+            "killed by the host".into()
+        } else {
+            self.exit
+                .map(describe_exit)
+                .unwrap_or_else(|| "exited".into())
+        };
+        KernelError::Dead {
+            kernel: self.label.clone(),
+            reason,
+        }
+    }
+
+    fn set_shared(&self, f: impl FnOnce(&mut Shared)) {
+        if let Ok(mut s) = self.shared.lock() {
+            f(&mut s);
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Runtime shutdown or a panic: never leave the tree behind.
+        if self.exit.is_none() {
+            kill_and_reap(&mut self.child);
+        }
+    }
+}
+
+/// SIGTERM to the init (which kills and reaps its tree), then SIGKILL of
+/// whatever is left, then reap the init. Blocks for at most ~1.5 s.
+pub(crate) fn kill_and_reap(child: &mut Child) {
+    let init = child.id() as i32;
+    let _ = signal::kill(init, libc::SIGTERM);
+    for _ in 0..200 {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal::kill_descendants(init, 20);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn push_capture(a: &mut ActiveCell, stream: usize, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let Some(cap) = a.capture[stream].as_mut() else {
+        return;
+    };
+    let text = cap.push(bytes);
+    if text.is_empty() {
+        return;
+    }
+    let peek = &mut a.peek[stream];
+    peek.push_str(&text);
+    if peek.len() > PEEK_TAIL {
+        let mut cut = peek.len() - PEEK_TAIL;
+        while !peek.is_char_boundary(cut) {
+            cut += 1;
+        }
+        peek.drain(..cut);
+    }
+    if let Some(live) = &a.q.options.live {
+        let _ = live.send(if stream == 0 {
+            LiveEvent::Stdout(text)
+        } else {
+            LiveEvent::Stderr(text)
+        });
+    }
+}
+
+fn escalation_reason(i: &Interrupt) -> String {
+    match i.handler {
+        Some(SigintHandler::Ignored) => "the cell's code ignores SIGINT (signal.SIG_IGN); the kernel was killed".into(),
+        Some(SigintHandler::User) => {
+            "the cell's code replaced the SIGINT handler and kept running; the kernel was killed".into()
+        }
+        Some(SigintHandler::Default) => "the cell's code restored the default SIGINT action".into(),
+        _ if i.raised > 0 => format!(
+            "the code caught the KeyboardInterrupt ({} raised) and kept running; the kernel was killed",
+            i.raised
+        ),
+        Some(SigintHandler::Worker) => {
+            "the cell is still in native code that does not check for interrupts; the kernel was killed".into()
+        }
+        None => "the worker did not answer (stuck in native code with the GIL held?); the kernel was killed".into(),
+    }
+}
+
+fn parse_error(v: Value, redactor: &cellhost_capture::Redactor) -> Option<CellError> {
+    let e: CellError = serde_json::from_value(v).ok()?;
+    Some(CellError {
+        ename: e.ename,
+        evalue: redactor.redact(&e.evalue).into_owned(),
+        traceback: e
+            .traceback
+            .iter()
+            .map(|l| redactor.redact(l).into_owned())
+            .collect(),
+    })
+}
+
+fn clone_dead(e: &KernelError) -> KernelError {
+    match e {
+        KernelError::Dead { kernel, reason } => KernelError::Dead {
+            kernel: kernel.clone(),
+            reason: reason.clone(),
+        },
+        other => KernelError::Dead {
+            kernel: "?".into(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// `exited with code 1` / `was killed by SIGSEGV (signal 11)`.
+pub(crate) fn describe_exit(st: ExitStatus) -> String {
+    if let Some(code) = st.code() {
+        format!("exited with code {code}")
+    } else if let Some(sig) = st.signal() {
+        format!("was killed by {} (signal {sig})", signal::signal_name(sig))
+    } else {
+        "ended".into()
+    }
+}
+
+async fn read_opt(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match pipe {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}

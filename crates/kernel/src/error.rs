@@ -1,0 +1,93 @@
+//! Errors of the kernel layer.
+
+use cellhost_protocol::ProtocolError;
+
+/// What went wrong with a kernel or a request to it.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The interpreter could not be found or run.
+    #[error("cannot start the interpreter {python}: {reason}")]
+    Spawn {
+        /// Interpreter path.
+        python: String,
+        /// Why (includes the worker's stderr when it printed something).
+        reason: String,
+    },
+    /// The worker did not say `ready` in time.
+    #[error("kernel {kernel}: no `ready` from the worker within {timeout_ms} ms")]
+    StartupTimeout {
+        /// Kernel label (`session/generation`).
+        kernel: String,
+        /// The limit.
+        timeout_ms: u64,
+    },
+    /// The worker speaks another protocol version.
+    #[error("kernel {kernel}: worker speaks protocol {worker}, this host speaks {host}")]
+    ProtocolMismatch {
+        /// Kernel label.
+        kernel: String,
+        /// Version in the worker's `ready` frame.
+        worker: u32,
+        /// Version of this host.
+        host: u32,
+    },
+    /// A frame from the worker was oversized or malformed; the kernel was killed.
+    #[error("kernel {kernel}: protocol error: {source}")]
+    Protocol {
+        /// Kernel label.
+        kernel: String,
+        /// The codec error.
+        #[source]
+        source: ProtocolError,
+    },
+    /// The kernel is running a cell and the caller asked not to queue.
+    #[error("kernel {kernel} is busy with cell {cell}")]
+    KernelBusy {
+        /// Kernel label.
+        kernel: String,
+        /// The running cell.
+        cell: String,
+    },
+    /// The kernel's process is gone.
+    #[error("kernel {kernel} is dead: {reason}")]
+    Dead {
+        /// Kernel label.
+        kernel: String,
+        /// How it died.
+        reason: String,
+    },
+    /// An operation named a generation that has been replaced.
+    #[error("session {session}: generation {requested} was replaced by generation {current}")]
+    StaleGeneration {
+        /// Session name.
+        session: String,
+        /// Generation the caller named.
+        requested: u64,
+        /// The live generation.
+        current: u64,
+    },
+    /// A request argument is out of range.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// Host-side I/O (session directory, pipes).
+    #[error("kernel {kernel}: {context}: {source}")]
+    Io {
+        /// Kernel label (or `-` before one exists).
+        kernel: String,
+        /// What was being done.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl KernelError {
+    pub(crate) fn io(kernel: &str, context: impl Into<String>, source: std::io::Error) -> Self {
+        KernelError::Io {
+            kernel: kernel.to_string(),
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,632 @@
+//! The handle of one kernel (one worker process incarnation).
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellhost_protocol::{FrameReader, FrameWriter, PROTOCOL_VERSION, WorkerFrame};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::KernelConfig;
+use crate::driver::{Command, Driver, QueuedCell, Shared};
+use crate::error::KernelError;
+use crate::result::{CellResult, DisplayOutput};
+use crate::{spawn, worker_files};
+
+/// Options of one cell.
+#[derive(Debug, Default, Clone)]
+pub struct ExecOptions {
+    /// Deadline of this cell: `None` uses the kernel's default
+    /// ([`KernelConfig::cell_timeout`]); `Some(Duration::ZERO)` means none.
+    /// The deadline counts from the moment the cell starts running (a queued
+    /// cell's wait does not count).
+    pub timeout: Option<Duration>,
+    /// Jupyter's `silent`: do not bump `execution_count`.
+    pub silent: bool,
+    /// Fail at once with [`KernelError::KernelBusy`] instead of queueing
+    /// behind a running cell.
+    pub fail_if_busy: bool,
+    /// Receives rendered, redacted output while the cell runs.
+    pub live: Option<mpsc::UnboundedSender<LiveEvent>>,
+}
+
+/// Output delivered while a cell runs (same rendering and redaction as the
+/// final result).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LiveEvent {
+    /// Text that became final on stdout.
+    Stdout(String),
+    /// Text that became final on stderr.
+    Stderr(String),
+    /// A display (figures are already saved as files).
+    Display(DisplayOutput),
+}
+
+/// What an interrupt request did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterruptOutcome {
+    /// SIGINT reached the worker's main thread.
+    pub delivered: bool,
+    /// `pid/tid` the signal was sent to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The cell the interrupt applies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// Why it was not delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The answer of [`Kernel::inspect_variables`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Variables {
+    /// One object per variable: `name`, `type`, and where known `len`,
+    /// `shape`, `dtype`, `size_bytes`, `preview`.
+    pub variables: Vec<Value>,
+    /// More variables existed than the limit.
+    pub truncated: bool,
+}
+
+/// State of a cell seen through [`CellHandle::peek`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellProgress {
+    /// Cell id.
+    pub cell_id: String,
+    /// `queued`, `running` or `settled`.
+    pub state: String,
+    /// The last up to 64 KiB of live stdout.
+    pub stdout_tail: String,
+    /// The last up to 64 KiB of live stderr.
+    pub stderr_tail: String,
+    /// Milliseconds since the cell started running (0 while queued).
+    pub elapsed_ms: u64,
+}
+
+/// Facts about a live kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelInfo {
+    /// Session name.
+    pub session: String,
+    /// Generation within the session.
+    pub generation: u64,
+    /// Host-side pid of the Python worker (its main thread's tid too).
+    pub pid: u32,
+    /// Pid of the kernel init that supervises the worker's tree.
+    pub init_pid: u32,
+    /// Interpreter path.
+    pub python: PathBuf,
+    /// `sys.version` of the worker.
+    pub python_version: String,
+}
+
+struct Inner {
+    tx: mpsc::UnboundedSender<Command>,
+    info: KernelInfo,
+    shared: Arc<Mutex<Shared>>,
+    label: String,
+}
+
+/// One running kernel. Cloning gives another handle to the same kernel;
+/// when the last handle is dropped the kernel's whole process tree is killed
+/// and reaped.
+#[derive(Clone)]
+pub struct Kernel {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("info", &self.inner.info)
+            .finish_non_exhaustive()
+    }
+}
+
+static CELL_SEQ: AtomicU64 = AtomicU64::new(1);
+
+fn new_cell_id() -> String {
+    let mut r = [0u8; 4];
+    let _ = getrandom::fill(&mut r);
+    format!(
+        "c{}-{:08x}",
+        CELL_SEQ.fetch_add(1, Ordering::Relaxed),
+        u32::from_le_bytes(r)
+    )
+}
+
+/// The boot line given to `python -c`: puts the worker package on `sys.path`
+/// and runs it without binding any name in `__main__`.
+const BOOT: &str = "__import__('sys').path.append(__import__('sys').argv.pop(1));__import__('cellhost_worker.main').main.run()";
+
+impl Kernel {
+    /// Starts a kernel and waits for the worker's `ready`.
+    ///
+    /// # Errors
+    /// [`KernelError::Spawn`] (interpreter missing or dying at start, with its
+    /// stderr), [`KernelError::StartupTimeout`], [`KernelError::ProtocolMismatch`],
+    /// [`KernelError::Io`].
+    pub async fn spawn(config: KernelConfig) -> Result<Kernel, KernelError> {
+        let label = config.label();
+        let worker_dir = worker_files::worker_path()
+            .map_err(|e| KernelError::io(&label, "writing the worker package", e))?;
+        std::fs::create_dir_all(&config.session_dir).map_err(|e| {
+            KernelError::io(
+                &label,
+                format!("creating {}", config.session_dir.display()),
+                e,
+            )
+        })?;
+        let (host_end, worker_end) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| KernelError::io(&label, "socketpair", e))?;
+        let launcher = config.launcher_path()?;
+        let args = vec![
+            "-c".to_string(),
+            BOOT.to_string(),
+            worker_dir.display().to_string(),
+        ];
+        let mut cmd =
+            spawn::init_command(&launcher, &config.python, &args, OwnedFd::from(worker_end));
+        cmd.env_clear();
+        cmd.envs(config.env.iter().map(|(k, v)| (k, v)));
+        let worker_config = serde_json::json!({
+            "tools": config.tools,
+            "session_dir": config.session_dir,
+            "session": config.session,
+            "generation": config.generation,
+        });
+        cmd.env("CELLHOST_WORKER_CONFIG", worker_config.to_string());
+        cmd.env("MPLBACKEND", "module://cellhost_worker.mpl_backend");
+        if let Some(cwd) = &config.cwd {
+            cmd.current_dir(cwd);
+        }
+        let python_str = config.python.display().to_string();
+        let mut child = spawn::spawn(cmd).await.map_err(|e| KernelError::Spawn {
+            python: python_str.clone(),
+            reason: format!("cannot start the kernel init {}: {e}", launcher.display()),
+        })?;
+        let init_pid = child.id();
+        let stdout = child.stdout.take().map(OwnedFd::from);
+        let stderr = child.stderr.take().map(OwnedFd::from);
+        let mut guard = ChildGuard(Some(child));
+        let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+            return Err(KernelError::io(
+                &label,
+                "output pipes",
+                std::io::Error::other("missing"),
+            ));
+        };
+        let io_err = |ctx: &str, e: std::io::Error| KernelError::io(&label, ctx, e);
+        let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(|e| io_err("stdout pipe", e))?;
+        let stderr = pipe::Receiver::from_owned_fd(stderr).map_err(|e| io_err("stderr pipe", e))?;
+        host_end
+            .set_nonblocking(true)
+            .map_err(|e| io_err("control socket", e))?;
+        let ctl =
+            tokio::net::UnixStream::from_std(host_end).map_err(|e| io_err("control socket", e))?;
+        let pid_raw = rustix::process::Pid::from_raw(init_pid as i32)
+            .ok_or_else(|| io_err("pidfd", std::io::Error::other("pid 0")))?;
+        let pidfd = rustix::process::pidfd_open(pid_raw, rustix::process::PidfdFlags::empty())
+            .map_err(|e| io_err("pidfd_open", e.into()))?;
+        // `AsyncFd::new` is deprecated because an arbitrary `AsRawFd` may close
+        // its fd early; an `OwnedFd` keeps it open for the AsyncFd's whole
+        // life, which is exactly the condition `register` asks for.
+        #[allow(deprecated)]
+        let pidfd = AsyncFd::new(pidfd).map_err(|e| io_err("pidfd", e))?;
+        let (rd, wr) = ctl.into_split();
+        let mut reader = FrameReader::new(rd);
+        let writer = FrameWriter::new(wr);
+
+        // Handshake: the first frame must be `ready`; the init dying first
+        // means the interpreter could not run.
+        let mut stderr_early = Vec::new();
+        let mut stderr_rx = stderr;
+        let ready = tokio::time::timeout(config.startup_timeout, async {
+            let mut buf = vec![0u8; 8192];
+            loop {
+                tokio::select! {
+                    f = reader.next::<WorkerFrame>() => return Ok(f),
+                    n = tokio::io::AsyncReadExt::read(&mut stderr_rx, &mut buf) => match n {
+                        Ok(n) if n > 0 && stderr_early.len() < 65536 => stderr_early.extend_from_slice(&buf[..n]),
+                        Ok(0) | Err(_) => {
+                            // Worker tree gone: wait for the init to report.
+                            let _ = pidfd.readable().await;
+                            return Err(());
+                        }
+                        Ok(_) => {}
+                    },
+                    _ = pidfd.readable() => return Err(()),
+                }
+            }
+        })
+        .await;
+        let early = || {
+            cellhost_capture::render_once(&stderr_early)
+                .trim()
+                .to_string()
+        };
+        let (pid, python_version) = match ready {
+            Err(_) => {
+                return Err(KernelError::StartupTimeout {
+                    kernel: label,
+                    timeout_ms: config.startup_timeout.as_millis() as u64,
+                });
+            }
+            Ok(Err(())) | Ok(Ok(Ok(None))) => {
+                let status = guard.wait_briefly();
+                return Err(KernelError::Spawn {
+                    python: python_str,
+                    reason: format!(
+                        "the worker exited before it was ready ({status}): {}",
+                        early()
+                    ),
+                });
+            }
+            Ok(Ok(Err(e))) => {
+                return Err(KernelError::Protocol {
+                    kernel: label,
+                    source: e,
+                });
+            }
+            Ok(Ok(Ok(Some(WorkerFrame::Ready {
+                pid,
+                python,
+                protocol,
+                ..
+            })))) => {
+                if protocol != PROTOCOL_VERSION {
+                    return Err(KernelError::ProtocolMismatch {
+                        kernel: label,
+                        worker: protocol,
+                        host: PROTOCOL_VERSION,
+                    });
+                }
+                (pid, python)
+            }
+            Ok(Ok(Ok(Some(other)))) => {
+                return Err(KernelError::Spawn {
+                    python: python_str,
+                    reason: format!(
+                        "the worker's first frame was `{}`, not `ready`",
+                        other.kind()
+                    ),
+                });
+            }
+        };
+        // The worker's own pid is the host pid unless it runs in a pid
+        // namespace; the init's only child is authoritative.
+        let host_pid = cellhost_sandbox::procfs::children(init_pid as i32)
+            .first()
+            .map(|p| *p as u32)
+            .unwrap_or(pid);
+        let info = KernelInfo {
+            session: config.session.clone(),
+            generation: config.generation,
+            pid: host_pid,
+            init_pid,
+            python: config.python.clone(),
+            python_version,
+        };
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let Some(child) = guard.0.take() else {
+            return Err(io_err("child", std::io::Error::other("lost")));
+        };
+        let driver = Driver::new(
+            config,
+            child,
+            pidfd,
+            reader,
+            writer,
+            stdout,
+            stderr_rx,
+            rx,
+            shared.clone(),
+            info.clone(),
+            stderr_early,
+        );
+        tokio::spawn(driver.run());
+        Ok(Kernel {
+            inner: Arc::new(Inner {
+                tx,
+                info,
+                shared,
+                label,
+            }),
+        })
+    }
+
+    /// Facts about this kernel.
+    pub fn info(&self) -> &KernelInfo {
+        &self.inner.info
+    }
+
+    /// `session/generation`.
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+
+    /// The worker process is alive.
+    pub fn is_alive(&self) -> bool {
+        self.inner
+            .shared
+            .lock()
+            .map(|s| s.exit.is_none())
+            .unwrap_or(false)
+    }
+
+    /// A cell is running or queued.
+    pub fn is_busy(&self) -> bool {
+        self.inner
+            .shared
+            .lock()
+            .map(|s| s.running.is_some() || s.queued > 0)
+            .unwrap_or(false)
+    }
+
+    /// Cells this kernel has settled.
+    pub fn cells_settled(&self) -> u64 {
+        self.inner
+            .shared
+            .lock()
+            .map(|s| s.cells_settled)
+            .unwrap_or(0)
+    }
+
+    /// How the worker died, if it did.
+    pub fn exit_reason(&self) -> Option<String> {
+        self.inner.shared.lock().ok().and_then(|s| s.exit.clone())
+    }
+
+    /// Starts a cell without waiting for it. Cells run one at a time, in
+    /// submission order.
+    ///
+    /// # Errors
+    /// [`KernelError::KernelBusy`] with `fail_if_busy` while another cell
+    /// runs or waits; [`KernelError::Dead`] when the worker is gone.
+    pub fn submit(
+        &self,
+        code: impl Into<String>,
+        options: ExecOptions,
+    ) -> Result<CellHandle, KernelError> {
+        {
+            let shared = self
+                .inner
+                .shared
+                .lock()
+                .map_err(|_| self.dead("state lock poisoned"))?;
+            if let Some(reason) = &shared.exit {
+                return Err(self.dead(reason));
+            }
+            if options.fail_if_busy
+                && let Some(cell) = shared
+                    .running
+                    .clone()
+                    .or_else(|| (shared.queued > 0).then(|| "queued".into()))
+            {
+                return Err(KernelError::KernelBusy {
+                    kernel: self.inner.label.clone(),
+                    cell,
+                });
+            }
+        }
+        let id = new_cell_id();
+        let (reply, rx) = oneshot::channel();
+        let cell = QueuedCell {
+            id: id.clone(),
+            code: code.into(),
+            options,
+            submitted: Instant::now(),
+            reply,
+        };
+        if let Ok(mut s) = self.inner.shared.lock() {
+            s.queued += 1;
+        }
+        self.inner
+            .tx
+            .send(Command::Execute(Box::new(cell)))
+            .map_err(|_| self.dead("driver stopped"))?;
+        Ok(CellHandle {
+            id,
+            kernel: self.clone(),
+            rx: Some(rx),
+            done: None,
+        })
+    }
+
+    /// Runs a cell and waits for its result.
+    ///
+    /// # Errors
+    /// As [`Kernel::submit`]; [`KernelError::Dead`] when the worker died
+    /// before the cell started, [`KernelError::Protocol`] on a broken frame.
+    /// A cell that crashes the worker is a *result* (status `crashed`).
+    pub async fn execute(
+        &self,
+        code: impl Into<String>,
+        options: ExecOptions,
+    ) -> Result<CellResult, KernelError> {
+        self.submit(code, options)?.wait().await
+    }
+
+    /// Interrupts the running cell (SIGINT to the worker's main thread, then
+    /// escalation to a kill of the whole tree after the grace).
+    pub async fn interrupt(&self) -> InterruptOutcome {
+        self.interrupt_cell(None).await
+    }
+
+    pub(crate) async fn interrupt_cell(&self, cell: Option<String>) -> InterruptOutcome {
+        let (reply, rx) = oneshot::channel();
+        if self
+            .inner
+            .tx
+            .send(Command::Interrupt { cell, reply })
+            .is_err()
+        {
+            return InterruptOutcome {
+                delivered: false,
+                target: None,
+                cell: None,
+                reason: Some("kernel is dead".into()),
+            };
+        }
+        rx.await.unwrap_or(InterruptOutcome {
+            delivered: false,
+            target: None,
+            cell: None,
+            reason: Some("kernel is dead".into()),
+        })
+    }
+
+    /// Lists the user namespace: `limit` 1..=500 entries, idle kernels only.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidRequest`] for a limit out of range,
+    /// [`KernelError::KernelBusy`] while a cell runs (answered at once: a
+    /// busy worker is never asked), [`KernelError::Dead`].
+    pub async fn inspect_variables(&self, limit: u32) -> Result<Variables, KernelError> {
+        if !(1..=500).contains(&limit) {
+            return Err(KernelError::InvalidRequest(format!(
+                "limit must be 1..=500, got {limit}"
+            )));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Command::Inspect { limit, reply })
+            .map_err(|_| self.dead("driver stopped"))?;
+        rx.await.map_err(|_| self.dead("driver stopped"))?
+    }
+
+    /// Kills the whole process tree and waits until it is reaped. Cells
+    /// still running settle as `crashed`; queued ones fail with `Dead`.
+    pub async fn kill(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.inner.tx.send(Command::Kill { reply }).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    pub(crate) async fn peek(&self, cell: &str) -> Option<CellProgress> {
+        let (reply, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Command::Peek {
+                cell: cell.to_string(),
+                reply,
+            })
+            .ok()?;
+        rx.await.ok().flatten()
+    }
+
+    fn dead(&self, reason: &str) -> KernelError {
+        let reason = self.exit_reason().unwrap_or_else(|| reason.to_string());
+        KernelError::Dead {
+            kernel: self.inner.label.clone(),
+            reason,
+        }
+    }
+}
+
+/// A submitted cell.
+pub struct CellHandle {
+    id: String,
+    kernel: Kernel,
+    rx: Option<oneshot::Receiver<Result<CellResult, KernelError>>>,
+    done: Option<Result<CellResult, KernelError>>,
+}
+
+impl std::fmt::Debug for CellHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CellHandle")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CellHandle {
+    /// The cell's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Waits for the result.
+    ///
+    /// # Errors
+    /// As [`Kernel::execute`].
+    pub async fn wait(mut self) -> Result<CellResult, KernelError> {
+        if let Some(done) = self.done.take() {
+            return done;
+        }
+        let Some(rx) = self.rx.take() else {
+            return Err(self.kernel.dead("result already taken"));
+        };
+        rx.await
+            .unwrap_or_else(|_| Err(self.kernel.dead("driver stopped")))
+    }
+
+    /// Waits at most `timeout`; `None` if the cell has not settled by then
+    /// (the handle stays usable).
+    pub async fn wait_timeout(
+        &mut self,
+        timeout: Duration,
+    ) -> Option<&Result<CellResult, KernelError>> {
+        if self.done.is_none() {
+            let rx = self.rx.as_mut()?;
+            let got = tokio::time::timeout(timeout, rx).await.ok()?;
+            self.rx = None;
+            self.done = Some(got.unwrap_or_else(|_| Err(self.kernel.dead("driver stopped"))));
+        }
+        self.done.as_ref()
+    }
+
+    /// Status and output so far.
+    pub async fn peek(&self) -> Option<CellProgress> {
+        if self.done.is_some() {
+            return Some(CellProgress {
+                cell_id: self.id.clone(),
+                state: "settled".into(),
+                stdout_tail: String::new(),
+                stderr_tail: String::new(),
+                elapsed_ms: 0,
+            });
+        }
+        self.kernel.peek(&self.id).await
+    }
+
+    /// Interrupts this cell (a no-op report if it is not running).
+    pub async fn interrupt(&self) -> InterruptOutcome {
+        self.kernel.interrupt_cell(Some(self.id.clone())).await
+    }
+}
+
+/// Kills and reaps the init if the handshake fails.
+struct ChildGuard(Option<std::process::Child>);
+
+impl ChildGuard {
+    fn wait_briefly(&mut self) -> String {
+        let Some(child) = self.0.as_mut() else {
+            return "unknown".into();
+        };
+        for _ in 0..200 {
+            if let Ok(Some(st)) = child.try_wait() {
+                return crate::driver::describe_exit(st);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        "still running".into()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            crate::driver::kill_and_reap(&mut child);
+        }
+    }
+}

@@ -1,0 +1,804 @@
+//! Real kernels, real Python: the kernel-core and kernel-control behaviour,
+//! including the cases from `shared/cases/kernel-cases.jsonl` (named after
+//! their ids).
+//!
+//! The interpreter is `CELLHOST_TEST_PYTHON` (scripts/test.sh sets it to the
+//! project venv) or `python3` on PATH.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::{
+    CellResult, CellStatus, ExecOptions, Kernel, KernelConfig, KernelError, LiveEvent, Session,
+};
+use tempfile::TempDir;
+
+fn python() -> PathBuf {
+    match std::env::var_os("CELLHOST_TEST_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => cellhost_kernel::resolve_python(None).expect("python3 for tests"),
+    }
+}
+
+fn has_module(name: &str) -> bool {
+    std::process::Command::new(python())
+        .args(["-c", &format!("import {name}")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+struct Fixture {
+    session: Session,
+    dir: TempDir,
+}
+
+fn config(dir: &TempDir) -> KernelConfig {
+    let mut cfg = KernelConfig::new(python(), dir.path().join("session"));
+    cfg.session = "test".into();
+    cfg.cwd = Some(dir.path().to_path_buf());
+    cfg
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Fixture {
+        session: Session::new(config(&dir)),
+        dir,
+    }
+}
+
+impl Fixture {
+    async fn run(&mut self, code: &str) -> CellResult {
+        self.session
+            .execute(code, ExecOptions::default())
+            .await
+            .expect("execute")
+    }
+
+    async fn run_with_timeout(&mut self, code: &str, secs: f64) -> CellResult {
+        let opts = ExecOptions {
+            timeout: Some(Duration::from_secs_f64(secs)),
+            ..Default::default()
+        };
+        self.session.execute(code, opts).await.expect("execute")
+    }
+}
+
+fn assert_ok(r: &CellResult) {
+    assert_eq!(r.status, CellStatus::Ok, "cell failed: {r:#?}");
+}
+
+// ---------------------------------------------------------------- semantics
+
+#[tokio::test]
+async fn namespace_persists_and_last_expression_is_the_result() {
+    let mut f = fixture();
+    let r = f.run("x = 40").await;
+    assert_ok(&r);
+    assert!(r.result.is_none());
+    let r = f.run("x += 2\nx").await;
+    assert_ok(&r);
+    assert_eq!(
+        r.result
+            .as_ref()
+            .and_then(|b| b.get("text/plain"))
+            .and_then(|v| v.as_str()),
+        Some("42")
+    );
+    assert_eq!(r.execution_count, 2);
+    let r = f.run("x;").await;
+    assert!(r.result.is_none(), "a trailing semicolon hides the value");
+    assert!(r.kernel.reused);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn rich_reprs_become_mime_types() {
+    let mut f = fixture();
+    let r = f
+        .run("class R:\n    def _repr_html_(self): return '<b>hi</b>'\n    def _repr_markdown_(self): return '**hi**'\n    def __repr__(self): return 'R()'\nR()")
+        .await;
+    assert_ok(&r);
+    let b = r.result.expect("result");
+    assert_eq!(b["text/plain"], "R()");
+    assert_eq!(b["text/html"], "<b>hi</b>");
+    assert_eq!(b["text/markdown"], "**hi**");
+    let r = f.run("display('shown'); display({'a': 1})\n'last'").await;
+    assert_eq!(r.displays.len(), 2);
+    assert_eq!(r.displays[0].data["text/plain"], "'shown'");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn top_level_await_and_asyncio_run_both_work() {
+    let mut f = fixture();
+    let r = f
+        .run("import asyncio\nawait asyncio.sleep(0.01)\nv = await asyncio.sleep(0, result=5)\nv")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.result.expect("value")["text/plain"], "5");
+    let r = f.run("async def g(): return 7\nasyncio.run(g())").await;
+    assert_ok(&r);
+    assert_eq!(r.result.expect("value")["text/plain"], "7");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn exceptions_have_no_worker_frames_and_show_cell_source() {
+    let mut f = fixture();
+    let r = f.run("def boom():\n    return 1 / 0\nboom()").await;
+    assert_eq!(r.status, CellStatus::Error);
+    let e = r.error.expect("error");
+    assert_eq!(e.ename, "ZeroDivisionError");
+    assert_eq!(e.evalue, "division by zero");
+    let tb = e.traceback.join("\n");
+    assert!(tb.contains("return 1 / 0"), "{tb}");
+    assert!(!tb.contains("cellhost_worker"), "{tb}");
+    let r = f
+        .run("def a(n): return b(n)\ndef b(n): return a(n)\na(1)")
+        .await;
+    let e = r.error.expect("recursion");
+    assert_eq!(e.ename, "RecursionError");
+    let size: usize = e.traceback.iter().map(String::len).sum();
+    assert!(size < 8192, "collapsed traceback stays small: {size} bytes");
+    assert!(e.traceback.iter().any(|l| l.contains("repeated")));
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn syntax_error_is_a_cell_error() {
+    let mut f = fixture();
+    let r = f.run("def (:").await;
+    assert_eq!(r.status, CellStatus::Error);
+    assert_eq!(r.error.expect("error").ename, "SyntaxError");
+    assert_ok(&f.run("print('fine')").await);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn fd_level_capture_keeps_order_per_stream() {
+    let mut f = fixture();
+    let r = f
+        .run("import os, sys, ctypes\nprint('a')\nos.write(1, b'b\\n')\nsys.stdout.write('c\\n')\nctypes.CDLL(None).printf(b'd\\n')\nos.system('echo e')\nprint('f', file=sys.stderr)")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "a\nb\nc\nd\ne\n");
+    assert_eq!(r.stderr, "f\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn live_output_streams_while_the_cell_runs() {
+    let mut f = fixture();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let h = f
+        .session
+        .submit(
+            "import time\nprint('first', flush=True)\ntime.sleep(30)",
+            ExecOptions {
+                live: Some(tx),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("submit");
+    let ev = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("live event in time");
+    assert_eq!(ev, Some(LiveEvent::Stdout("first\n".into())));
+    let k = f.session.kernel().cloned().expect("kernel");
+    k.interrupt().await;
+    let r = f.session.finish(h).await.expect("result");
+    assert_eq!(r.status, CellStatus::Interrupted);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn fork_child_never_acts_as_a_second_worker() {
+    let mut f = fixture();
+    let r = f
+        .run("import os\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\nelse:\n    os.waitpid(pid, 0)\n    print('parent')")
+        .await;
+    assert_ok(&r);
+    assert!(
+        r.stdout.contains("child\n") && r.stdout.contains("parent\n"),
+        "{:?}",
+        r.stdout
+    );
+    let r2 = f.run("1 + 1").await;
+    assert_ok(&r2);
+    assert_eq!(r2.execution_count, r.execution_count + 1);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn closed_fds_do_not_hang_the_host() {
+    let mut f = fixture();
+    let r = f.run("import os\nos.close(1)\nos.close(2)").await;
+    assert_ok(&r);
+    let r = f
+        .run("import sys\nprint('out again')\nprint('err again', file=sys.stderr)")
+        .await;
+    assert_eq!(r.stdout, "out again\n");
+    assert_eq!(r.stderr, "err again\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn replaced_stdout_without_flush_is_survived() {
+    let mut f = fixture();
+    let r = f.run("import sys\nclass W:\n    def write(self, s): return len(s)\nsys.stdout = W()\nprint('swallowed')").await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "");
+    assert_eq!(f.run("print('back')").await.stdout, "back\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn matplotlib_figures_come_back_as_files() {
+    if !has_module("matplotlib") {
+        eprintln!(
+            "skipped: matplotlib is not installed in {}",
+            python().display()
+        );
+        return;
+    }
+    let mut f = fixture();
+    let r = f.run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.figure()\nplt.bar([1], [2])\n").await;
+    assert_ok(&r);
+    assert_eq!(r.displays.len(), 2, "{:#?}", r.displays);
+    for d in &r.displays {
+        let png = &d.data["image/png"];
+        let path = png["path"].as_str().expect("path");
+        let bytes = std::fs::read(path).expect("figure file");
+        assert!(bytes.starts_with(b"\x89PNG"));
+        assert_eq!(png["bytes"].as_u64(), Some(bytes.len() as u64));
+        assert!(path.starts_with(f.dir.path().to_str().expect("utf8")));
+    }
+    let r = f.run("plt.get_fignums()").await;
+    assert_eq!(r.result.expect("value")["text/plain"], "[]");
+    f.session.shutdown().await;
+}
+
+// ---------------------------------------------------------------- protocol
+
+fn fake_python(dir: &TempDir, body: &str) -> PathBuf {
+    let p = dir.path().join("fake-python");
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write fake");
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&p)
+        .status()
+        .expect("chmod");
+    p
+}
+
+#[tokio::test]
+async fn protocol_version_mismatch_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.python = fake_python(
+        &dir,
+        r#"printf '{"type":"ready","pid":1,"python":"fake","protocol":99}\n' >&3; sleep 30"#,
+    );
+    let err = Kernel::spawn(cfg).await.expect_err("mismatch");
+    assert!(
+        matches!(
+            err,
+            KernelError::ProtocolMismatch {
+                worker: 99,
+                host: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("test/1"),
+        "names the kernel: {err}"
+    );
+}
+
+#[tokio::test]
+async fn interpreter_that_dies_at_start_reports_its_stderr() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.python = fake_python(&dir, "echo 'no such module: numpy_core_broken' >&2; exit 3");
+    let err = Kernel::spawn(cfg).await.expect_err("dies");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("numpy_core_broken") && msg.contains("code 3"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn oversized_frame_fails_the_cell_without_hanging() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.python = fake_python(
+        &dir,
+        r#"printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r line <&3; head -c 70000000 /dev/zero | tr '\0' x >&3; sleep 30"#,
+    );
+    let k = Kernel::spawn(cfg).await.expect("spawn");
+    let t = Instant::now();
+    let r = k
+        .execute("1", ExecOptions::default())
+        .await
+        .expect("a result, not a hang");
+    assert_eq!(r.status, CellStatus::Crashed);
+    let msg = r.crash.expect("crash").message;
+    assert!(
+        msg.contains("protocol error") && msg.contains("test/1") && msg.contains("exceeds"),
+        "{msg}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(20));
+    assert!(!k.is_alive());
+}
+
+#[tokio::test]
+async fn malformed_frame_fails_the_cell_without_hanging() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.python = fake_python(
+        &dir,
+        r#"printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r line <&3; printf 'not json\n' >&3; sleep 30"#,
+    );
+    let k = Kernel::spawn(cfg).await.expect("spawn");
+    let r = k
+        .execute("1", ExecOptions::default())
+        .await
+        .expect("a result");
+    assert_eq!(r.status, CellStatus::Crashed);
+    assert!(r.crash.expect("crash").message.contains("malformed"));
+}
+
+// ---------------------------------------------------------------- cases (kernel core)
+
+#[tokio::test]
+async fn hk06_input_blocks_on_stdin() {
+    let mut f = fixture();
+    let t = Instant::now();
+    let r = f.run("answer = input('Continue? [y/n] ')").await;
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(r.status, CellStatus::Error);
+    let e = r.error.expect("error");
+    assert_eq!(e.ename, "EOFError");
+    assert!(e.evalue.contains("not supported"), "{}", e.evalue);
+    assert_eq!(f.run("print('still alive')").await.stdout, "still alive\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk07_background_thread_output_misrouted() {
+    let mut f = fixture();
+    let r0 = f
+        .run("import threading, time\ndef ticker():\n    for i in range(3):\n        time.sleep(1)\n        print(f'tick {i}', flush=True)\nthreading.Thread(target=ticker, daemon=True).start()\nprint('A returned')")
+        .await;
+    assert_ok(&r0);
+    assert_eq!(r0.stdout, "A returned\n");
+    let r1 = f.run("import time\ntime.sleep(4)\nprint('B done')").await;
+    assert_ok(&r1);
+    assert_eq!(r1.stdout, "B done\n");
+    let bg = r1.background_output.clone().unwrap_or_default().stdout;
+    let all = format!("{}{}", r0.stdout, bg);
+    for i in 0..3 {
+        assert_eq!(
+            all.matches(&format!("tick {i}\n")).count(),
+            1,
+            "tick {i} exactly once: {all:?}"
+        );
+    }
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk09_grandchild_holds_output_pipe() {
+    let mut f = fixture();
+    let t = Instant::now();
+    let r = f
+        .run("import os, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nos.system('sleep 60 &')\nprint('launched')")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "launched\n");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "returned in {:?}",
+        t.elapsed()
+    );
+    let t = Instant::now();
+    assert_eq!(f.run("print('next cell')").await.stdout, "next cell\n");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // The background processes are reaped when the session ends.
+    let k = f.session.kernel().cloned().expect("kernel");
+    let init = k.info().init_pid as i32;
+    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert!(tree.len() >= 3, "python + 2 sleepers: {tree:?}");
+    f.session.shutdown().await;
+    for pid in tree.into_iter().chain([init]) {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived the session"
+        );
+    }
+}
+
+#[tokio::test]
+async fn hk12_invalid_utf8_on_fd() {
+    let mut f = fixture();
+    let r = f
+        .run("import os\nos.write(1, b'before\\n\\xff\\xfe\\x80 raw\\n')\nos.write(2, b'\\xc3\\x28 bad stderr\\n')\nos.system(\"printf 'shell \\\\377\\\\n'\")\nprint('after')")
+        .await;
+    assert_ok(&r);
+    assert!(r.stdout.starts_with("before\n"), "{:?}", r.stdout);
+    assert!(r.stdout.contains("\u{FFFD} raw\n"), "{:?}", r.stdout);
+    assert!(r.stdout.contains("shell \u{FFFD}\n"), "{:?}", r.stdout);
+    assert!(r.stdout.ends_with("after\n"));
+    assert_eq!(r.stderr, "\u{FFFD}( bad stderr\n");
+    assert_eq!(
+        f.run("print('next cell ok')").await.stdout,
+        "next cell ok\n"
+    );
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk15_forged_protocol_markers() {
+    let mut f = fixture();
+    let r = f
+        .run("import os, sys\nprint('<|EOF|>')\nprint('##end_of_execution##')\nprint('##active_line')\nsys.stdout.write('{\"type\": \"result\", \"status\": \"ok\", \"value\": \"forged\"}\\n')\nos.write(1, b'\\x00\\x00\\x00\\x10<|EOF|>\\n')\nprint('tail line')\nx = 7")
+        .await;
+    assert_ok(&r);
+    for line in [
+        "<|EOF|>\n",
+        "##end_of_execution##\n",
+        "##active_line\n",
+        "{\"type\": \"result\", \"status\": \"ok\", \"value\": \"forged\"}\n",
+        "tail line\n",
+    ] {
+        assert!(
+            r.stdout.contains(line),
+            "{line:?} missing from {:?}",
+            r.stdout
+        );
+    }
+    assert_eq!(r.stdout.matches("<|EOF|>").count(), 2);
+    assert!(r.result.is_none());
+    assert_eq!(f.run("print(x * 6)").await.stdout, "42\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk17_subprocess_given_sys_stdout() {
+    let mut f = fixture();
+    let r = f
+        .run("import subprocess, sys\nr1 = subprocess.run(['echo', 'child via sys.stdout'], stdout=sys.stdout)\nr2 = subprocess.run(['echo', 'child inherits fd 1'])\nos_rc = __import__('os').system('echo child via os.system')\nprint('codes', r1.returncode, r2.returncode, os_rc)")
+        .await;
+    assert_ok(&r);
+    assert_eq!(
+        r.stdout,
+        "child via sys.stdout\nchild inherits fd 1\nchild via os.system\ncodes 0 0 0\n"
+    );
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk18_sys_exit_quit_exit() {
+    let mut f = fixture();
+    let r = f
+        .run("keep = 1\nimport sys\nsys.exit(3)\nprint('not reached')")
+        .await;
+    assert_eq!(r.status, CellStatus::Error);
+    let e = r.error.expect("error");
+    assert_eq!((e.ename.as_str(), e.evalue.as_str()), ("SystemExit", "3"));
+    assert!(!r.stdout.contains("not reached"));
+    assert_eq!(
+        f.run("print('after sys.exit', keep)").await.stdout,
+        "after sys.exit 1\n"
+    );
+    let r = f.run("quit()\nprint('not reached either')").await;
+    assert_eq!(r.status, CellStatus::Error);
+    assert_eq!(r.error.expect("error").ename, "SystemExit");
+    assert!(!r.stdout.contains("not reached"));
+    let r = f.run("print('after quit', keep)").await;
+    assert_eq!(r.stdout, "after quit 1\n");
+    assert!(!r.kernel.state_reset);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk19_os_exit_kills_worker() {
+    let mut f = fixture();
+    let t = Instant::now();
+    let r = f.run("keep = 1\nimport os\nos._exit(1)").await;
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(r.status, CellStatus::Crashed);
+    let c = r.crash.expect("crash");
+    assert_eq!(c.exit_code, Some(1));
+    assert!(c.message.contains("exited with code 1"), "{}", c.message);
+    let r = f.run("print('keep' in globals())").await;
+    assert_eq!(r.stdout, "False\n");
+    assert!(r.kernel.state_reset);
+    assert!(
+        r.kernel
+            .reset_reason
+            .expect("why")
+            .contains("exited with code 1")
+    );
+    assert_eq!(r.kernel.generation, 2);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk20_segfault_in_native_code() {
+    let mut f = fixture();
+    let t = Instant::now();
+    let r = f.run("import ctypes\nctypes.memmove(0, 1, 1)").await;
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(r.status, CellStatus::Crashed);
+    let c = r.crash.expect("crash");
+    assert_eq!(c.signal_name.as_deref(), Some("SIGSEGV"));
+    assert!(
+        r.stderr.contains("Fatal Python error: Segmentation fault"),
+        "{:?}",
+        r.stderr
+    );
+    assert!(
+        r.stderr.contains("line 2"),
+        "faulthandler's Python stack: {:?}",
+        r.stderr
+    );
+    let r = f.run("print('recovered')").await;
+    assert_eq!(r.stdout, "recovered\n");
+    assert!(r.kernel.state_reset);
+    assert!(r.kernel.reset_reason.expect("why").contains("SIGSEGV"));
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk25_sys_stdout_closed() {
+    let mut f = fixture();
+    assert_ok(&f.run("import sys\nsys.stdout.close()").await);
+    assert_eq!(
+        f.run("print('visible again')").await.stdout,
+        "visible again\n"
+    );
+    let r = f
+        .run("import sys\nsys.stderr.write('stderr fine\\n')\nprint('stdout fine')")
+        .await;
+    assert_eq!(r.stdout, "stdout fine\n");
+    assert_eq!(r.stderr, "stderr fine\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk27_cwd_changed_and_deleted() {
+    let mut f = fixture();
+    let r = f
+        .run("import os, tempfile, shutil\nhome = os.getcwd()\nscratch = tempfile.mkdtemp()\nos.chdir(scratch)\nopen('note.txt', 'w').write('hi')\nprint(os.path.exists(os.path.join(scratch, 'note.txt')))")
+        .await;
+    assert_eq!(r.stdout, "True\n");
+    let scratch = r.cwd.clone().expect("cwd reported");
+    let r = f.run("print(os.getcwd() == scratch)").await;
+    assert_eq!(r.stdout, "True\n");
+    assert_eq!(r.cwd.as_deref(), Some(scratch.as_str()));
+    let r = f.run("shutil.rmtree(scratch)\nprint('cwd deleted')").await;
+    assert_eq!(r.stdout, "cwd deleted\n");
+    assert_eq!(r.cwd, None, "a deleted cwd is reported as none");
+    assert_eq!(
+        f.run("print('host still runs cells')").await.stdout,
+        "host still runs cells\n"
+    );
+    assert_eq!(
+        f.run("os.chdir(home)\nprint(os.getcwd() == home)")
+            .await
+            .stdout,
+        "True\n"
+    );
+    f.session.shutdown().await;
+}
+
+async fn hk29_once(display: Option<&str>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    if let Some(d) = display {
+        cfg.env.push(("DISPLAY".into(), d.into()));
+    }
+    let mut s = Session::new(cfg);
+    let t = Instant::now();
+    let r = s
+        .execute("import matplotlib\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [2, 4, 1])\nplt.show()\nprint('after show', matplotlib.get_backend())", ExecOptions::default())
+        .await
+        .expect("execute");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_ok(&r);
+    assert!(
+        r.stdout
+            .starts_with("after show module://cellhost_worker.mpl_backend"),
+        "{:?}",
+        r.stdout
+    );
+    assert_eq!(r.displays.len(), 1);
+    assert!(r.displays[0].data["image/png"]["path"].is_string());
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk29_plt_show_blocks() {
+    if !has_module("matplotlib") {
+        eprintln!(
+            "skipped: matplotlib is not installed in {}",
+            python().display()
+        );
+        return;
+    }
+    hk29_once(None).await;
+    // With DISPLAY set to a live X server (Xvfb, when installed).
+    let xvfb = PathBuf::from("/usr/bin/Xvfb");
+    if xvfb.exists() {
+        let mut x = std::process::Command::new(&xvfb)
+            .args([":97", "-nolisten", "tcp"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("Xvfb");
+        for _ in 0..100 {
+            if std::path::Path::new("/tmp/.X11-unix/X97").exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        hk29_once(Some(":97")).await;
+        let _ = x.kill();
+        let _ = x.wait();
+    } else {
+        eprintln!(
+            "note: Xvfb not installed; the DISPLAY half of hk29 ran with an unreachable display"
+        );
+        hk29_once(Some(":97")).await;
+    }
+}
+
+// ---------------------------------------------------------------- control (issue 3 cases)
+
+#[tokio::test]
+async fn hk02_keyboardinterrupt_swallowed() {
+    let mut f = fixture();
+    assert_ok(&f.run("progress = []").await);
+    let h = f
+        .session
+        .submit("import time\nwhile True:\n    try:\n        time.sleep(0.2)\n        progress.append(1)\n    except BaseException:\n        pass", ExecOptions::default())
+        .await
+        .expect("submit");
+    let k = f.session.kernel().cloned().expect("kernel");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    assert!(k.interrupt().await.delivered);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    k.interrupt().await;
+    let r = f.session.finish(h).await.expect("result");
+    assert!(
+        t.elapsed() <= Duration::from_secs(5),
+        "escalated in {:?}",
+        t.elapsed()
+    );
+    assert_eq!(r.status, CellStatus::Interrupted);
+    let i = r.interrupt.expect("interrupt report");
+    assert!(i.escalated && !i.state_kept);
+    assert!(
+        i.reason
+            .expect("reason")
+            .contains("caught the KeyboardInterrupt")
+    );
+    let r = f.run("print('session usable')").await;
+    assert_eq!(r.stdout, "session usable\n");
+    assert!(r.kernel.state_reset, "the restart is said explicitly");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk04_sigint_ignored_by_user_code() {
+    let mut f = fixture();
+    assert_ok(&f.run("keep = 'before'").await);
+    let h = f
+        .session
+        .submit("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\nkeep = 'after'", ExecOptions::default())
+        .await
+        .expect("submit");
+    let k = f.session.kernel().cloned().expect("kernel");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    k.interrupt().await;
+    let r = f.session.finish(h).await.expect("result");
+    assert!(t.elapsed() <= Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(r.status, CellStatus::Interrupted);
+    let i = r.interrupt.expect("report");
+    assert!(i.escalated);
+    assert!(i.reason.expect("reason").contains("ignores SIGINT"));
+    let r = f.run("print(keep)").await;
+    assert!(r.kernel.state_reset);
+    assert!(
+        r.status == CellStatus::Error,
+        "keep is gone with the killed kernel: {r:#?}"
+    );
+    // The next interrupt works normally.
+    let h = f
+        .session
+        .submit("import time\ntime.sleep(30)", ExecOptions::default())
+        .await
+        .expect("submit");
+    let k = f.session.kernel().cloned().expect("kernel");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    k.interrupt().await;
+    let r = f.session.finish(h).await.expect("result");
+    assert_eq!(r.status, CellStatus::Interrupted);
+    let i = r.interrupt.expect("report");
+    assert!(!i.escalated && i.state_kept);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk32_timeout_returns_promptly_and_stops_work() {
+    let mut f = fixture();
+    assert_ok(&f.run("import time\nresult = 'initial'").await);
+    let t = Instant::now();
+    let r = f
+        .run_with_timeout("time.sleep(5)\nresult = 'late write'", 1.0)
+        .await;
+    assert!(
+        t.elapsed() <= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(r.status, CellStatus::Timeout);
+    let i = r.interrupt.expect("report");
+    assert!(i.delivered && !i.escalated && i.state_kept);
+    let r = f
+        .run_with_timeout("time.sleep(6)\nprint(result)", 10.0)
+        .await;
+    assert_eq!(r.stdout, "initial\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn interrupt_before_the_code_starts_is_not_lost() {
+    let mut f = fixture();
+    assert_ok(&f.run("x = 1").await);
+    let k = f.session.kernel().cloned().expect("kernel");
+    // Interrupt as soon as the cell is submitted: whether the SIGINT lands
+    // before, during or after the worker picks the cell up, the cell ends
+    // interrupted and the next cell is untouched.
+    for _ in 0..5 {
+        let h = k
+            .submit("import time\ntime.sleep(20)", ExecOptions::default())
+            .expect("submit");
+        let mut out = k.interrupt().await;
+        for _ in 0..100 {
+            if out.delivered {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            out = k.interrupt().await;
+        }
+        let r = h.wait().await.expect("result");
+        assert_eq!(r.status, CellStatus::Interrupted, "{r:#?}");
+        assert_ok(
+            &k.execute("x += 1", ExecOptions::default())
+                .await
+                .expect("next"),
+        );
+    }
+    assert_eq!(
+        k.execute("x", ExecOptions::default())
+            .await
+            .expect("x")
+            .result
+            .expect("v")["text/plain"],
+        "6"
+    );
+    k.kill().await;
+}

@@ -1,0 +1,278 @@
+//! The kernel init: a small, single-threaded supervisor between the host and
+//! the Python worker.
+//!
+//! The host starts `<binary> __cellhost-kernel-init --host-pid PID -- PYTHON
+//! ARGS…` with the control socket as fd 0 and the output pipes as fd 1/2.
+//! The init then:
+//!
+//! 1. sets `PR_SET_PDEATHSIG` to SIGTERM (the signal follows the *thread*
+//!    that spawned it: the host spawns from one thread that lives as long as
+//!    the host) and exits if the host is already gone;
+//! 2. starts a new session (`setsid`: own process group, no controlling
+//!    terminal, so `/dev/tty` and terminal signals cannot reach the kernel);
+//! 3. becomes a child subreaper, so every orphaned descendant — also one
+//!    that called `setsid` or double-forked — is re-parented to it and can be
+//!    found and reaped;
+//! 4. forks Python with the control socket moved to fd 3, `/dev/null` as
+//!    fd 0, and its own parent-death signal (SIGKILL);
+//! 5. reaps every child that dies; when Python dies, or on SIGTERM, SIGINT,
+//!    SIGHUP or SIGQUIT (the host asked, or the host died), SIGKILLs every
+//!    descendant until none is left, reaps them all, and exits with Python's
+//!    status: the same exit code, or death by the same signal.
+//!
+//! Nothing here depends on Python being responsive. The binary that embeds
+//! cellhost calls [`run_if_requested`] first thing in `main` (or enables the
+//! `ctor-launcher` feature).
+
+use std::ffi::{CString, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::time::Duration;
+
+use crate::signal;
+
+/// The hidden subcommand that turns the process into a kernel init.
+pub const INIT_ARG: &str = "__cellhost-kernel-init";
+
+/// Becomes a kernel init (and never returns) when `argv[1]` is [`INIT_ARG`];
+/// returns at once otherwise.
+pub fn run_if_requested() {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == INIT_ARG) {
+        init_main(&args[2..]);
+    }
+}
+
+/// Like [`run_if_requested`], reading the arguments from
+/// `/proc/self/cmdline` (for constructors that run before the standard
+/// library has stored them).
+pub fn run_if_requested_from_proc() {
+    let Ok(raw) = std::fs::read("/proc/self/cmdline") else {
+        return;
+    };
+    let args: Vec<OsString> = raw
+        .split(|&b| b == 0)
+        .map(|s| std::ffi::OsStr::from_bytes(s).to_os_string())
+        .collect();
+    if args.get(1).is_some_and(|a| a == INIT_ARG) {
+        init_main(&args[2..]);
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("cellhost kernel init: {msg}");
+    std::process::exit(70)
+}
+
+fn cstring(s: &OsString) -> CString {
+    CString::new(s.as_bytes()).unwrap_or_else(|_| fail("argument holds a NUL byte"))
+}
+
+fn init_main(args: &[OsString]) -> ! {
+    let mut host_pid: Option<i32> = None;
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].to_str() {
+            Some("--host-pid") => {
+                host_pid = args
+                    .get(i + 1)
+                    .and_then(|s| s.to_str())
+                    .and_then(|s| s.parse().ok());
+                i += 2;
+            }
+            Some("--") => {
+                i += 1;
+                break;
+            }
+            _ => fail("usage: __cellhost-kernel-init --host-pid PID -- PROGRAM [ARGS...]"),
+        }
+    }
+    let program = &args[i..];
+    if program.is_empty() {
+        fail("no program to run");
+    }
+    let Some(host_pid) = host_pid else {
+        fail("--host-pid is required")
+    };
+    let argv: Vec<CString> = program.iter().map(cstring).collect();
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|c| c.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let devnull = CString::new("/dev/null").unwrap_or_default();
+
+    // SAFETY: prctl/getppid/setsid take integers only; this process is
+    // single-threaded (a fresh exec of the binary), so there is no other
+    // thread whose state these calls could disturb.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGTERM as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        if libc::getppid() != host_pid {
+            libc::_exit(70);
+        }
+        libc::setsid();
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        let mut cur: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_CORE, &mut cur) == 0 {
+            let lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: cur.rlim_max,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &lim);
+        } else {
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        }
+    }
+
+    let mut watched: libc::sigset_t = empty_sigset();
+    let mut old: libc::sigset_t = empty_sigset();
+    // SAFETY: the sigset_t values are valid, initialised by sigemptyset.
+    unsafe {
+        for s in [
+            libc::SIGCHLD,
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+        ] {
+            libc::sigaddset(&mut watched, s);
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &watched, &mut old);
+    }
+    let init_pid = std::process::id() as i32;
+
+    // SAFETY: single-threaded process; the child only makes async-signal-safe
+    // calls on memory prepared before the fork, then execs or _exits.
+    let python = unsafe { libc::fork() };
+    if python < 0 {
+        fail("fork failed");
+    }
+    if python == 0 {
+        // SAFETY: see above; all pointers point to live CStrings.
+        unsafe {
+            libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            if libc::getppid() != init_pid {
+                libc::_exit(70);
+            }
+            if libc::dup2(0, 3) < 0 {
+                libc::_exit(71);
+            }
+            let null = libc::open(devnull.as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                libc::dup2(null, 0);
+                if null > 3 {
+                    libc::close(null);
+                }
+            }
+            libc::execvp(argv_ptrs[0], argv_ptrs.as_ptr());
+            let msg = b"cellhost kernel init: cannot execute the interpreter\n";
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127);
+        }
+    }
+
+    // The init keeps no end of the control channel or the output pipes, so
+    // the host sees EOF as soon as the worker tree is gone.
+    // SAFETY: plain fd operations on fds this process owns.
+    unsafe {
+        let null = libc::open(devnull.as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+    }
+
+    let mut python_status: Option<libc::c_int> = None;
+    loop {
+        // SAFETY: `watched` is a valid set; a null siginfo pointer is allowed.
+        let sig = unsafe { libc::sigwaitinfo(&watched, std::ptr::null_mut()) };
+        if sig == libc::SIGCHLD {
+            reap_nohang(python, &mut python_status);
+            if python_status.is_some() {
+                break;
+            }
+        } else if sig > 0 {
+            let _ = signal::kill(python, libc::SIGKILL);
+            break;
+        }
+    }
+    kill_tree_and_reap(init_pid, python, &mut python_status);
+    mirror_exit(python_status)
+}
+
+fn empty_sigset() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the whole set.
+    unsafe {
+        let mut s: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut s);
+        s
+    }
+}
+
+/// Reaps every dead child without blocking. Returns false when no child is left.
+fn reap_nohang(python: i32, python_status: &mut Option<libc::c_int>) -> bool {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            if pid == python {
+                *python_status = Some(status);
+            }
+            continue;
+        }
+        return pid == 0;
+    }
+}
+
+fn kill_tree_and_reap(init_pid: i32, python: i32, python_status: &mut Option<libc::c_int>) {
+    // Every descendant is ours to find (subreaper); a process forked while a
+    // sweep runs is caught by the next one once its parent is gone.
+    loop {
+        signal::kill_descendants(init_pid, 1);
+        if !reap_nohang(python, python_status) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn mirror_exit(status: Option<libc::c_int>) -> ! {
+    let Some(status) = status else {
+        std::process::exit(70)
+    };
+    if libc::WIFEXITED(status) {
+        std::process::exit(libc::WEXITSTATUS(status));
+    }
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        // SAFETY: resetting a disposition and unblocking it, then raising it
+        // at ourselves: no memory is shared. Core dumps are off (RLIMIT_CORE 0).
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set = empty_sigset();
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+        }
+        std::process::exit(128 + sig);
+    }
+    std::process::exit(70)
+}

@@ -1,0 +1,85 @@
+//! Signals aimed at one thread, and whole-tree kills.
+
+use std::io;
+
+use crate::procfs;
+
+/// Sends `sig` to thread `tid` of thread group `tgid` (`tgkill(2)`).
+///
+/// A process-directed SIGINT may be taken by any thread that does not block
+/// it (an OpenBLAS pool thread, say) while Python's main thread sleeps on;
+/// aiming at the main thread is what makes Python raise KeyboardInterrupt.
+///
+/// # Errors
+/// `ESRCH` when the thread is gone, `EPERM` without permission.
+pub fn tgkill(tgid: i32, tid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: tgkill takes three integers and touches no memory of ours.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, tgid, tid, sig) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sends `sig` to process `pid`.
+///
+/// # Errors
+/// `ESRCH` when the process is gone.
+pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: kill takes two integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(pid, sig) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// SIGKILLs every live descendant of `root` (not `root`), repeating until a
+/// sweep finds none alive or `rounds` sweeps were made. Returns how many
+/// signals were sent. Zombies are left for their parent (or subreaper).
+pub fn kill_descendants(root: i32, rounds: usize) -> usize {
+    let mut sent = 0;
+    for _ in 0..rounds {
+        let alive: Vec<_> = procfs::descendants(root)
+            .into_iter()
+            .filter(|p| p.state != 'Z')
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        for p in alive {
+            if kill(p.pid, libc::SIGKILL).is_ok() {
+                sent += 1;
+            }
+        }
+    }
+    sent
+}
+
+/// Name of a signal number, e.g. `SIGSEGV` for 11.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run all of cellhost's tests: set up the Python venv, check that the worker
+# package compiles, then `cargo test` over the whole workspace with the venv's
+# python as the kernels' interpreter (CELLHOST_TEST_PYTHON).
+#
+# Extra arguments go to `cargo test`, e.g. `scripts/test.sh -p cellhost-kernel`.
+# The exit code is cargo's (or the first failing step's).
+set -euo pipefail
+
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
+cd "$ROOT"
+
+say() { printf '\n==> %s\n' "$*" >&2; }
+
+say "Python environment (.venv)"
+PY="$(bash "$ROOT/scripts/setup-venv.sh")"
+[[ -x "$PY" ]] || { echo "test: setup-venv.sh did not produce a python ($PY)" >&2; exit 1; }
+
+shopt -s nullglob
+WORKER_FILES=("$ROOT"/python/cellhost_worker/*.py)
+shopt -u nullglob
+if ((${#WORKER_FILES[@]})); then
+    say "py_compile python/cellhost_worker (${#WORKER_FILES[@]} files)"
+    # Byte-code goes to a scratch dir, not into the source tree.
+    PYCACHE="$(mktemp -d "${TMPDIR:-/tmp}/cellhost-pycache.XXXXXX")"
+    trap 'rm -rf -- "$PYCACHE"' EXIT
+    PYTHONPYCACHEPREFIX="$PYCACHE" "$PY" -m py_compile "${WORKER_FILES[@]}"
+fi
+
+# HK29 runs matplotlib once with DISPLAY pointing at a live X server.
+if ! command -v Xvfb >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    say "apt-get install xvfb (for the DISPLAY half of hk29)"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -qq xvfb >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq xvfb >/dev/null; }; } \
+        || echo "test: xvfb could not be installed; hk29 runs its DISPLAY half against an unreachable display" >&2
+fi
+
+say "cargo test --workspace --all-targets (CELLHOST_TEST_PYTHON=$PY)"
+LOCKED=()
+[[ -f "$ROOT/Cargo.lock" ]] && LOCKED=(--locked)
+status=0
+CELLHOST_TEST_PYTHON="$PY" cargo test "${LOCKED[@]}" --workspace --all-targets "$@" || status=$?
+exit "$status"
