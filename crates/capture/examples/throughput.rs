@@ -9,7 +9,8 @@
 //! * one 100 MB line without a newline;
 //! * 100 MB of log lines that contain pattern triggers (`tokens`, `api_key`)
 //!   and colour escapes, so every line runs the regexes;
-//! * the same 1 GB of lines with redaction disabled, for comparison.
+//! * the same 1 GB of lines with the whole stream spilled (no cap), and
+//!   with redaction disabled, for comparison.
 //!
 //! Run with `cargo run --release -p cellhost-capture --example throughput`.
 //! An optional argument scales the sizes (e.g. `0.1`).
@@ -21,6 +22,8 @@ use std::time::Instant;
 use cellhost_capture::{RedactionConfig, Redactor, StreamCapture, StreamLimits};
 
 const PIECE: usize = 64 * 1024;
+/// The default spill cap (50 MB).
+const CAP: u64 = 50_000_000;
 
 /// Peak resident set size of this process in KiB (Linux), if known.
 fn peak_rss_kib() -> Option<u64> {
@@ -51,6 +54,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             lines_1g,
             redactor.clone(),
             &spill,
+            CAP,
         )?;
         run(
             "one 100 MB line (redaction on)",
@@ -58,6 +62,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             size(100.0 * 1024.0 * 1024.0),
             redactor.clone(),
             &spill,
+            CAP,
         )?;
         run(
             "100 MB of log lines that trigger patterns",
@@ -65,6 +70,15 @@ fn main() -> Result<(), Box<dyn Error>> {
             size(100e6),
             redactor.clone(),
             &spill,
+            CAP,
+        )?;
+        run(
+            "1 GB of 100-byte lines, all spilled",
+            &line,
+            lines_1g,
+            redactor.clone(),
+            &spill,
+            u64::MAX,
         )?;
         run(
             "1 GB of 100-byte lines (redaction off)",
@@ -72,6 +86,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             lines_1g,
             Arc::new(Redactor::disabled()),
             &spill,
+            CAP,
         )?;
         Ok(())
     })();
@@ -91,6 +106,7 @@ fn run(
     total: usize,
     redactor: Arc<Redactor>,
     spill: &std::path::Path,
+    spill_cap: u64,
 ) -> Result<(), Box<dyn Error>> {
     // `pattern.len()` pieces' worth of whole patterns, fed PIECE bytes at a time.
     let buf: Vec<u8> = pattern
@@ -99,11 +115,11 @@ fn run(
         .cycle()
         .take(PIECE * pattern.len())
         .collect();
-    let mut cap = StreamCapture::new(
-        StreamLimits::stdout_default(),
-        redactor,
-        Some(spill.to_path_buf()),
-    );
+    let limits = StreamLimits {
+        spill_bytes: spill_cap,
+        ..StreamLimits::stdout_default()
+    };
+    let mut cap = StreamCapture::new(limits, redactor, Some(spill.to_path_buf()));
     let start = Instant::now();
     let mut fed = 0;
     let mut off = 0;

@@ -10,7 +10,9 @@
 //!    sequences removed, erase-line honoured, long lines wrapped into rows;
 //!    see [`render_once`] for the rules);
 //! 3. **redaction** of registered secrets and common credential patterns
-//!    ([`Redactor`]), also across piece boundaries;
+//!    ([`Redactor`]), also across piece boundaries; registered values are
+//!    masked before rendering as well, so overwriting part of a secret with
+//!    `\r` or `\b` cannot reveal the rest;
 //! 4. three outputs: the **live text** returned by [`StreamCapture::push`],
 //!    the **inline text** (at most [`StreamLimits::inline_bytes`]: a 40%
 //!    head and a 60% tail around one omission line) and the **spill file**
@@ -177,7 +179,9 @@ impl StreamCapture {
         let mut committed = String::with_capacity(bytes.len().min(1 << 20));
         let (raw, renderer, redactor) = (&mut self.raw, &mut self.renderer, &*self.redactor);
         self.decoder.decode(bytes, &mut |s| {
-            raw.process(redactor, s, false, &mut |t| renderer.feed(t, &mut committed));
+            raw.process(redactor, s, false, &mut |t| {
+                renderer.feed(t, &mut committed)
+            });
         });
         if committed.is_empty() {
             return committed;
@@ -194,9 +198,13 @@ impl StreamCapture {
         let mut committed = String::new();
         let (raw, renderer, redactor) = (&mut self.raw, &mut self.renderer, &*self.redactor);
         self.decoder.finish(&mut |s| {
-            raw.process(redactor, s, false, &mut |t| renderer.feed(t, &mut committed));
+            raw.process(redactor, s, false, &mut |t| {
+                renderer.feed(t, &mut committed)
+            });
         });
-        raw.process(redactor, "", true, &mut |t| renderer.feed(t, &mut committed));
+        raw.process(redactor, "", true, &mut |t| {
+            renderer.feed(t, &mut committed)
+        });
         self.renderer.finish(&mut committed);
         let live_tail = self.stage.process(&self.redactor, committed, true);
         self.sink.write(&live_tail);
@@ -217,7 +225,10 @@ impl StreamCapture {
     /// Bytes of buffer capacity held, for memory tests.
     #[cfg(test)]
     fn buffered(&self) -> usize {
-        self.raw.buffered() + self.renderer.buffered() + self.stage.buffered() + self.sink.buffered()
+        self.raw.buffered()
+            + self.renderer.buffered()
+            + self.stage.buffered()
+            + self.sink.buffered()
     }
 }
 
@@ -281,6 +292,13 @@ mod tests {
             win(got),
             win(want)
         );
+    }
+
+    /// The pipeline in one shot: decode, mask exact values, render, redact.
+    fn reference(r: &Redactor, data: &[u8]) -> String {
+        let decoded = String::from_utf8_lossy(data);
+        let raw = r.redact_exact(&decoded);
+        r.redact(&render_once(raw.as_bytes())).into_owned()
     }
 
     fn demo_redactor() -> Arc<Redactor> {
@@ -358,7 +376,7 @@ mod tests {
         };
         for round in 0..40 {
             let data = messy_stream(&mut rng);
-            let expected = r.redact(&render_once(&data)).into_owned();
+            let expected = reference(&r, &data);
             assert!(!expected.contains(DEMO));
             for max_piece in [1, 7, 100, 5000, 70_000] {
                 let pieces = random_pieces(&mut rng, &data, max_piece);
@@ -454,6 +472,37 @@ mod tests {
             );
             assert_eq!(live, "sk-d****[redacted]\n", "split {i}");
             assert_eq!(done.text, live);
+        }
+    }
+
+    #[test]
+    fn secret_destroyed_by_rendering_is_masked_before_it() {
+        let r = Arc::new(
+            Redactor::new(RedactionConfig {
+                secrets: vec![DEMO.into(), "hunter2hunter2".into()],
+                ..RedactionConfig::default()
+            })
+            .expect("redactor"),
+        );
+        let cases: &[&[u8]] = &[
+            b"sk-demo-3f9a1c7e5b2d4a6f8e0c\rXX\n",
+            b"pw hunter2hunter2\x08\x08\x08XYZ\n",
+            b"pw hunter2hunter2\x1b[5D\x1b[K\n",
+            b"\x1b[1mhunter2\x1b[0mhunter2\n",
+        ];
+        for data in cases {
+            for i in 0..=data.len() {
+                let (live, done) = run(
+                    StreamLimits::stdout_default(),
+                    r.clone(),
+                    &[&data[..i], &data[i..]],
+                );
+                for text in [&live, &done.text] {
+                    assert!(!text.contains("3f9a1c7e5b2d"), "{text:?}");
+                    assert!(!text.contains("hunter2hun"), "{text:?}");
+                    assert!(!text.contains("ter2hunter"), "{text:?}");
+                }
+            }
         }
     }
 

@@ -38,6 +38,13 @@
 //! two pipe reads or two wrapped rows is therefore masked as a whole. Secrets
 //! containing a newline are also held back across lines (the last
 //! `len - 1` bytes). Everything is emitted at the end of the stream.
+//!
+//! In a [`StreamCapture`](crate::StreamCapture), exact values are masked
+//! twice: in the decoded text *before* terminal rendering (so that
+//! `secret\rXY`, which renders as `XYcret…`, or a secret partly erased with
+//! `\b` or `ESC[K`, cannot leak its remainder) and in the rendered text
+//! (for values that rendering assembles, e.g. around colour escapes). The
+//! pattern set runs on the rendered text.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -577,6 +584,14 @@ const DESCRIPTORS: &[&str] = &[
     "present",
     "set",
     "missing",
+    "error",
+    "errors",
+    "exception",
+    "warning",
+    "expired",
+    "exceeded",
+    "sock",
+    "socket",
 ];
 /// First components that make a name a quantity (`max_tokens`).
 const QUANTIFIERS: &[&str] = &["max", "min", "num", "n", "total", "avg", "mean"];
@@ -976,6 +991,18 @@ impl Redactor {
         }
     }
 
+    /// `text` with exact secret values masked (no patterns): the
+    /// pre-rendering pass of a stream, one-shot.
+    #[cfg(test)]
+    pub(crate) fn redact_exact(&self, text: &str) -> String {
+        let mut spans = Vec::new();
+        if self.enabled {
+            self.collect_exact(text, &mut spans);
+        }
+        normalize(&mut spans);
+        apply(text, 0, text.len(), &spans)
+    }
+
     /// Whether exact secret values are registered.
     pub(crate) fn has_exact(&self) -> bool {
         self.enabled && !matches!(self.exact, Exact::None)
@@ -1177,7 +1204,13 @@ impl RawExactStream {
     }
 
     /// Takes decoded text, passes masked text that is final now to `emit`.
-    pub(crate) fn process(&mut self, r: &Redactor, text: &str, fin: bool, emit: &mut impl FnMut(&str)) {
+    pub(crate) fn process(
+        &mut self,
+        r: &Redactor,
+        text: &str,
+        fin: bool,
+        emit: &mut impl FnMut(&str),
+    ) {
         if !r.has_exact() {
             if !text.is_empty() {
                 emit(text);
@@ -1189,7 +1222,10 @@ impl RawExactStream {
         let mut cut = len;
         if !fin {
             let nl = memrchr(b'\n', self.buf.as_bytes()).map_or(0, |p| p + 1);
-            let tail = floor_boundary(&self.buf, len.saturating_sub(r.max_secret_len.saturating_sub(1)));
+            let tail = floor_boundary(
+                &self.buf,
+                len.saturating_sub(r.max_secret_len.saturating_sub(1)),
+            );
             cut = nl.max(tail);
             if r.max_multiline_secret_len > 0 {
                 let lim = len.saturating_sub(r.max_multiline_secret_len - 1);
@@ -1244,7 +1280,7 @@ impl RedactStream {
     /// Takes newly committed text, returns the redacted text that is final
     /// now. With `fin`, everything held is emitted.
     pub(crate) fn process(&mut self, r: &Redactor, committed: String, fin: bool) -> String {
-        if !r.enabled {
+        if !r.enabled || (r.patterns.is_none() && !r.has_exact()) {
             return committed;
         }
         if self.buf.is_empty()
@@ -1604,6 +1640,9 @@ mod tests {
             "KEY_COUNT=3",
             "password=<your-password>",
             "token=${GITHUB_TOKEN}",
+            "KeyError: 'user_8f3a9b2c'",
+            "SSH_AUTH_SOCK=/tmp/ssh-abc123/agent.42",
+            "TOKENIZERS_PARALLELISM=false",
         ] {
             assert_eq!(r.redact(text), text, "{text}");
         }

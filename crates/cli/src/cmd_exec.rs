@@ -3,6 +3,7 @@
 use std::io::{Read, Write};
 
 use cellhost_kernel::{ExecOptions, LiveEvent, Session};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::KernelArgs;
@@ -53,6 +54,17 @@ pub fn run(args: ExecArgs) -> u8 {
         }
     };
     rt.block_on(async move {
+        // Listen for Ctrl-C before the kernel starts: a SIGINT that arrives
+        // while the kernel is starting is recorded and interrupts the cell
+        // once it is submitted, instead of killing this process by signal
+        // (no result, no JSON, exit by SIGINT rather than 130).
+        let sigint = match signal(SignalKind::interrupt()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("cellhost: cannot listen for Ctrl-C: {e}");
+                None
+            }
+        };
         let dir = common::new_session_dir("exec");
         let cfg = match common::kernel_config(&args.kernel, "exec", &dir) {
             Ok(c) => c,
@@ -89,7 +101,8 @@ pub fn run(args: ExecArgs) -> u8 {
                 // is answered by the escalation already under way).
                 let kernel = session.kernel().cloned();
                 let watcher = tokio::spawn(async move {
-                    while tokio::signal::ctrl_c().await.is_ok() {
+                    let Some(mut sigint) = sigint else { return };
+                    while sigint.recv().await.is_some() {
                         if let Some(k) = &kernel {
                             k.interrupt().await;
                         }

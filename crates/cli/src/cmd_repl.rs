@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use cellhost_kernel::{ExecOptions, LiveEvent, Session};
 use rustyline::error::ReadlineError;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::KernelArgs;
@@ -150,6 +151,9 @@ async fn run_cell(
     code: &str,
     grace: Duration,
 ) -> Result<cellhost_kernel::CellResult, cellhost_kernel::KernelError> {
+    // Listen before the cell is submitted: a Ctrl-C pressed as soon as the
+    // cell starts must reach it (a listener created later would miss it).
+    let mut sigint = signal(SignalKind::interrupt()).ok();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let handle = session
         .submit(
@@ -178,7 +182,10 @@ async fn run_cell(
     });
     let watcher = tokio::spawn(async move {
         let mut first: Option<Instant> = None;
-        while tokio::signal::ctrl_c().await.is_ok() {
+        let Some(sigint) = sigint.as_mut() else {
+            return;
+        };
+        while sigint.recv().await.is_some() {
             let Some(k) = &kernel else { break };
             match first {
                 Some(t) if t.elapsed() <= grace => {

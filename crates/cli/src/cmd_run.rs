@@ -58,6 +58,14 @@ pub fn run(args: RunArgs) -> u8 {
         .unwrap_or_else(|| "notebook".into());
     let out_dir = output.parent().map(Path::to_path_buf).unwrap_or_default();
     let files_dir = out_dir.join(format!("{stem}_files"));
+    // Create the output's directory before running anything, so a run never
+    // ends with every cell executed and nowhere to write the notebook.
+    if !out_dir.as_os_str().is_empty()
+        && let Err(e) = std::fs::create_dir_all(&out_dir)
+    {
+        eprintln!("cellhost: cannot create {}: {e}", out_dir.display());
+        return 1;
+    }
     let rt = match common::runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -109,7 +117,7 @@ pub fn run(args: RunArgs) -> u8 {
             {
                 nb.set_kernel_info(&k.info().python_version, &python.display().to_string());
             }
-            let outputs = to_outputs(&r, &files_dir, i + 1, &mut figures);
+            let outputs = to_outputs(&r, &files_dir, i + 1, &mut figures, timeout);
             let count = (r.execution_count > 0).then_some(r.execution_count);
             if let Err(e) = nb.set_outputs(cell.index, count, merge_streams(outputs)) {
                 eprintln!("cellhost: {e}");
@@ -159,8 +167,21 @@ fn to_outputs(
     files_dir: &Path,
     cell_no: usize,
     figures: &mut usize,
+    timeout: Option<Duration>,
 ) -> Vec<Output> {
     let mut out = Vec::new();
+    if r.kernel.state_reset {
+        // The notebook must say that the namespace is new (an earlier cell
+        // crashed or was killed), not just restart the execution counts.
+        out.push(Output::Stream {
+            name: "stderr".into(),
+            text: format!(
+                "cellhost: state reset: {} (a fresh kernel, generation {}); earlier cells' variables are gone\n",
+                r.kernel.reset_reason.as_deref().unwrap_or("new kernel"),
+                r.kernel.generation
+            ),
+        });
+    }
     if let Some(bg) = &r.background_output
         && !bg.stdout.is_empty()
     {
@@ -201,27 +222,33 @@ fn to_outputs(
             metadata: Map::new(),
         });
     }
-    if let Some(e) = &r.error {
+    if matches!(r.status, CellStatus::Timeout | CellStatus::Interrupted) {
+        // Say why the cell stopped (not just the KeyboardInterrupt the
+        // interrupt raised), and keep the Python traceback: it shows where.
+        out.push(Output::Error {
+            ename: if r.status == CellStatus::Timeout {
+                "CellTimeout"
+            } else {
+                "CellInterrupted"
+            }
+            .to_string(),
+            evalue: stop_message(r, timeout),
+            traceback: r
+                .error
+                .as_ref()
+                .map(|e| e.traceback.clone())
+                .unwrap_or_default(),
+        });
+    } else if let Some(e) = &r.error {
         out.push(Output::Error {
             ename: e.ename.clone(),
             evalue: e.evalue.clone(),
             traceback: e.traceback.clone(),
         });
     } else if r.status != CellStatus::Ok {
-        let (ename, evalue) = match (&r.crash, &r.interrupt) {
-            (Some(c), _) => ("KernelCrashed".to_string(), c.message.clone()),
-            (_, Some(i)) => (
-                if r.status == CellStatus::Timeout {
-                    "CellTimeout"
-                } else {
-                    "CellInterrupted"
-                }
-                .to_string(),
-                i.reason
-                    .clone()
-                    .unwrap_or_else(|| r.status.as_str().to_string()),
-            ),
-            _ => ("CellFailed".to_string(), r.status.as_str().to_string()),
+        let (ename, evalue) = match &r.crash {
+            Some(c) => ("KernelCrashed".to_string(), c.message.clone()),
+            None => ("CellFailed".to_string(), r.status.as_str().to_string()),
         };
         out.push(Output::Error {
             ename,
@@ -230,6 +257,32 @@ fn to_outputs(
         });
     }
     out
+}
+
+/// Why a timed-out or interrupted cell stopped, and what became of the
+/// kernel's state.
+fn stop_message(r: &CellResult, timeout: Option<Duration>) -> String {
+    let what = match (r.status, timeout) {
+        (CellStatus::Timeout, Some(t)) => {
+            format!("the cell exceeded its {} s timeout", t.as_secs_f64())
+        }
+        (CellStatus::Timeout, None) => "the cell timed out".to_string(),
+        _ => "the cell was interrupted".to_string(),
+    };
+    match &r.interrupt {
+        Some(i) if i.escalated => match &i.reason {
+            Some(reason) => format!("{what}: {reason}; the session's state is gone"),
+            None => format!("{what}; the kernel was killed and the session's state is gone"),
+        },
+        Some(i) if i.state_kept => format!("{what}; it was interrupted and the state is kept"),
+        Some(i) => format!(
+            "{what}; {}",
+            i.reason
+                .as_deref()
+                .unwrap_or("the interrupt was not delivered")
+        ),
+        None => what,
+    }
 }
 
 fn embed(

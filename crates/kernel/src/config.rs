@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use cellhost_capture::{Redactor, StreamLimits};
+use cellhost_sandbox::cgroup::CgroupLimits;
 
 use crate::error::KernelError;
 
@@ -43,6 +44,9 @@ pub struct KernelConfig {
     pub startup_timeout: Duration,
     /// Names of host tools the cell may call.
     pub tools: Vec<String>,
+    /// cgroup limits of the kernel's whole tree (processes, memory, CPU);
+    /// empty = no cgroup is made.
+    pub limits: CgroupLimits,
 }
 
 impl std::fmt::Debug for KernelConfig {
@@ -83,6 +87,7 @@ impl KernelConfig {
             interrupt_grace: Duration::from_secs(2),
             startup_timeout: Duration::from_secs(60),
             tools: Vec::new(),
+            limits: CgroupLimits::default(),
         }
     }
 

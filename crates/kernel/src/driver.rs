@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use cellhost_capture::{StreamCapture, StreamLimits};
 use cellhost_protocol::frame::{ExecuteOptions, SigintHandler};
 use cellhost_protocol::{FrameReader, FrameWriter, HostFrame, ProtocolError, WorkerFrame};
+use cellhost_sandbox::cgroup::KernelCgroup;
 use cellhost_sandbox::signal;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
@@ -123,6 +124,10 @@ struct ActiveCell {
     interrupt: Option<Interrupt>,
     background: BackgroundOutput,
     dir: PathBuf,
+    /// `pids.events max` when the cell started.
+    pid_hits_at_start: u64,
+    /// Set when the host killed the tree after the cell's code ended.
+    tree_killed: Option<String>,
 }
 
 /// Bounded text kept for the next result.
@@ -185,6 +190,10 @@ pub(crate) struct Driver {
     cells_settled: u64,
     seq: u64,
     dead: bool,
+    /// The kernel's control groups (limits, exact membership).
+    cgroup: Option<KernelCgroup>,
+    /// Why the host killed the kernel, when it did so on its own.
+    kill_reason: Option<String>,
 }
 
 impl Driver {
@@ -201,6 +210,7 @@ impl Driver {
         shared: Arc<Mutex<Shared>>,
         info: KernelInfo,
         early_stderr: Vec<u8>,
+        cgroup: Option<KernelCgroup>,
     ) -> Self {
         let label = config.label();
         Driver {
@@ -230,6 +240,8 @@ impl Driver {
             cells_settled: 0,
             seq: 0,
             dead: false,
+            cgroup,
+            kill_reason: None,
         }
     }
 
@@ -595,7 +607,9 @@ impl Driver {
             Ok(Some(status)) => {
                 self.exit = Some(status);
                 self.drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
-                let reason = if self.kill_requested.is_some() {
+                let reason = if let Some(why) = &self.kill_reason {
+                    why.clone()
+                } else if self.kill_requested.is_some() {
                     "killed by the host".to_string()
                 } else {
                     describe_exit(status)
@@ -616,6 +630,9 @@ impl Driver {
             // The init did not finish in time: sweep the tree from here.
             let init = self.info.init_pid as i32;
             signal::kill_descendants(init, 20);
+            if let Some(cg) = &self.cgroup {
+                cg.kill_all(20);
+            }
             let _ = signal::kill(init, libc::SIGKILL);
             self.kill_requested = Some(now);
         }
@@ -681,8 +698,21 @@ impl Driver {
             }
         }
         let gone = self.exit.is_some() && self.pipes.iter().all(Option::is_none);
+        let saturated = self.saturated_tree();
+        if let Some(a) = self.active.as_mut()
+            && a.tree_killed.is_none()
+            && a.response.is_some()
+            && let Some(why) = saturated
+        {
+            // The cell's processes filled the kernel's process limit and are
+            // still there: they would starve every later cell. Kill the tree.
+            a.tree_killed = Some(why.clone());
+            self.kill_reason = Some(why);
+            self.request_kill();
+        }
         if let Some(a) = &self.active {
-            let complete = a.response.is_some() && a.marker_seen == [true, true];
+            let complete =
+                a.response.is_some() && a.marker_seen == [true, true] && a.tree_killed.is_none();
             // After a protocol error the cell settles once the kill is done,
             // so the caller never sees a result while the kernel still lives.
             if complete || gone {
@@ -691,6 +721,10 @@ impl Driver {
         }
         if gone && !self.dead {
             self.dead = true;
+            if let Some(cg) = self.cgroup.as_mut() {
+                cg.kill_all(5);
+                cg.remove();
+            }
             let err = self.dead_error();
             for q in self.queue.drain(..) {
                 let _ = q.reply.send(Err(clone_dead(&err)));
@@ -707,6 +741,23 @@ impl Driver {
         if self.active.is_none() && !self.dead && self.kill_requested.is_none() {
             self.start_next().await;
         }
+    }
+
+    /// `Some(reason)` when the running cell hit the kernel's process limit
+    /// and processes other than the init and the worker remain.
+    fn saturated_tree(&self) -> Option<String> {
+        let cg = self.cgroup.as_ref()?;
+        let a = self.active.as_ref()?;
+        if a.response.is_none() || cg.pids_limit_hits() <= a.pid_hits_at_start {
+            return None;
+        }
+        let others = cg.pids().len().saturating_sub(2);
+        (others > 0).then(|| {
+            format!(
+                "the cell's processes reached the kernel's process limit (pids.max {}) and {others} were still running; the kernel's whole tree was killed",
+                cg.pids_max().map_or_else(|| "?".into(), |n| n.to_string())
+            )
+        })
     }
 
     fn active_marker_seen(&self, s: usize) -> bool {
@@ -765,6 +816,11 @@ impl Driver {
             interrupt: None,
             background: self.background.take(),
             dir,
+            pid_hits_at_start: self
+                .cgroup
+                .as_ref()
+                .map_or(0, KernelCgroup::pids_limit_hits),
+            tree_killed: None,
             q,
         };
         let _ = &a.marker;
@@ -863,7 +919,22 @@ impl Driver {
             crash = Some(self.crash_report());
         }
         let mut interrupt = None;
-        if let Some(i) = &a.interrupt {
+        if let Some(why) = &a.tree_killed {
+            crash = None;
+            if let Some(i) = &a.interrupt {
+                status = match i.cause {
+                    Cause::User => CellStatus::Interrupted,
+                    Cause::Timeout => CellStatus::Timeout,
+                };
+            }
+            interrupt = Some(InterruptReport {
+                delivered: a.interrupt.as_ref().is_some_and(|i| i.delivered),
+                target: a.interrupt.as_ref().map(|i| i.target.clone()),
+                escalated: true,
+                state_kept: false,
+                reason: Some(why.clone()),
+            });
+        } else if let Some(i) = &a.interrupt {
             let escalated = i.escalation.is_some();
             if escalated || status != CellStatus::Ok {
                 status = match i.cause {
@@ -928,7 +999,13 @@ impl Driver {
                 let code = st.code();
                 let signal_name = signal_num.map(signal::signal_name);
                 let mut message = format!("the worker process {}", describe_exit(st));
-                if signal_num == Some(libc::SIGKILL) {
+                let oom = self.cgroup.as_ref().map_or(0, KernelCgroup::oom_kills);
+                if oom > 0 {
+                    message.push_str(&format!(
+                        ": out of memory, the kernel's memory limit ({}) was reached and the OOM killer ended it",
+                        self.config.limits.memory_bytes.map_or_else(|| "?".into(), |b| format!("{} MiB", b >> 20))
+                    ));
+                } else if signal_num == Some(libc::SIGKILL) {
                     message.push_str(" (killed from outside: often the out-of-memory killer)");
                 }
                 CrashReport {
@@ -950,6 +1027,8 @@ impl Driver {
     fn dead_error(&self) -> KernelError {
         let reason = if let Some(p) = &self.protocol_error {
             format!("protocol error: {p}")
+        } else if let Some(why) = &self.kill_reason {
+            why.clone()
         } else if self.kill_requested.is_some() {
             "killed by the host".into()
         } else {

@@ -18,6 +18,7 @@ use crate::driver::{Command, Driver, QueuedCell, Shared};
 use crate::error::KernelError;
 use crate::result::{CellResult, DisplayOutput};
 use crate::{spawn, worker_files};
+use cellhost_sandbox::cgroup::KernelCgroup;
 
 /// Options of one cell.
 #[derive(Debug, Default, Clone)]
@@ -141,6 +142,19 @@ fn new_cell_id() -> String {
     )
 }
 
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect()
+}
+
 /// The boot line given to `python -c`: puts the worker package on `sys.path`
 /// and runs it without binding any name in `__main__`.
 const BOOT: &str = "__import__('sys').path.append(__import__('sys').argv.pop(1));__import__('cellhost_worker.main').main.run()";
@@ -171,8 +185,34 @@ impl Kernel {
             BOOT.to_string(),
             worker_dir.display().to_string(),
         ];
-        let mut cmd =
-            spawn::init_command(&launcher, &config.python, &args, OwnedFd::from(worker_end));
+        let cgroup = if config.limits.is_empty() {
+            None
+        } else {
+            let name = format!(
+                "{}-g{}-{}",
+                sanitize(&config.session),
+                config.generation,
+                new_cell_id()
+            );
+            Some(
+                KernelCgroup::create(&name, &config.limits).map_err(|e| KernelError::Spawn {
+                    python: config.python.display().to_string(),
+                    reason: format!("cannot set up the kernel's resource limits: {e}"),
+                })?,
+            )
+        };
+        let mut init_args: Vec<std::ffi::OsString> = Vec::new();
+        for f in cgroup.iter().flat_map(KernelCgroup::procs_files) {
+            init_args.push("--cgroup-procs".into());
+            init_args.push(f.into_os_string());
+        }
+        let mut cmd = spawn::init_command(
+            &launcher,
+            &config.python,
+            &args,
+            &init_args,
+            OwnedFd::from(worker_end),
+        );
         cmd.env_clear();
         cmd.envs(config.env.iter().map(|(k, v)| (k, v)));
         let worker_config = serde_json::json!({
@@ -330,6 +370,7 @@ impl Kernel {
             shared.clone(),
             info.clone(),
             stderr_early,
+            cgroup,
         );
         tokio::spawn(driver.run());
         Ok(Kernel {

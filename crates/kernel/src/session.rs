@@ -110,8 +110,12 @@ impl Session {
         {
             let why = match (&r.interrupt, &r.crash) {
                 (Some(i), _) if i.escalated => format!(
-                    "the previous kernel (generation {}) was killed because an interrupt did not stop cell {}",
-                    self.generation, r.cell_id
+                    "the previous kernel (generation {}) was killed during cell {}: {}",
+                    self.generation,
+                    r.cell_id,
+                    i.reason
+                        .as_deref()
+                        .unwrap_or("an interrupt did not stop the cell")
                 ),
                 (_, Some(c)) => format!(
                     "the previous kernel (generation {}): {}",

@@ -50,12 +50,14 @@ pub(crate) fn init_command(
     launcher: &std::path::Path,
     python: &std::path::Path,
     python_args: &[String],
+    init_args: &[std::ffi::OsString],
     control: OwnedFd,
 ) -> Command {
     let mut cmd = Command::new(launcher);
     cmd.arg(cellhost_sandbox::launcher::INIT_ARG)
         .arg("--host-pid")
         .arg(std::process::id().to_string())
+        .args(init_args)
         .arg("--")
         .arg(python)
         .args(python_args)

@@ -802,3 +802,108 @@ async fn interrupt_before_the_code_starts_is_not_lost() {
     );
     k.kill().await;
 }
+
+// ---------------------------------------------------------------- resource limits
+
+fn cgroups_usable() -> bool {
+    let probe = cellhost_sandbox::cgroup::KernelCgroup::create(
+        &format!("probe-{}", std::process::id()),
+        &cellhost_sandbox::cgroup::CgroupLimits {
+            pids_max: Some(8),
+            memory_bytes: Some(64 << 20),
+            cpu_cores: None,
+        },
+    );
+    match probe {
+        Ok(mut cg) => {
+            cg.remove();
+            true
+        }
+        Err(e) => {
+            eprintln!("skipped: cgroups are not usable here: {e}");
+            false
+        }
+    }
+}
+
+#[tokio::test]
+async fn hk23_fork_bomb() {
+    if !cgroups_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.limits.pids_max = Some(64);
+    let mut s = Session::new(cfg);
+    let k = s.ensure_kernel().await.expect("kernel");
+    let init = k.info().init_pid as i32;
+    let t = Instant::now();
+    let opts = ExecOptions {
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let r = s
+        .execute("import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)", opts)
+        .await
+        .expect("result");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(r.status, CellStatus::Timeout);
+    let i = r.interrupt.expect("report");
+    assert!(i.escalated && !i.state_kept, "{i:?}");
+    assert!(i.reason.expect("reason").contains("process limit"));
+    // No forked process survives.
+    assert!(cellhost_sandbox::procfs::descendants(init).is_empty());
+    assert!(!std::path::Path::new(&format!("/proc/{init}")).exists());
+    let r = s
+        .execute("print('alive')", ExecOptions::default())
+        .await
+        .expect("alive");
+    assert_eq!(r.stdout, "alive\n");
+    assert!(r.kernel.state_reset);
+    assert!(
+        r.kernel
+            .reset_reason
+            .expect("why")
+            .contains("process limit")
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk22_memory_exhaustion() {
+    if !cgroups_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.limits.memory_bytes = Some(1 << 30);
+    let mut s = Session::new(cfg);
+    let mut other = fixture();
+    assert_ok(&other.run("y = 5").await);
+    let t = Instant::now();
+    let r = s
+        .execute(
+            "hold = []\nwhile True:\n    hold.append(b'\\x01' * (256 * 1024 * 1024))",
+            ExecOptions::default(),
+        )
+        .await
+        .expect("result");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    match r.status {
+        CellStatus::Error => assert_eq!(r.error.expect("error").ename, "MemoryError"),
+        CellStatus::Crashed => {
+            let msg = r.crash.expect("crash").message;
+            assert!(msg.contains("out of memory"), "{msg}");
+        }
+        other => panic!("unexpected status {other:?}"),
+    }
+    let r = s
+        .execute("print('alive')", ExecOptions::default())
+        .await
+        .expect("alive");
+    assert_eq!(r.stdout, "alive\n");
+    // Other sessions are not affected.
+    assert_eq!(other.run("print(y)").await.stdout, "5\n");
+    s.shutdown().await;
+    other.session.shutdown().await;
+}

@@ -1,21 +1,22 @@
 //! The kernel init: a small, single-threaded supervisor between the host and
 //! the Python worker.
 //!
-//! The host starts `<binary> __cellhost-kernel-init --host-pid PID -- PYTHON
-//! ARGS…` with the control socket as fd 0 and the output pipes as fd 1/2.
+//! The host starts `<binary> __cellhost-kernel-init --host-pid PID
+//! [--cgroup-procs FILE]… -- PYTHON ARGS…` with the control socket as fd 0 and the output pipes as fd 1/2.
 //! The init then:
 //!
 //! 1. sets `PR_SET_PDEATHSIG` to SIGTERM (the signal follows the *thread*
 //!    that spawned it: the host spawns from one thread that lives as long as
 //!    the host) and exits if the host is already gone;
-//! 2. starts a new session (`setsid`: own process group, no controlling
+//! 2. joins the kernel's control groups (`--cgroup-procs`), if any;
+//! 3. starts a new session (`setsid`: own process group, no controlling
 //!    terminal, so `/dev/tty` and terminal signals cannot reach the kernel);
-//! 3. becomes a child subreaper, so every orphaned descendant — also one
+//! 4. becomes a child subreaper, so every orphaned descendant — also one
 //!    that called `setsid` or double-forked — is re-parented to it and can be
 //!    found and reaped;
-//! 4. forks Python with the control socket moved to fd 3, `/dev/null` as
+//! 5. forks Python with the control socket moved to fd 3, `/dev/null` as
 //!    fd 0, and its own parent-death signal (SIGKILL);
-//! 5. reaps every child that dies; when Python dies, or on SIGTERM, SIGINT,
+//! 6. reaps every child that dies; when Python dies, or on SIGTERM, SIGINT,
 //!    SIGHUP or SIGQUIT (the host asked, or the host died), SIGKILLs every
 //!    descendant until none is left, reaps them all, and exits with Python's
 //!    status: the same exit code, or death by the same signal.
@@ -69,6 +70,7 @@ fn cstring(s: &OsString) -> CString {
 
 fn init_main(args: &[OsString]) -> ! {
     let mut host_pid: Option<i32> = None;
+    let mut cgroups: Vec<&OsString> = Vec::new();
     let mut i = 0;
     while i < args.len() {
         match args[i].to_str() {
@@ -77,6 +79,13 @@ fn init_main(args: &[OsString]) -> ! {
                     .get(i + 1)
                     .and_then(|s| s.to_str())
                     .and_then(|s| s.parse().ok());
+                i += 2;
+            }
+            Some("--cgroup-procs") => {
+                let Some(f) = args.get(i + 1) else {
+                    fail("--cgroup-procs needs a file")
+                };
+                cgroups.push(f);
                 i += 2;
             }
             Some("--") => {
@@ -127,6 +136,17 @@ fn init_main(args: &[OsString]) -> ! {
             libc::setrlimit(libc::RLIMIT_CORE, &lim);
         } else {
             libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        }
+    }
+
+    // Join the kernel's control groups before anything is forked, so every
+    // descendant is counted and limited from its first instruction.
+    for f in cgroups {
+        if let Err(e) = std::fs::write(f, "0") {
+            fail(&format!(
+                "cannot join the kernel's cgroup {}: {e}",
+                std::path::Path::new(f).display()
+            ));
         }
     }
 

@@ -11,6 +11,7 @@
 //! This is the only crate of cellhost with `unsafe` code; every block has a
 //! `// SAFETY:` line.
 
+pub mod cgroup;
 pub mod env;
 pub mod launcher;
 pub mod procfs;
