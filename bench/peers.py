@@ -4,6 +4,7 @@ nbclient, and a fresh `python -c` per cell. Prints one JSON object.
 Usage: python peers.py WORKLOAD [ARGS...]
   w1 N            round trip of `x += 1`, N cells, ipykernel and python -c
   w2 N            spawn to first result, N kernels, ipykernel
+  w3 MB           stdout throughput through iopub, MB megabytes
   w7 NOTEBOOK     wall time of nbclient executing NOTEBOOK
 """
 import json
@@ -65,6 +66,29 @@ def w2(n):
     return {"ipykernel_ms": out}
 
 
+def w3(mb):
+    """Throughput of `mb` MB of stdout through ipykernel's iopub."""
+    km = _km()
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    chunks = mb
+    code = "import sys\nchunk = ('x' * 99 + '\\n') * 10000\nfor _ in range(%d):\n    sys.stdout.write(chunk)\n    sys.stdout.flush()" % chunks
+    got = [0]
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            got[0] += len(msg["content"]["text"])
+
+    t = time.perf_counter()
+    kc.execute_interactive(code, timeout=3600, output_hook=hook)
+    secs = time.perf_counter() - t
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+    return {"mbps": [got[0] / 1e6 / secs], "bytes": got[0], "seconds": secs}
+
+
 def w7(path, reps):
     import nbformat
     from nbclient import NotebookClient
@@ -83,6 +107,8 @@ def main():
         res = w1(int(sys.argv[2]))
     elif which == "w2":
         res = w2(int(sys.argv[2]))
+    elif which == "w3":
+        res = w3(int(sys.argv[2]))
     elif which == "w7":
         res = w7(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3)
     else:

@@ -27,8 +27,7 @@ fn main() {
         ));
     }
     code.push_str("];\n");
-    let out =
-        Path::new(&std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into())).join("worker_files.rs");
+    let out = Path::new(&std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into())).join("worker_files.rs");
     if let Err(e) = fs::write(&out, code) {
         panic!("cannot write {}: {e}", out.display());
     }

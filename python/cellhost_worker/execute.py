@@ -38,13 +38,20 @@ def compile_cell(source, filename):
     return body, last_code
 
 
-def run_user_code(body, last, namespace):
+def run_user_code(body, last, namespace, cell_id):
     """Run the compiled cell. Sets state.running around user code.
 
-    Returns (value, has_value). Exceptions from user code propagate.
+    An interrupt that arrived while the cell was being prepared (a SIGINT
+    after ``started``, or an ``interrupt`` frame) stops it before its first
+    line. Returns (value, has_value). Exceptions from user code propagate.
     """
-    state.running = True
+    with state.lock:
+        state.running = True
+        cancelled = cell_id in state.cancelled
     try:
+        if cancelled or state.sigint_pending:
+            state.sigint_pending = False
+            raise KeyboardInterrupt("interrupted before the cell's code started")
         _run_code(body, namespace)
         value = _run_code(last, namespace) if last is not None else None
     finally:

@@ -33,6 +33,14 @@ def _classify_sigint():
 
 
 def _on_sigint(signum, frame):
+    """SIGINT on the main thread.
+
+    Running user code: raise KeyboardInterrupt (also for a SIGINT the code
+    sent itself, e.g. ``_thread.interrupt_main()``). While a cell is being
+    prepared (after its ``started`` frame, before its code): remember it, the
+    code starts interrupted. Otherwise the cell it was meant for has already
+    finished: ignore it.
+    """
     if os.getpid() != state.WORKER_PID:
         raise KeyboardInterrupt
     if state.running:
@@ -42,7 +50,6 @@ def _on_sigint(signum, frame):
         state.ki_raised += 1
         raise KeyboardInterrupt
     if state.current is not None:
-        # The cell is being prepared: its code will start interrupted.
         state.sigint_pending = True
 
 
@@ -64,7 +71,12 @@ def _reader():
             cid = frame.get("id")
             with state.lock:
                 running = state.current == cid and state.running
-                if (cid in state.queued) or (state.current == cid and not state.running):
+                if running:
+                    if not frame.get("signalled"):
+                        # The host sent the frame alone (it had not seen
+                        # `started`), but the code is already running.
+                        signal.pthread_kill(state.main_ident, signal.SIGINT)
+                elif cid in state.queued or state.current == cid:
                     state.cancelled.add(cid)
                 raised = state.ki_raised if state.current == cid else 0
             _channel.send({"type": "interrupt_ack", "id": cid, "running": running,
@@ -109,7 +121,7 @@ def _run_cell(frame):
         state.queued.discard(cid)
         state.current = cid
         state.ki_raised = 0
-        state.sigint_pending = False
+    _channel.send({"type": "started", "id": cid})
     streams.restore_fds()
     streams.install(sys)
     signal.signal(signal.SIGINT, _on_sigint)
@@ -122,13 +134,8 @@ def _run_cell(frame):
     status, result, error = "ok", None, None
     cpu_before = _usage(0.0)[1]
     try:
-        with state.lock:
-            start_interrupted = cid in state.cancelled or state.sigint_pending
-            state.cancelled.discard(cid)
-        if start_interrupted:
-            raise KeyboardInterrupt("interrupted before the cell's code started")
         body, last = execute.compile_cell(code, "<cell-%d>" % count)
-        value, has_value = execute.run_user_code(body, last, _namespace)
+        value, has_value = execute.run_user_code(body, last, _namespace, cid)
         _leave_if_forked_child()
         if has_value and value is not None:
             data, _md = display.bundle(value)
@@ -155,6 +162,7 @@ def _run_cell(frame):
     with state.lock:
         state.current = None
         state.sigint_pending = False
+        state.cancelled.discard(cid)
     streams.write_marker(frame["marker"])
     _channel.send({
         "type": "response", "id": cid, "status": status, "execution_count": count,

@@ -179,9 +179,7 @@ impl StreamCapture {
         let mut committed = String::with_capacity(bytes.len().min(1 << 20));
         let (raw, renderer, redactor) = (&mut self.raw, &mut self.renderer, &*self.redactor);
         self.decoder.decode(bytes, &mut |s| {
-            raw.process(redactor, s, false, &mut |t| {
-                renderer.feed(t, &mut committed)
-            });
+            raw.process(redactor, s, false, &mut |t| renderer.feed(t, &mut committed));
         });
         if committed.is_empty() {
             return committed;
@@ -198,13 +196,9 @@ impl StreamCapture {
         let mut committed = String::new();
         let (raw, renderer, redactor) = (&mut self.raw, &mut self.renderer, &*self.redactor);
         self.decoder.finish(&mut |s| {
-            raw.process(redactor, s, false, &mut |t| {
-                renderer.feed(t, &mut committed)
-            });
+            raw.process(redactor, s, false, &mut |t| renderer.feed(t, &mut committed));
         });
-        raw.process(redactor, "", true, &mut |t| {
-            renderer.feed(t, &mut committed)
-        });
+        raw.process(redactor, "", true, &mut |t| renderer.feed(t, &mut committed));
         self.renderer.finish(&mut committed);
         let live_tail = self.stage.process(&self.redactor, committed, true);
         self.sink.write(&live_tail);
@@ -225,10 +219,7 @@ impl StreamCapture {
     /// Bytes of buffer capacity held, for memory tests.
     #[cfg(test)]
     fn buffered(&self) -> usize {
-        self.raw.buffered()
-            + self.renderer.buffered()
-            + self.stage.buffered()
-            + self.sink.buffered()
+        self.raw.buffered() + self.renderer.buffered() + self.stage.buffered() + self.sink.buffered()
     }
 }
 
@@ -428,9 +419,7 @@ mod tests {
             let pct = i * 100 / 3000;
             let filled = pct / 10;
             let bar = format!("{}{}", "█".repeat(filled), " ".repeat(10 - filled));
-            pieces.push(
-                format!("\r{pct:3}%|{bar}| {i}/3000 [00:00<00:00, 9999.00it/s]").into_bytes(),
-            );
+            pieces.push(format!("\r{pct:3}%|{bar}| {i}/3000 [00:00<00:00, 9999.00it/s]").into_bytes());
         }
         pieces.push(b"\n".to_vec());
         let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
@@ -617,11 +606,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).expect("spill").len(), 50_000_000);
         let head = &done.text[..20_000];
         assert!(head.bytes().all(|b| b == b'x'));
-        assert!(
-            done.text[done.text.len() - 30_000..]
-                .bytes()
-                .all(|b| b == b'x')
-        );
+        assert!(done.text[done.text.len() - 30_000..].bytes().all(|b| b == b'x'));
         assert!(done.text.contains("[... 104807600 bytes omitted;"));
         assert_eq!(done.text.lines().count(), 3);
     }

@@ -365,10 +365,7 @@ impl Patterns {
         // Search from one past each hit's start rather than its end, so a
         // trigger overlapping another (`Key` in `KeyJ…`, `eyJ`) is not missed.
         let mut from = 0;
-        while let Some(m) = self
-            .triggers
-            .find(aho_corasick::Input::new(text).range(from..))
-        {
+        while let Some(m) = self.triggers.find(aho_corasick::Input::new(text).range(from..)) {
             from = m.start() + 1;
             let mask = self.trigger_rules[m.pattern().as_usize()];
             if let Some((ls, le, rules)) = cur.as_mut() {
@@ -421,12 +418,11 @@ impl Patterns {
                             return;
                         };
                         let quoted_name = locs.get(g.q).is_some();
-                        let ((vs, ve), bare) =
-                            match (locs.get(g.dq), locs.get(g.sq), locs.get(g.bare)) {
-                                (Some(v), _, _) | (_, Some(v), _) => (v, false),
-                                (_, _, Some(v)) => (v, true),
-                                _ => return,
-                            };
+                        let ((vs, ve), bare) = match (locs.get(g.dq), locs.get(g.sq), locs.get(g.bare)) {
+                            (Some(v), _, _) | (_, Some(v), _) => (v, false),
+                            (_, _, Some(v)) => (v, true),
+                            _ => return,
+                        };
                         let (name, value) = (&line[ns..ne], &line[vs..ve]);
                         if bare {
                             // `{'token': secret}` or `token=get_token()`: code, not data.
@@ -683,9 +679,7 @@ pub(crate) fn classify_name(name: &str) -> NameClass {
     let (Some(first), Some(last)) = (comps.first(), comps.last()) else {
         return NameClass::NotSecret;
     };
-    if DESCRIPTORS.contains(&last.as_str())
-        || (comps.len() > 1 && QUANTIFIERS.contains(&first.as_str()))
-    {
+    if DESCRIPTORS.contains(&last.as_str()) || (comps.len() > 1 && QUANTIFIERS.contains(&first.as_str())) {
         return NameClass::NotSecret;
     }
     // `PWD`/`OLDPWD` are the shell's working directories.
@@ -696,9 +690,9 @@ pub(crate) fn classify_name(name: &str) -> NameClass {
         .iter()
         .any(|c| PASSWORD_WORDS.iter().any(|w| c.ends_with(w)));
     let strong = password
-        || comps.iter().any(|c| {
-            STRONG_EXACT.contains(&c.as_str()) || STRONG_SUFFIX.iter().any(|w| c.ends_with(w))
-        });
+        || comps
+            .iter()
+            .any(|c| STRONG_EXACT.contains(&c.as_str()) || STRONG_SUFFIX.iter().any(|w| c.ends_with(w)));
     if strong {
         return NameClass::Strong { password };
     }
@@ -768,9 +762,7 @@ fn value_is_secret(v: &str, class: NameClass) -> bool {
         || t.starts_with("{{")
         || (t.starts_with('$')
             && t.len() > 1
-            && t[1..]
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+            && t[1..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
     if placeholder {
         return false;
     }
@@ -780,9 +772,7 @@ fn value_is_secret(v: &str, class: NameClass) -> bool {
                 && t.bytes().any(|b| b.is_ascii_digit())
                 && t.bytes().any(|b| b.is_ascii_alphabetic())
         }
-        NameClass::Strong { password } => {
-            password || !(t.len() < 8 && t.bytes().all(|b| b.is_ascii_digit()))
-        }
+        NameClass::Strong { password } => password || !(t.len() < 8 && t.bytes().all(|b| b.is_ascii_digit())),
         NameClass::NotSecret => false,
     }
 }
@@ -1204,13 +1194,7 @@ impl RawExactStream {
     }
 
     /// Takes decoded text, passes masked text that is final now to `emit`.
-    pub(crate) fn process(
-        &mut self,
-        r: &Redactor,
-        text: &str,
-        fin: bool,
-        emit: &mut impl FnMut(&str),
-    ) {
+    pub(crate) fn process(&mut self, r: &Redactor, text: &str, fin: bool, emit: &mut impl FnMut(&str)) {
         if !r.has_exact() {
             if !text.is_empty() {
                 emit(text);
@@ -1222,10 +1206,7 @@ impl RawExactStream {
         let mut cut = len;
         if !fin {
             let nl = memrchr(b'\n', self.buf.as_bytes()).map_or(0, |p| p + 1);
-            let tail = floor_boundary(
-                &self.buf,
-                len.saturating_sub(r.max_secret_len.saturating_sub(1)),
-            );
+            let tail = floor_boundary(&self.buf, len.saturating_sub(r.max_secret_len.saturating_sub(1)));
             cut = nl.max(tail);
             if r.max_multiline_secret_len > 0 {
                 let lim = len.saturating_sub(r.max_multiline_secret_len - 1);
@@ -1283,9 +1264,7 @@ impl RedactStream {
         if !r.enabled || (r.patterns.is_none() && !r.has_exact()) {
             return committed;
         }
-        if self.buf.is_empty()
-            && (fin || (committed.ends_with('\n') && r.max_multiline_secret_len == 0))
-        {
+        if self.buf.is_empty() && (fin || (committed.ends_with('\n') && r.max_multiline_secret_len == 0)) {
             // Fast path: whole lines, nothing held.
             if committed.is_empty() {
                 return committed;
@@ -1376,8 +1355,7 @@ impl RedactStream {
     fn cut_candidate(&self, r: &Redactor) -> usize {
         let bytes = self.buf.as_bytes();
         let len = bytes.len();
-        let nl_cut =
-            memrchr(b'\n', &bytes[self.ctx_len..]).map_or(self.ctx_len, |p| self.ctx_len + p + 1);
+        let nl_cut = memrchr(b'\n', &bytes[self.ctx_len..]).map_or(self.ctx_len, |p| self.ctx_len + p + 1);
         let hold = r.max_secret_len.max(MIN_HOLD);
         let mut cut = nl_cut;
         if len - nl_cut > hold + RUN_MAX {
@@ -1390,10 +1368,7 @@ impl RedactStream {
             };
         }
         if r.max_multiline_secret_len > 0 {
-            let lim = floor_boundary(
-                &self.buf,
-                len.saturating_sub(r.max_multiline_secret_len - 1),
-            );
+            let lim = floor_boundary(&self.buf, len.saturating_sub(r.max_multiline_secret_len - 1));
             cut = cut.min(lim).max(self.ctx_len);
         }
         cut
@@ -1443,9 +1418,8 @@ mod tests {
     #[test]
     fn hk31_value_split_across_pushes_is_masked() {
         let r = redactor(&[DEMO]);
-        let text = format!(
-            "DEMO_TOKEN={DEMO}\n{{'token': '{DEMO}'}}\n{DEMO}\nValueError: bad token {DEMO}\n"
-        );
+        let text =
+            format!("DEMO_TOKEN={DEMO}\n{{'token': '{DEMO}'}}\n{DEMO}\nValueError: bad token {DEMO}\n");
         for i in 0..=text.len() {
             let out = stream(&r, &[&text[..i], &text[i..]]);
             assert!(!out.contains(DEMO), "split {i}: {out}");
@@ -1486,10 +1460,7 @@ mod tests {
         assert!(!r.redact("x pa\"ss\\word9 y").contains("word9"));
         assert!(!r.redact(r#"{"p": "pa\"ss\\word9"}"#).contains("word9"));
         let r = redactor(&["p@ss w0rd!x"]);
-        assert!(
-            !r.redact("postgres://u:p%40ss%20w0rd%21x@h/db")
-                .contains("w0rd")
-        );
+        assert!(!r.redact("postgres://u:p%40ss%20w0rd%21x@h/db").contains("w0rd"));
     }
 
     #[test]
@@ -1513,10 +1484,7 @@ mod tests {
             let text = format!("value: {tok} end\n");
             let out = r.redact(&text);
             assert!(!out.contains(tok), "{tok} -> {out}");
-            assert!(
-                out.contains(&format!("{}****[redacted]", &tok[..4])),
-                "{out}"
-            );
+            assert!(out.contains(&format!("{}****[redacted]", &tok[..4])), "{out}");
             assert!(out.ends_with(" end\n"), "{out}");
         }
     }
@@ -1525,9 +1493,8 @@ mod tests {
     fn pem_block_is_masked_multi_line_and_streamed() {
         let r = redactor(&[]);
         let key = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA1234567890abcdef\nQWERTYUIOPasdfghjkl+/0123456789==\n-----END RSA PRIVATE KEY-----\nafter\n";
-        let expected = format!(
-            "-----BEGIN RSA PRIVATE KEY-----\n{PEM_MASK}\n-----END RSA PRIVATE KEY-----\nafter\n"
-        );
+        let expected =
+            format!("-----BEGIN RSA PRIVATE KEY-----\n{PEM_MASK}\n-----END RSA PRIVATE KEY-----\nafter\n");
         assert_eq!(r.redact(key), expected);
         for i in 0..=key.len() {
             assert_eq!(stream(&r, &[&key[..i], &key[i..]]), expected, "split {i}");
@@ -1591,10 +1558,7 @@ mod tests {
                 "{'access_token': 'tok-1234'}",
                 "{'access_token': '****[redacted]'}",
             ),
-            (
-                "export GITHUB_TOKEN=abcdef",
-                "export GITHUB_TOKEN=****[redacted]",
-            ),
+            ("export GITHUB_TOKEN=abcdef", "export GITHUB_TOKEN=****[redacted]"),
             ("KEY=abcdef", "KEY=****[redacted]"),
             ("STRIPE_KEY=rk_test_abcdef", "STRIPE_KEY=****[redacted]"),
             (
@@ -1651,23 +1615,14 @@ mod tests {
     #[test]
     fn weak_key_names_mask_random_values() {
         let r = redactor(&[]);
-        assert_eq!(
-            r.redact("{'key': 'a1b2c3d4e5f6'}"),
-            "{'key': '****[redacted]'}"
-        );
+        assert_eq!(r.redact("{'key': 'a1b2c3d4e5f6'}"), "{'key': '****[redacted]'}");
         assert_eq!(r.redact("cache_key=user42x9"), "cache_key=****[redacted]");
     }
 
     #[test]
     fn name_classification() {
-        assert_eq!(
-            classify_name("DEMO_TOKEN"),
-            NameClass::Strong { password: false }
-        );
-        assert_eq!(
-            classify_name("dbPassword"),
-            NameClass::Strong { password: true }
-        );
+        assert_eq!(classify_name("DEMO_TOKEN"), NameClass::Strong { password: false });
+        assert_eq!(classify_name("dbPassword"), NameClass::Strong { password: true });
         assert_eq!(
             classify_name("X-Auth-Token"),
             NameClass::Strong { password: false }
@@ -1676,10 +1631,7 @@ mod tests {
             classify_name("OPENAI_API_KEY"),
             NameClass::Strong { password: false }
         );
-        assert_eq!(
-            classify_name("api_key"),
-            NameClass::Strong { password: false }
-        );
+        assert_eq!(classify_name("api_key"), NameClass::Strong { password: false });
         assert_eq!(classify_name("primary_key"), NameClass::Weak);
         assert_eq!(classify_name("max_tokens"), NameClass::NotSecret);
         assert_eq!(classify_name("token_count"), NameClass::NotSecret);
@@ -1706,10 +1658,7 @@ mod tests {
     #[test]
     fn nothing_to_mask_is_borrowed() {
         let r = redactor(&[DEMO]);
-        assert!(matches!(
-            r.redact("plain output\nline two\n"),
-            Cow::Borrowed(_)
-        ));
+        assert!(matches!(r.redact("plain output\nline two\n"), Cow::Borrowed(_)));
     }
 
     #[test]

@@ -86,10 +86,7 @@ fn find_special<const NL: bool>(s: &[u8]) -> Option<usize> {
             any |= is_special::<NL>(b);
         }
         if any {
-            return c
-                .iter()
-                .position(|&b| is_special::<NL>(b))
-                .map(|p| base + p);
+            return c.iter().position(|&b| is_special::<NL>(b)).map(|p| base + p);
         }
         base += W;
     }
@@ -103,11 +100,7 @@ fn find_special<const NL: bool>(s: &[u8]) -> Option<usize> {
 /// Number of characters in `s`.
 #[inline]
 fn char_count(s: &str) -> usize {
-    if s.is_ascii() {
-        s.len()
-    } else {
-        s.chars().count()
-    }
+    if s.is_ascii() { s.len() } else { s.chars().count() }
 }
 
 /// Largest char boundary of `s` that is `<= i`.
@@ -562,9 +555,7 @@ mod tests {
         for i in (0..=3000).step_by(7).chain([3000]) {
             let pct = i * 100 / 3000;
             let bar = "█".repeat(pct / 10) + &" ".repeat(10 - pct / 10);
-            s.push_str(&format!(
-                "\r{pct:3}%|{bar}| {i}/3000 [00:00<00:00, 1.00it/s]"
-            ));
+            s.push_str(&format!("\r{pct:3}%|{bar}| {i}/3000 [00:00<00:00, 1.00it/s]"));
         }
         s.push('\n');
         let got = render(&s);
@@ -573,10 +564,7 @@ mod tests {
 
     #[test]
     fn csi_colours_and_modes_are_removed() {
-        assert_eq!(
-            render("\x1b[31mred\x1b[0m \x1b[1;32mgreen\x1b[m"),
-            "red green"
-        );
+        assert_eq!(render("\x1b[31mred\x1b[0m \x1b[1;32mgreen\x1b[m"), "red green");
         assert_eq!(render("\x1b[?25lhidden\x1b[?25h"), "hidden");
         assert_eq!(render("a\x1b[2Jb\x1b[Hc"), "abc");
     }
@@ -634,11 +622,7 @@ mod tests {
             if !s.is_char_boundary(i) {
                 continue;
             }
-            assert_eq!(
-                render_pieces(&[&s[..i], &s[i..]], 8192),
-                expected,
-                "split {i}"
-            );
+            assert_eq!(render_pieces(&[&s[..i], &s[i..]], 8192), expected, "split {i}");
         }
         let s2 = "a\x1b[31mb\x1b]0;t\x07c\x1b(Bd\n";
         for i in 0..=s2.len() {

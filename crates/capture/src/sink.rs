@@ -268,10 +268,7 @@ impl Sink {
                     },
                     Err(e) => fail(path, "create", &e),
                 };
-                let (head, tail) = (
-                    std::mem::take(&mut self.head),
-                    std::mem::take(&mut self.tail),
-                );
+                let (head, tail) = (std::mem::take(&mut self.head), std::mem::take(&mut self.tail));
                 spill_write(&mut self.spill, self.spill_cap, &head);
                 spill_write(&mut self.spill, self.spill_cap, &tail);
                 self.head = head;
@@ -312,31 +309,18 @@ impl Sink {
 
     /// The inline text and, if something was omitted, the truncation record.
     pub(crate) fn finish(mut self) -> (String, Option<Truncation>) {
-        let (spill_path, spill_bytes, spill_error) =
-            match std::mem::replace(&mut self.spill, Spill::Off) {
-                Spill::Off | Spill::Pending(_) => (None, 0, None),
-                Spill::Active {
-                    path,
-                    mut w,
-                    written,
-                } => match w.flush() {
-                    Ok(()) => (Some(path), written, None),
-                    Err(e) => match fail(path, "flush", &e) {
-                        Spill::Failed {
-                            path,
-                            written,
-                            error,
-                        } => (Some(path), written, Some(error)),
-                        _ => (None, 0, None),
-                    },
+        let (spill_path, spill_bytes, spill_error) = match std::mem::replace(&mut self.spill, Spill::Off) {
+            Spill::Off | Spill::Pending(_) => (None, 0, None),
+            Spill::Active { path, mut w, written } => match w.flush() {
+                Ok(()) => (Some(path), written, None),
+                Err(e) => match fail(path, "flush", &e) {
+                    Spill::Failed { path, written, error } => (Some(path), written, Some(error)),
+                    _ => (None, 0, None),
                 },
-                Spill::Full { path, written } => (Some(path), written, None),
-                Spill::Failed {
-                    path,
-                    written,
-                    error,
-                } => ((written > 0).then_some(path), written, Some(error)),
-            };
+            },
+            Spill::Full { path, written } => (Some(path), written, None),
+            Spill::Failed { path, written, error } => ((written > 0).then_some(path), written, Some(error)),
+        };
         if self.total <= self.inline as u64 {
             let mut text = self.head;
             text.push_str(&self.tail);
@@ -578,9 +562,7 @@ mod tests {
         // Past the end.
         match read_spill(&path, total + 1, 1) {
             Err(CaptureError::OffsetOutOfRange {
-                offset,
-                total_bytes,
-                ..
+                offset, total_bytes, ..
             }) => {
                 assert_eq!(offset, total + 1);
                 assert_eq!(total_bytes, total);

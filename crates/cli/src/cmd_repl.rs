@@ -88,13 +88,7 @@ pub fn run(args: ReplArgs) -> u8 {
     let history = common::state_dir().join("repl_history");
     let _ = editor.load_history(&history);
     if let Some(k) = session.kernel() {
-        let v = k
-            .info()
-            .python_version
-            .lines()
-            .next()
-            .unwrap_or("")
-            .to_string();
+        let v = k.info().python_version.lines().next().unwrap_or("").to_string();
         println!(
             "cellhost repl — Python {v} ({}). Ctrl-C interrupts, Ctrl-D quits.",
             k.info().python.display()

@@ -203,12 +203,7 @@ fn to_outputs(
         });
     }
     for (n, d) in r.displays.iter().enumerate() {
-        let data = embed(
-            &d.data,
-            files_dir,
-            &format!("cell{cell_no}-{}", n + 1),
-            figures,
-        );
+        let data = embed(&d.data, files_dir, &format!("cell{cell_no}-{}", n + 1), figures);
         out.push(Output::DisplayData {
             data,
             metadata: d.metadata.clone(),
@@ -233,11 +228,7 @@ fn to_outputs(
             }
             .to_string(),
             evalue: stop_message(r, timeout),
-            traceback: r
-                .error
-                .as_ref()
-                .map(|e| e.traceback.clone())
-                .unwrap_or_default(),
+            traceback: r.error.as_ref().map(|e| e.traceback.clone()).unwrap_or_default(),
         });
     } else if let Some(e) = &r.error {
         out.push(Output::Error {
@@ -277,9 +268,7 @@ fn stop_message(r: &CellResult, timeout: Option<Duration>) -> String {
         Some(i) if i.state_kept => format!("{what}; it was interrupted and the state is kept"),
         Some(i) => format!(
             "{what}; {}",
-            i.reason
-                .as_deref()
-                .unwrap_or("the interrupt was not delivered")
+            i.reason.as_deref().unwrap_or("the interrupt was not delivered")
         ),
         None => what,
     }
@@ -333,13 +322,7 @@ impl Progress {
         }
     }
 
-    async fn track<F: std::future::Future>(
-        &self,
-        i: usize,
-        n: usize,
-        started: Instant,
-        fut: F,
-    ) -> F::Output {
+    async fn track<F: std::future::Future>(&self, i: usize, n: usize, started: Instant, fut: F) -> F::Output {
         if !self.tty {
             return fut.await;
         }

@@ -40,20 +40,16 @@ pub fn new_session_dir(prefix: &str) -> PathBuf {
 pub fn parse_timeout(secs: Option<f64>) -> Result<Option<Duration>, String> {
     match secs {
         None => Ok(Some(Duration::from_secs(300))),
-        Some(s) if !s.is_finite() || s < 0.0 => Err(format!(
-            "--timeout must be a number of seconds >= 0, got {s}"
-        )),
+        Some(s) if !s.is_finite() || s < 0.0 => {
+            Err(format!("--timeout must be a number of seconds >= 0, got {s}"))
+        }
         Some(0.0) => Ok(None),
         Some(s) => Ok(Some(Duration::from_secs_f64(s))),
     }
 }
 
 /// The kernel configuration for a CLI session.
-pub fn kernel_config(
-    args: &KernelArgs,
-    session: &str,
-    dir: &Path,
-) -> Result<KernelConfig, KernelError> {
+pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<KernelConfig, KernelError> {
     let python = resolve_python(args.python.as_deref())?;
     if !python.exists() {
         return Err(KernelError::Spawn {

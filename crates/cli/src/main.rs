@@ -4,8 +4,9 @@
 //! Exit codes of `exec` (and of `run` when it stops at a cell): 0 ok,
 //! 1 error, 2 usage, 124 timeout, 130 interrupted, 137 crashed.
 
-mod cmd_bench;
+mod bench;
 mod cmd_exec;
+mod cmd_output;
 mod cmd_repl;
 mod cmd_run;
 mod common;
@@ -32,8 +33,19 @@ enum Cmd {
     Run(cmd_run::RunArgs),
     /// Interactive session: Ctrl-C interrupts the running cell.
     Repl(cmd_repl::ReplArgs),
+    /// Page through a cell's spilled output by byte offset.
+    Output(cmd_output::OutputArgs),
     /// Measure cellhost against its peers and rewrite BENCHMARKS.md.
-    Bench(cmd_bench::BenchArgs),
+    Bench(bench::BenchArgs),
+    /// Bench helper: a host with busy kernels, killed by `bench`.
+    #[command(name = "__bench-host", hide = true)]
+    BenchHost {
+        /// Interpreter.
+        #[arg(long)]
+        python: PathBuf,
+        /// Kernels to start.
+        n: usize,
+    },
 }
 
 /// Options shared by every command that starts a kernel.
@@ -65,7 +77,9 @@ fn main() -> ExitCode {
         Cmd::Exec(a) => cmd_exec::run(a),
         Cmd::Run(a) => cmd_run::run(a),
         Cmd::Repl(a) => cmd_repl::run(a),
-        Cmd::Bench(a) => cmd_bench::run(a),
+        Cmd::Bench(a) => bench::run(a),
+        Cmd::BenchHost { python, n } => bench::host_for_bench(&python, n),
+        Cmd::Output(a) => cmd_output::run(a),
     };
     ExitCode::from(code)
 }

@@ -87,10 +87,7 @@ pub fn notes(r: &CellResult) -> Vec<String> {
             i.delivered,
             i.escalated,
             i.state_kept,
-            i.reason
-                .as_ref()
-                .map(|s| format!(" ({s})"))
-                .unwrap_or_default()
+            i.reason.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()
         ));
     }
     if let Some(c) = &r.crash {

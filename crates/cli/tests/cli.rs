@@ -167,8 +167,7 @@ impl Seen {
     }
 
     fn running(&self) -> bool {
-        self.stat()
-            .is_some_and(|s| s.state != 'Z' && s.state != 'X')
+        self.stat().is_some_and(|s| s.state != 'Z' && s.state != 'X')
     }
 
     fn kill(&self) {
@@ -235,11 +234,7 @@ impl Captured {
             if g.1 || now >= deadline {
                 return None;
             }
-            g = self
-                .cv
-                .wait_timeout(g, deadline - now)
-                .expect("capture lock")
-                .0;
+            g = self.cv.wait_timeout(g, deadline - now).expect("capture lock").0;
         }
     }
 
@@ -251,11 +246,7 @@ impl Captured {
             if now >= deadline {
                 return false;
             }
-            g = self
-                .cv
-                .wait_timeout(g, deadline - now)
-                .expect("capture lock")
-                .0;
+            g = self.cv.wait_timeout(g, deadline - now).expect("capture lock").0;
         }
         true
     }
@@ -309,8 +300,7 @@ impl Running {
 
     fn write(&mut self, s: &str) {
         let w = self.stdin.as_mut().expect("stdin still open");
-        w.write_all(s.as_bytes())
-            .expect("write to the child's stdin");
+        w.write_all(s.as_bytes()).expect("write to the child's stdin");
         w.flush().expect("flush the child's stdin");
     }
 
@@ -352,8 +342,8 @@ impl Running {
         let elapsed = self.started.elapsed();
         // Pipes close once the last writer (possibly a leaked descendant) is
         // gone; a bounded wait keeps a leak from hanging the test.
-        let closed = self.stdout.wait_eof(Duration::from_secs(5))
-            && self.stderr.wait_eof(Duration::from_secs(5));
+        let closed =
+            self.stdout.wait_eof(Duration::from_secs(5)) && self.stderr.wait_eof(Duration::from_secs(5));
         assert!(
             closed,
             "{what}: exited but something still holds its stdout/stderr open"
@@ -553,11 +543,7 @@ fn exec_usage_errors_exit_2() {
     for args in cases {
         let r = env.exec(args);
         r.expect_code(&format!("exec {args:?}"), 2);
-        assert!(
-            r.stdout.is_empty(),
-            "usage error wrote stdout: {}",
-            r.stdout
-        );
+        assert!(r.stdout.is_empty(), "usage error wrote stdout: {}", r.stdout);
         assert!(!r.stderr.is_empty(), "usage error without a message");
     }
     // A usage error never starts a kernel.
@@ -658,11 +644,7 @@ fn exec_json_timeout_escalates_when_sigint_is_ignored() {
         "escalation took {:?}",
         r.elapsed
     );
-    assert!(
-        r.elapsed >= Duration::from_secs(2),
-        "no grace: {:?}",
-        r.elapsed
-    );
+    assert!(r.elapsed >= Duration::from_secs(2), "no grace: {:?}", r.elapsed);
     let v = r.json();
     assert_eq!(v["status"], "timeout");
     let i = &v["interrupt"];
@@ -751,8 +733,7 @@ fn exec_sigint_during_kernel_startup_exits_130() {
 // 3. run
 
 fn read_json(path: &Path) -> Value {
-    let s = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let s = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&s).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
@@ -810,9 +791,8 @@ fn run_percent_script_default_output() {
     let test = "run_percent_script_default_output";
     let env = Env::new();
     let plot = has_modules(&["matplotlib"]);
-    let mut script = String::from(
-        "# %% [markdown]\n# A title\n\n# %%\nx = 21\n\n# %%\nprint('x is', x)\nx * 2\n",
-    );
+    let mut script =
+        String::from("# %% [markdown]\n# A title\n\n# %%\nx = 21\n\n# %%\nprint('x is', x)\nx * 2\n");
     if plot {
         script.push_str(
             "\n# %%\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [x, 2, 5])\nplt.title('t')\nplt.show()\n",
@@ -877,8 +857,7 @@ fn ipynb(cells: &[(&str, &str)]) -> String {
             });
             if *kind == "code" {
                 c["execution_count"] = Value::Null;
-                c["outputs"] =
-                    json!([{"output_type": "stream", "name": "stdout", "text": "stale\n"}]);
+                c["outputs"] = json!([{"output_type": "stream", "name": "stdout", "text": "stale\n"}]);
             }
             c
         })
@@ -1009,9 +988,7 @@ fn run_allow_errors_runs_every_cell() {
     let counts: Vec<Value> = cells.iter().map(|c| c["execution_count"].clone()).collect();
     assert_eq!(counts, vec![json!(1), json!(2), json!(3)]);
     assert!(
-        outputs(cells[1])
-            .iter()
-            .any(|o| o["output_type"] == "error"),
+        outputs(cells[1]).iter().any(|o| o["output_type"] == "error"),
         "{}",
         cells[1]
     );
@@ -1038,9 +1015,7 @@ fn run_timeout_per_cell_exits_124() {
     // The deadline is per cell: the short cell passed.
     assert_eq!(cells[1]["execution_count"], 2);
     assert!(
-        !outputs(cells[1])
-            .iter()
-            .any(|o| o["output_type"] == "error"),
+        !outputs(cells[1]).iter().any(|o| o["output_type"] == "error"),
         "{}",
         cells[1]
     );
@@ -1050,10 +1025,7 @@ fn run_timeout_per_cell_exits_124() {
         .unwrap_or_else(|| panic!("no error output on the timed-out cell: {}", cells[2]));
     assert_eq!(err["ename"], "CellTimeout", "{err}");
     let evalue = err["evalue"].as_str().unwrap_or_default();
-    assert!(
-        evalue.contains("1 s"),
-        "evalue does not give the limit: {evalue}"
-    );
+    assert!(evalue.contains("1 s"), "evalue does not give the limit: {evalue}");
     assert!(cells[3]["execution_count"].is_null(), "{}", cells[3]);
     validate_notebook(test, &out);
 }
@@ -1180,12 +1152,9 @@ print('PIDS', os.getpid(), a.pid, b.pid, gc, flush=True)
     );
     let mut run = Running::spawn(env.cmd("exec", &[&code]));
     let end = run.stdout.wait_for("PIDS ", 0, Duration::from_secs(60));
-    let end =
-        end.unwrap_or_else(|| panic!("the cell did not print its pids: {}", run.stderr.text()));
+    let end = end.unwrap_or_else(|| panic!("the cell did not print its pids: {}", run.stderr.text()));
     assert!(
-        run.stdout
-            .wait_for("\n", end, Duration::from_secs(10))
-            .is_some(),
+        run.stdout.wait_for("\n", end, Duration::from_secs(10)).is_some(),
         "incomplete pid line"
     );
     let text = run.stdout.text();
@@ -1211,10 +1180,7 @@ print('PIDS', os.getpid(), a.pid, b.pid, gc, flush=True)
     // The tree is what the test claims: the setsid child has its own
     // session, the grandchild's parent (sh) is gone.
     let b = seen[2].1.stat().expect("setsid child");
-    assert_eq!(
-        b.session, pids[2],
-        "the setsid child did not start a session"
-    );
+    assert_eq!(b.session, pids[2], "the setsid child did not start a session");
     let gc = seen[3].1.stat().expect("grandchild");
     assert_ne!(gc.ppid, pids[0], "the grandchild is not an orphan");
     (run, seen)
@@ -1341,12 +1307,8 @@ fn repl_under_pty_ctrl_c_and_ctrl_d() {
     let wait = Duration::from_secs(60);
     let out = run.stdout.clone();
     let expect = |needle: &str, from: usize| -> usize {
-        out.wait_for(needle, from, wait).unwrap_or_else(|| {
-            panic!(
-                "{test}: no {needle:?} after byte {from}; output:\n{}",
-                out.text()
-            )
-        })
+        out.wait_for(needle, from, wait)
+            .unwrap_or_else(|| panic!("{test}: no {needle:?} after byte {from}; output:\n{}", out.text()))
     };
     let mut at = expect("In [1]: ", 0);
     run.write("x = 41\r");
@@ -1406,15 +1368,15 @@ fn bench_w1_writes_report() {
     let doc = std::fs::read_to_string(&report).expect("report written");
     let row = doc
         .lines()
-        .find(|l| l.starts_with("| W1 round trip | cellhost | 50 |"))
+        .find(|l| l.starts_with("| W1 round trip") && l.contains("| cellhost | 50 |"))
         .unwrap_or_else(|| panic!("no cellhost row in:\n{doc}"));
     let cols: Vec<&str> = row.split('|').map(str::trim).collect();
-    let p50: f64 = cols[4].parse().expect("p50 number");
-    let p99: f64 = cols[5].parse().expect("p99 number");
+    let p50: f64 = cols[4].trim_end_matches(" ms").parse().expect("p50 number");
+    let p99: f64 = cols[5].trim_end_matches(" ms").parse().expect("p99 number");
     assert!(p50 > 0.0 && p50 <= p99, "row: {row}");
     assert!(
         !doc.contains("ipykernel"),
         "peers measured without --peers:\n{doc}"
     );
-    assert!(r.stdout.contains("| W1 round trip | cellhost | 50 |"));
+    assert!(r.stdout.contains("| cellhost | 50 |"));
 }

@@ -69,8 +69,7 @@ impl KernelConfig {
     /// the allowlist (withheld secret values are registered with the redactor).
     pub fn new(python: impl Into<PathBuf>, session_dir: impl Into<PathBuf>) -> Self {
         let filtered = cellhost_sandbox::env::filter_env(std::env::vars_os(), &[]);
-        let mut redactor =
-            Redactor::new(Default::default()).unwrap_or_else(|_| Redactor::disabled());
+        let mut redactor = Redactor::new(Default::default()).unwrap_or_else(|_| Redactor::disabled());
         redactor.add_secrets(filtered.withheld_secret_values);
         KernelConfig {
             python: python.into(),
@@ -89,6 +88,13 @@ impl KernelConfig {
             tools: Vec::new(),
             limits: CgroupLimits::default(),
         }
+    }
+
+    /// Registers an exact secret value: it is masked in everything the
+    /// kernel's cells output (values shorter than 6 bytes are ignored, see
+    /// [`Redactor::add_secrets`]).
+    pub fn register_secret(&mut self, value: impl Into<String>) {
+        Arc::make_mut(&mut self.redactor).add_secrets([value.into()]);
     }
 
     /// `session/generation`, as error messages name a kernel.

@@ -29,14 +29,12 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::KernelConfig;
 use crate::error::KernelError;
 use crate::hints;
-use crate::kernel::{
-    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, LiveEvent, Variables,
-};
+use crate::kernel::{CellProgress, ExecOptions, InterruptOutcome, KernelInfo, LiveEvent, Variables};
 use crate::marker::MarkerScanner;
 use crate::outputs;
 use crate::result::{
-    BackgroundOutput, CellError, CellResult, CellStatus, CrashReport, DisplayOutput,
-    InterruptReport, KernelRef, Truncation, Usage,
+    BackgroundOutput, CellError, CellResult, CellStatus, CrashReport, DisplayOutput, InterruptReport,
+    KernelRef, Truncation, Usage,
 };
 
 /// How long after a `response` the end markers may take before the cell
@@ -118,6 +116,9 @@ struct ActiveCell {
     peek: [String; 2],
     response: Option<WorkerFrame>,
     response_at: Option<Instant>,
+    /// The worker sent `started`: a SIGINT to its main thread is now meant
+    /// for this cell.
+    started_code: bool,
     displays: Vec<DisplayOutput>,
     started: Instant,
     deadline: Option<Instant>,
@@ -194,6 +195,8 @@ pub(crate) struct Driver {
     cgroup: Option<KernelCgroup>,
     /// Why the host killed the kernel, when it did so on its own.
     kill_reason: Option<String>,
+    /// The worker's execution_count after the last answered cell.
+    execution_count: u64,
 }
 
 impl Driver {
@@ -242,6 +245,7 @@ impl Driver {
             dead: false,
             cgroup,
             kill_reason: None,
+            execution_count: 0,
         }
     }
 
@@ -425,9 +429,16 @@ impl Driver {
                 reason: Some("the cell already finished".into()),
             };
         }
-        // Signal first, then the frame: the frame catches a SIGINT that
-        // reached the worker before the cell's code started.
-        let sent = signal::tgkill(pid, pid, libc::SIGINT);
+        // The frame is the authority. The SIGINT (sent only once the worker
+        // has said `started`, so it cannot land on another cell) wakes code
+        // that sleeps or blocks; before `started`, the frame alone cancels
+        // the cell, or the worker signals its own main thread.
+        let signalled = active.started_code;
+        let sent = if signalled {
+            signal::tgkill(pid, pid, libc::SIGINT)
+        } else {
+            Ok(())
+        };
         let not_delivered = sent.as_ref().err().map(|e| format!("tgkill failed: {e}"));
         active.interrupt = Some(Interrupt {
             cause,
@@ -440,10 +451,11 @@ impl Driver {
             raised: 0,
             escalation: None,
         });
-        let _ = self
-            .writer
-            .send(&HostFrame::Interrupt { id: id.clone() })
-            .await;
+        let frame = HostFrame::Interrupt {
+            id: id.clone(),
+            signalled: signalled && sent.is_ok(),
+        };
+        let _ = self.writer.send(&frame).await;
         InterruptOutcome {
             delivered: sent.is_ok(),
             target: Some(target),
@@ -486,12 +498,7 @@ impl Driver {
                     return;
                 };
                 let n = a.displays.len() + 1;
-                let data = outputs::save_bundle(
-                    data,
-                    &a.dir,
-                    &format!("display-{n}"),
-                    &self.config.redactor,
-                );
+                let data = outputs::save_bundle(data, &a.dir, &format!("display-{n}"), &self.config.redactor);
                 let d = DisplayOutput { data, metadata };
                 if let Some(live) = &a.q.options.live {
                     let _ = live.send(LiveEvent::Display(d.clone()));
@@ -525,10 +532,7 @@ impl Driver {
                         .into_iter()
                         .map(|v| outputs::redact_value(v, &self.config.redactor))
                         .collect();
-                    let _ = reply.send(Ok(Variables {
-                        variables,
-                        truncated,
-                    }));
+                    let _ = reply.send(Ok(Variables { variables, truncated }));
                 }
             }
             WorkerFrame::Background { stream, text } => {
@@ -551,10 +555,7 @@ impl Driver {
                 }
             }
             WorkerFrame::InterruptAck {
-                id,
-                handler,
-                raised,
-                ..
+                id, handler, raised, ..
             } => {
                 if let Some(i) = self
                     .active
@@ -568,6 +569,11 @@ impl Driver {
                         i.escalation = Some(escalation_reason(i));
                         self.request_kill();
                     }
+                }
+            }
+            WorkerFrame::Started { id } => {
+                if let Some(a) = self.active.as_mut().filter(|a| a.q.id == id) {
+                    a.started_code = true;
                 }
             }
             WorkerFrame::InterruptRaised { .. } | WorkerFrame::Ready { .. } => {}
@@ -660,7 +666,8 @@ impl Driver {
                     } else {
                         i.probe_until = Some(now + PROBE_WAIT);
                         let id = a.q.id.clone();
-                        let _ = self.writer.send(&HostFrame::Interrupt { id }).await;
+                        let probe = HostFrame::Interrupt { id, signalled: true };
+                        let _ = self.writer.send(&probe).await;
                     }
                 }
             }
@@ -688,9 +695,7 @@ impl Driver {
     async fn after_event(&mut self) {
         // Background bytes between cells: decode and keep for the next result.
         for s in 0..2 {
-            if !self.raw_background[s].is_empty()
-                && (self.active.is_none() || self.active_marker_seen(s))
-            {
+            if !self.raw_background[s].is_empty() && (self.active.is_none() || self.active_marker_seen(s)) {
                 let raw = std::mem::take(&mut self.raw_background[s]);
                 let text = cellhost_capture::render_once(&raw);
                 let text = self.config.redactor.redact(&text).into_owned();
@@ -711,8 +716,7 @@ impl Driver {
             self.request_kill();
         }
         if let Some(a) = &self.active {
-            let complete =
-                a.response.is_some() && a.marker_seen == [true, true] && a.tree_killed.is_none();
+            let complete = a.response.is_some() && a.marker_seen == [true, true] && a.tree_killed.is_none();
             // After a protocol error the cell settles once the kill is done,
             // so the caller never sees a result while the kernel still lives.
             if complete || gone {
@@ -810,16 +814,14 @@ impl Driver {
             peek: [String::new(), String::new()],
             response: None,
             response_at: None,
+            started_code: false,
             displays: Vec::new(),
             started,
             deadline: timeout.map(|t| started + t),
             interrupt: None,
             background: self.background.take(),
             dir,
-            pid_hits_at_start: self
-                .cgroup
-                .as_ref()
-                .map_or(0, KernelCgroup::pids_limit_hits),
+            pid_hits_at_start: self.cgroup.as_ref().map_or(0, KernelCgroup::pids_limit_hits),
             tree_killed: None,
             q,
         };
@@ -843,8 +845,7 @@ impl Driver {
             let held = a.scan[s].take_held();
             push_capture(&mut a, s, &held);
         }
-        let [out, err] =
-            [a.capture[0].take(), a.capture[1].take()].map(|c| c.map(StreamCapture::finish));
+        let [out, err] = [a.capture[0].take(), a.capture[1].take()].map(|c| c.map(StreamCapture::finish));
         let mut truncated = std::collections::BTreeMap::new();
         let mut texts = [String::new(), String::new()];
         for (i, (fin, name)) in [(out, "stdout"), (err, "stderr")].into_iter().enumerate() {
@@ -877,7 +878,13 @@ impl Driver {
         let [stdout, stderr] = texts;
         let redactor = self.config.redactor.clone();
         let mut status;
-        let mut execution_count = 0;
+        // A cell whose kernel died before it answered still took a number
+        // (the worker counts a cell as soon as it starts it).
+        let mut execution_count = if a.q.options.silent {
+            self.execution_count
+        } else {
+            self.execution_count + 1
+        };
         let mut result = None;
         let mut error = None;
         let mut usage = None;
@@ -899,6 +906,7 @@ impl Driver {
                 _ => CellStatus::Error,
             };
             execution_count = ec;
+            self.execution_count = ec;
             result = res.map(|r| outputs::save_bundle(r, &a.dir, "result", &redactor));
             error = er.and_then(|e| parse_error(e, &redactor));
             usage = us.and_then(|u| serde_json::from_value::<Usage>(u).ok());
@@ -945,12 +953,23 @@ impl Driver {
             if escalated {
                 crash = None;
             }
+            let mut reason = i.escalation.clone().or_else(|| i.not_delivered.clone());
+            if escalated
+                && let Some(cg) = &self.cgroup
+                && cg.pids_limit_hits() > a.pid_hits_at_start
+            {
+                let max = cg.pids_max().map_or_else(|| "?".into(), |n| n.to_string());
+                reason = Some(format!(
+                    "the cell's processes reached the kernel's process limit (pids.max {max}); {}",
+                    reason.unwrap_or_default()
+                ));
+            }
             interrupt = Some(InterruptReport {
                 delivered: i.delivered,
                 target: Some(i.target.clone()),
                 escalated,
                 state_kept: !escalated,
-                reason: i.escalation.clone().or_else(|| i.not_delivered.clone()),
+                reason,
             });
         }
         self.cells_settled += 1;
@@ -1032,9 +1051,7 @@ impl Driver {
         } else if self.kill_requested.is_some() {
             "killed by the host".into()
         } else {
-            self.exit
-                .map(describe_exit)
-                .unwrap_or_else(|| "exited".into())
+            self.exit.map(describe_exit).unwrap_or_else(|| "exited".into())
         };
         KernelError::Dead {
             kernel: self.label.clone(),
@@ -1105,7 +1122,9 @@ fn push_capture(a: &mut ActiveCell, stream: usize, bytes: &[u8]) {
 
 fn escalation_reason(i: &Interrupt) -> String {
     match i.handler {
-        Some(SigintHandler::Ignored) => "the cell's code ignores SIGINT (signal.SIG_IGN); the kernel was killed".into(),
+        Some(SigintHandler::Ignored) => {
+            "the cell's code ignores SIGINT (signal.SIG_IGN); the kernel was killed".into()
+        }
         Some(SigintHandler::User) => {
             "the cell's code replaced the SIGINT handler and kept running; the kernel was killed".into()
         }
@@ -1115,9 +1134,11 @@ fn escalation_reason(i: &Interrupt) -> String {
             i.raised
         ),
         Some(SigintHandler::Worker) => {
-            "the cell is still in native code that does not check for interrupts; the kernel was killed".into()
+            "the cell is still in native code that does not check for interrupts; the kernel was killed"
+                .into()
         }
-        None => "the worker did not answer (stuck in native code with the GIL held?); the kernel was killed".into(),
+        None => "the worker did not answer (stuck in native code with the GIL held?); the kernel was killed"
+            .into(),
     }
 }
 

@@ -23,18 +23,22 @@ pub(crate) fn hint_for(r: &CellResult, python: &Path, truncated: bool) -> Option
                 ));
             }
             "ToolError" if e.evalue.contains("budget") => {
-                return Some(
-                    "This cell spent its host-call budget; split the work across cells.".into(),
-                );
+                return Some("This cell spent its host-call budget; split the work across cells.".into());
             }
             "ToolError" if e.evalue.contains("not enabled") => {
-                return Some("That tool is not enabled for this session; list tools with `dir(cellhost.tools)`.".into());
+                return Some(
+                    "That tool is not enabled for this session; list tools with `dir(cellhost.tools)`."
+                        .into(),
+                );
             }
             _ => {}
         }
     }
     if r.status == CellStatus::Crashed {
-        return Some("The worker died, so the session's variables are gone; the next cell starts a fresh kernel.".into());
+        return Some(
+            "The worker died, so the session's variables are gone; the next cell starts a fresh kernel."
+                .into(),
+        );
     }
     if truncated {
         return Some(

@@ -170,15 +170,10 @@ impl Kernel {
         let label = config.label();
         let worker_dir = worker_files::worker_path()
             .map_err(|e| KernelError::io(&label, "writing the worker package", e))?;
-        std::fs::create_dir_all(&config.session_dir).map_err(|e| {
-            KernelError::io(
-                &label,
-                format!("creating {}", config.session_dir.display()),
-                e,
-            )
-        })?;
-        let (host_end, worker_end) = std::os::unix::net::UnixStream::pair()
-            .map_err(|e| KernelError::io(&label, "socketpair", e))?;
+        std::fs::create_dir_all(&config.session_dir)
+            .map_err(|e| KernelError::io(&label, format!("creating {}", config.session_dir.display()), e))?;
+        let (host_end, worker_end) =
+            std::os::unix::net::UnixStream::pair().map_err(|e| KernelError::io(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
         let args = vec![
             "-c".to_string(),
@@ -248,8 +243,7 @@ impl Kernel {
         host_end
             .set_nonblocking(true)
             .map_err(|e| io_err("control socket", e))?;
-        let ctl =
-            tokio::net::UnixStream::from_std(host_end).map_err(|e| io_err("control socket", e))?;
+        let ctl = tokio::net::UnixStream::from_std(host_end).map_err(|e| io_err("control socket", e))?;
         let pid_raw = rustix::process::Pid::from_raw(init_pid as i32)
             .ok_or_else(|| io_err("pidfd", std::io::Error::other("pid 0")))?;
         let pidfd = rustix::process::pidfd_open(pid_raw, rustix::process::PidfdFlags::empty())
@@ -286,11 +280,20 @@ impl Kernel {
             }
         })
         .await;
-        let early = || {
-            cellhost_capture::render_once(&stderr_early)
-                .trim()
-                .to_string()
-        };
+        if matches!(ready, Ok(Err(())) | Ok(Ok(Ok(None)))) {
+            // The worker is gone: its last words may still sit in the pipe.
+            let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                let mut buf = vec![0u8; 8192];
+                while let Ok(n) = tokio::io::AsyncReadExt::read(&mut stderr_rx, &mut buf).await {
+                    if n == 0 || stderr_early.len() >= 65536 {
+                        break;
+                    }
+                    stderr_early.extend_from_slice(&buf[..n]);
+                }
+            })
+            .await;
+        }
+        let early = || cellhost_capture::render_once(&stderr_early).trim().to_string();
         let (pid, python_version) = match ready {
             Err(_) => {
                 return Err(KernelError::StartupTimeout {
@@ -302,10 +305,7 @@ impl Kernel {
                 let status = guard.wait_briefly();
                 return Err(KernelError::Spawn {
                     python: python_str,
-                    reason: format!(
-                        "the worker exited before it was ready ({status}): {}",
-                        early()
-                    ),
+                    reason: format!("the worker exited before it was ready ({status}): {}", early()),
                 });
             }
             Ok(Ok(Err(e))) => {
@@ -332,10 +332,7 @@ impl Kernel {
             Ok(Ok(Ok(Some(other)))) => {
                 return Err(KernelError::Spawn {
                     python: python_str,
-                    reason: format!(
-                        "the worker's first frame was `{}`, not `ready`",
-                        other.kind()
-                    ),
+                    reason: format!("the worker's first frame was `{}`, not `ready`", other.kind()),
                 });
             }
         };
@@ -413,11 +410,7 @@ impl Kernel {
 
     /// Cells this kernel has settled.
     pub fn cells_settled(&self) -> u64 {
-        self.inner
-            .shared
-            .lock()
-            .map(|s| s.cells_settled)
-            .unwrap_or(0)
+        self.inner.shared.lock().map(|s| s.cells_settled).unwrap_or(0)
     }
 
     /// How the worker died, if it did.
@@ -431,11 +424,7 @@ impl Kernel {
     /// # Errors
     /// [`KernelError::KernelBusy`] with `fail_if_busy` while another cell
     /// runs or waits; [`KernelError::Dead`] when the worker is gone.
-    pub fn submit(
-        &self,
-        code: impl Into<String>,
-        options: ExecOptions,
-    ) -> Result<CellHandle, KernelError> {
+    pub fn submit(&self, code: impl Into<String>, options: ExecOptions) -> Result<CellHandle, KernelError> {
         {
             let shared = self
                 .inner
@@ -503,12 +492,7 @@ impl Kernel {
 
     pub(crate) async fn interrupt_cell(&self, cell: Option<String>) -> InterruptOutcome {
         let (reply, rx) = oneshot::channel();
-        if self
-            .inner
-            .tx
-            .send(Command::Interrupt { cell, reply })
-            .is_err()
-        {
+        if self.inner.tx.send(Command::Interrupt { cell, reply }).is_err() {
             return InterruptOutcome {
                 delivered: false,
                 target: None,
@@ -613,10 +597,7 @@ impl CellHandle {
 
     /// Waits at most `timeout`; `None` if the cell has not settled by then
     /// (the handle stays usable).
-    pub async fn wait_timeout(
-        &mut self,
-        timeout: Duration,
-    ) -> Option<&Result<CellResult, KernelError>> {
+    pub async fn wait_timeout(&mut self, timeout: Duration) -> Option<&Result<CellResult, KernelError>> {
         if self.done.is_none() {
             let rx = self.rx.as_mut()?;
             let got = tokio::time::timeout(timeout, rx).await.ok()?;

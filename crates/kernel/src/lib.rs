@@ -27,12 +27,11 @@ pub mod session;
 mod spawn;
 pub mod worker_files;
 
-pub use cellhost_capture::{RedactionConfig, Redactor, StreamLimits};
+pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
 pub use config::{KernelConfig, resolve_python};
 pub use error::KernelError;
 pub use kernel::{
-    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, LiveEvent,
-    Variables,
+    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, LiveEvent, Variables,
 };
 pub use result::*;
 pub use session::Session;

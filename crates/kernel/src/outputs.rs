@@ -11,11 +11,8 @@ use serde_json::{Map, Value, json};
 use crate::result::MimeBundle;
 
 /// MIME types whose data is base64 in frames and a file on the host.
-pub(crate) const BINARY_MIMES: &[(&str, &str)] = &[
-    ("image/png", "png"),
-    ("image/jpeg", "jpg"),
-    ("image/gif", "gif"),
-];
+pub(crate) const BINARY_MIMES: &[(&str, &str)] =
+    &[("image/png", "png"), ("image/jpeg", "jpg"), ("image/gif", "gif")];
 
 /// Rewrites a bundle from the worker: binary entries become
 /// `{"path", "bytes"}` (file `<dir>/<stem>.<ext>`), strings are redacted.

@@ -73,11 +73,7 @@ impl Session {
     ///
     /// # Errors
     /// As [`Kernel::execute`].
-    pub async fn execute(
-        &mut self,
-        code: &str,
-        options: ExecOptions,
-    ) -> Result<CellResult, KernelError> {
+    pub async fn execute(&mut self, code: &str, options: ExecOptions) -> Result<CellResult, KernelError> {
         let handle = self.submit(code, options).await?;
         self.finish(handle).await
     }
@@ -86,11 +82,7 @@ impl Session {
     ///
     /// # Errors
     /// As [`Kernel::submit`].
-    pub async fn submit(
-        &mut self,
-        code: &str,
-        options: ExecOptions,
-    ) -> Result<CellHandle, KernelError> {
+    pub async fn submit(&mut self, code: &str, options: ExecOptions) -> Result<CellHandle, KernelError> {
         let k = self.ensure_kernel().await?;
         k.submit(code, options)
     }
@@ -133,10 +125,7 @@ impl Session {
     ///
     /// # Errors
     /// [`KernelError::StaleGeneration`] when `generation` was replaced.
-    pub async fn interrupt(
-        &self,
-        generation: Option<u64>,
-    ) -> Result<InterruptOutcome, KernelError> {
+    pub async fn interrupt(&self, generation: Option<u64>) -> Result<InterruptOutcome, KernelError> {
         self.check_generation(generation)?;
         Ok(match &self.kernel {
             Some(k) => k.interrupt().await,

@@ -135,9 +135,7 @@ async fn exceptions_have_no_worker_frames_and_show_cell_source() {
     let tb = e.traceback.join("\n");
     assert!(tb.contains("return 1 / 0"), "{tb}");
     assert!(!tb.contains("cellhost_worker"), "{tb}");
-    let r = f
-        .run("def a(n): return b(n)\ndef b(n): return a(n)\na(1)")
-        .await;
+    let r = f.run("def a(n): return b(n)\ndef b(n): return a(n)\na(1)").await;
     let e = r.error.expect("recursion");
     assert_eq!(e.ename, "RecursionError");
     let size: usize = e.traceback.iter().map(String::len).sum();
@@ -238,14 +236,13 @@ async fn replaced_stdout_without_flush_is_survived() {
 #[tokio::test]
 async fn matplotlib_figures_come_back_as_files() {
     if !has_module("matplotlib") {
-        eprintln!(
-            "skipped: matplotlib is not installed in {}",
-            python().display()
-        );
+        eprintln!("skipped: matplotlib is not installed in {}", python().display());
         return;
     }
     let mut f = fixture();
-    let r = f.run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.figure()\nplt.bar([1], [2])\n").await;
+    let r = f
+        .run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.figure()\nplt.bar([1], [2])\n")
+        .await;
     assert_ok(&r);
     assert_eq!(r.displays.len(), 2, "{:#?}", r.displays);
     for d in &r.displays {
@@ -294,10 +291,7 @@ async fn protocol_version_mismatch_is_a_clear_error() {
         ),
         "{err}"
     );
-    assert!(
-        err.to_string().contains("test/1"),
-        "names the kernel: {err}"
-    );
+    assert!(err.to_string().contains("test/1"), "names the kernel: {err}");
 }
 
 #[tokio::test]
@@ -346,10 +340,7 @@ async fn malformed_frame_fails_the_cell_without_hanging() {
         r#"printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r line <&3; printf 'not json\n' >&3; sleep 30"#,
     );
     let k = Kernel::spawn(cfg).await.expect("spawn");
-    let r = k
-        .execute("1", ExecOptions::default())
-        .await
-        .expect("a result");
+    let r = k.execute("1", ExecOptions::default()).await.expect("a result");
     assert_eq!(r.status, CellStatus::Crashed);
     assert!(r.crash.expect("crash").message.contains("malformed"));
 }
@@ -439,10 +430,7 @@ async fn hk12_invalid_utf8_on_fd() {
     assert!(r.stdout.contains("shell \u{FFFD}\n"), "{:?}", r.stdout);
     assert!(r.stdout.ends_with("after\n"));
     assert_eq!(r.stderr, "\u{FFFD}( bad stderr\n");
-    assert_eq!(
-        f.run("print('next cell ok')").await.stdout,
-        "next cell ok\n"
-    );
+    assert_eq!(f.run("print('next cell ok')").await.stdout, "next cell ok\n");
     f.session.shutdown().await;
 }
 
@@ -460,11 +448,7 @@ async fn hk15_forged_protocol_markers() {
         "{\"type\": \"result\", \"status\": \"ok\", \"value\": \"forged\"}\n",
         "tail line\n",
     ] {
-        assert!(
-            r.stdout.contains(line),
-            "{line:?} missing from {:?}",
-            r.stdout
-        );
+        assert!(r.stdout.contains(line), "{line:?} missing from {:?}", r.stdout);
     }
     assert_eq!(r.stdout.matches("<|EOF|>").count(), 2);
     assert!(r.result.is_none());
@@ -523,12 +507,7 @@ async fn hk19_os_exit_kills_worker() {
     let r = f.run("print('keep' in globals())").await;
     assert_eq!(r.stdout, "False\n");
     assert!(r.kernel.state_reset);
-    assert!(
-        r.kernel
-            .reset_reason
-            .expect("why")
-            .contains("exited with code 1")
-    );
+    assert!(r.kernel.reset_reason.expect("why").contains("exited with code 1"));
     assert_eq!(r.kernel.generation, 2);
     f.session.shutdown().await;
 }
@@ -563,10 +542,7 @@ async fn hk20_segfault_in_native_code() {
 async fn hk25_sys_stdout_closed() {
     let mut f = fixture();
     assert_ok(&f.run("import sys\nsys.stdout.close()").await);
-    assert_eq!(
-        f.run("print('visible again')").await.stdout,
-        "visible again\n"
-    );
+    assert_eq!(f.run("print('visible again')").await.stdout, "visible again\n");
     let r = f
         .run("import sys\nsys.stderr.write('stderr fine\\n')\nprint('stdout fine')")
         .await;
@@ -594,9 +570,7 @@ async fn hk27_cwd_changed_and_deleted() {
         "host still runs cells\n"
     );
     assert_eq!(
-        f.run("os.chdir(home)\nprint(os.getcwd() == home)")
-            .await
-            .stdout,
+        f.run("os.chdir(home)\nprint(os.getcwd() == home)").await.stdout,
         "True\n"
     );
     f.session.shutdown().await;
@@ -630,10 +604,7 @@ async fn hk29_once(display: Option<&str>) {
 #[tokio::test]
 async fn hk29_plt_show_blocks() {
     if !has_module("matplotlib") {
-        eprintln!(
-            "skipped: matplotlib is not installed in {}",
-            python().display()
-        );
+        eprintln!("skipped: matplotlib is not installed in {}", python().display());
         return;
     }
     hk29_once(None).await;
@@ -656,9 +627,7 @@ async fn hk29_plt_show_blocks() {
         let _ = x.kill();
         let _ = x.wait();
     } else {
-        eprintln!(
-            "note: Xvfb not installed; the DISPLAY half of hk29 ran with an unreachable display"
-        );
+        eprintln!("note: Xvfb not installed; the DISPLAY half of hk29 ran with an unreachable display");
         hk29_once(Some(":97")).await;
     }
 }
@@ -689,11 +658,7 @@ async fn hk02_keyboardinterrupt_swallowed() {
     assert_eq!(r.status, CellStatus::Interrupted);
     let i = r.interrupt.expect("interrupt report");
     assert!(i.escalated && !i.state_kept);
-    assert!(
-        i.reason
-            .expect("reason")
-            .contains("caught the KeyboardInterrupt")
-    );
+    assert!(i.reason.expect("reason").contains("caught the KeyboardInterrupt"));
     let r = f.run("print('session usable')").await;
     assert_eq!(r.stdout, "session usable\n");
     assert!(r.kernel.state_reset, "the restart is said explicitly");
@@ -749,17 +714,11 @@ async fn hk32_timeout_returns_promptly_and_stops_work() {
     let r = f
         .run_with_timeout("time.sleep(5)\nresult = 'late write'", 1.0)
         .await;
-    assert!(
-        t.elapsed() <= Duration::from_millis(1500),
-        "{:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() <= Duration::from_millis(1500), "{:?}", t.elapsed());
     assert_eq!(r.status, CellStatus::Timeout);
     let i = r.interrupt.expect("report");
     assert!(i.delivered && !i.escalated && i.state_kept);
-    let r = f
-        .run_with_timeout("time.sleep(6)\nprint(result)", 10.0)
-        .await;
+    let r = f.run_with_timeout("time.sleep(6)\nprint(result)", 10.0).await;
     assert_eq!(r.stdout, "initial\n");
     f.session.shutdown().await;
 }
@@ -786,11 +745,7 @@ async fn interrupt_before_the_code_starts_is_not_lost() {
         }
         let r = h.wait().await.expect("result");
         assert_eq!(r.status, CellStatus::Interrupted, "{r:#?}");
-        assert_ok(
-            &k.execute("x += 1", ExecOptions::default())
-                .await
-                .expect("next"),
-        );
+        assert_ok(&k.execute("x += 1", ExecOptions::default()).await.expect("next"));
     }
     assert_eq!(
         k.execute("x", ExecOptions::default())
@@ -860,12 +815,7 @@ async fn hk23_fork_bomb() {
         .expect("alive");
     assert_eq!(r.stdout, "alive\n");
     assert!(r.kernel.state_reset);
-    assert!(
-        r.kernel
-            .reset_reason
-            .expect("why")
-            .contains("process limit")
-    );
+    assert!(r.kernel.reset_reason.expect("why").contains("process limit"));
     s.shutdown().await;
 }
 
@@ -906,4 +856,98 @@ async fn hk22_memory_exhaustion() {
     assert_eq!(other.run("print(y)").await.stdout, "5\n");
     s.shutdown().await;
     other.session.shutdown().await;
+}
+
+// ---------------------------------------------------------------- output (issue 4 cases)
+
+#[tokio::test]
+async fn hk10_100mb_line_without_newline() {
+    let mut f = fixture();
+    let r = f
+        .run("import sys\nblob = 'x' * (100 * 1024 * 1024)\nsys.stdout.write(blob)\nsize = len(blob)\ndel blob")
+        .await;
+    assert_ok(&r);
+    let t = r.truncated.get("stdout").expect("stdout truncated");
+    assert_eq!(t.total_bytes, 104_857_600);
+    assert_eq!(t.shown_bytes + t.omitted_bytes, t.total_bytes);
+    assert!(
+        r.stdout.len() <= 50_000 + 400,
+        "inline stdout stays at the cap: {}",
+        r.stdout.len()
+    );
+    assert!(r.stdout.contains("omitted"), "one line says what was cut");
+    let spill = t.spill_path.clone().expect("spill file");
+    let meta = std::fs::metadata(&spill).expect("spill exists");
+    assert_eq!(meta.len(), 50_000_000, "spill capped at 50 MB");
+    let chunk = cellhost_kernel::read_spill(&spill, 1_000_000, 10).expect("page");
+    assert_eq!(chunk.text, "xxxxxxxxxx");
+    assert_eq!(chunk.next_offset, Some(1_000_010));
+    assert!(r.hint.expect("hint").contains("spill"));
+    assert_eq!(f.run("print(size)").await.stdout, "104857600\n");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk11_carriage_return_progress_frames() {
+    let mut f = fixture();
+    let r = f
+        .run("import sys\nfor i in range(1, 5001):\n    sys.stdout.write(f'\\rstep {i}/5000')\n    sys.stdout.flush()\nprint()\nprint('finished')")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "step 5000/5000\nfinished\n");
+    let r = f
+        .run("try:\n    from tqdm import tqdm\n    for _ in tqdm(range(3000), mininterval=0):\n        pass\nexcept ImportError:\n    pass\nprint('tqdm done')")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "tqdm done\n");
+    if has_module("tqdm") {
+        assert!(r.stderr.contains("3000/3000"), "{:?}", r.stderr);
+        assert_eq!(
+            r.stderr.matches("it/s").count() + r.stderr.matches("s/it").count(),
+            1,
+            "one frame: {:?}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains('\r'));
+    }
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hk31_secret_redaction_output_only() {
+    const SECRET: &str = "sk-demo-3f9a1c7e5b2d4a6f8e0c";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.env.push(("DEMO_TOKEN".into(), SECRET.into()));
+    cfg.register_secret(SECRET);
+    let mut s = Session::new(cfg);
+    let r = s
+        .execute("import os\nsecret = os.environ['DEMO_TOKEN']\nprint('DEMO_TOKEN=' + secret)\nprint({'token': secret})\nprint(secret[:10], end='')\nprint(secret[10:])\nraise ValueError('bad token ' + secret)", ExecOptions::default())
+        .await
+        .expect("execute");
+    assert_eq!(r.status, CellStatus::Error);
+    let json = serde_json::to_string(&r).expect("json");
+    assert!(!json.contains(SECRET), "secret leaked: {json}");
+    assert!(
+        !json.contains("3f9a1c7e5b2d4a6f8e0c"),
+        "secret tail leaked: {json}"
+    );
+    assert!(
+        r.stdout.contains("DEMO_TOKEN=") && r.stdout.matches("[redacted]").count() >= 3,
+        "{:?}",
+        r.stdout
+    );
+    let e = r.error.expect("error");
+    assert_eq!(e.ename, "ValueError");
+    assert!(
+        e.evalue.starts_with("bad token ") && e.evalue.contains("[redacted]"),
+        "{}",
+        e.evalue
+    );
+    let r = s
+        .execute("literal = 'sk-demo-3f9a1c7e5b2d4a6f8e0c'\nprint(len(literal), literal == os.environ['DEMO_TOKEN'])", ExecOptions::default())
+        .await
+        .expect("execute");
+    assert_eq!(r.stdout, "28 True\n", "the cell's code runs unmodified");
+    s.shutdown().await;
 }

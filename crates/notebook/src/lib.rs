@@ -229,10 +229,7 @@ impl Notebook {
             .and_then(|cells| cells.get_mut(index))
             .and_then(Value::as_object_mut)
             .ok_or(NotebookError::NoSuchCell { index, len })?;
-        let kind = cell
-            .get("cell_type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let kind = cell.get("cell_type").and_then(Value::as_str).unwrap_or_default();
         if kind != "code" {
             return Err(NotebookError::NotCodeCell {
                 index,
@@ -316,8 +313,7 @@ impl Notebook {
             .expect("a serde_json::Value always serializes");
         buf.push(b'\n');
         // serde_json writes only valid UTF-8.
-        String::from_utf8(buf)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+        String::from_utf8(buf).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
     }
 
     /// Writes [`Notebook::to_json_string`] to `path` atomically: a temporary
@@ -325,11 +321,9 @@ impl Notebook {
     /// never sees a half-written notebook. An existing file's permissions
     /// are kept.
     pub fn write(&self, path: &Path) -> Result<(), NotebookError> {
-        atomic::write_atomic(path, self.to_json_string().as_bytes()).map_err(|source| {
-            NotebookError::Write {
-                path: path.to_path_buf(),
-                source,
-            }
+        atomic::write_atomic(path, self.to_json_string().as_bytes()).map_err(|source| NotebookError::Write {
+            path: path.to_path_buf(),
+            source,
         })
     }
 
@@ -416,19 +410,14 @@ fn normalize(mut root: Value, origin: &str) -> Result<Value, NotebookError> {
     }
     let minor = match obj.get("nbformat_minor") {
         None => 0,
-        Some(v) => v.as_u64().ok_or_else(|| {
-            malformed(format!(
-                "\"nbformat_minor\" is {v}, not a non-negative integer"
-            ))
-        })?,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| malformed(format!("\"nbformat_minor\" is {v}, not a non-negative integer")))?,
     };
     if minor < 5 {
         obj.insert("nbformat_minor".into(), Value::from(5));
     }
-    match obj
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()))
-    {
+    match obj.entry("metadata").or_insert_with(|| Value::Object(Map::new())) {
         Value::Object(metadata) => {
             for key in ["orig_nbformat", "orig_nbformat_minor", "signature"] {
                 metadata.remove(key);
@@ -463,10 +452,7 @@ fn normalize_cell(i: usize, cell: &mut Value) -> Result<(), String> {
         }
         None => return Err(format!("cells[{i}] has no cell_type")),
     };
-    match c
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()))
-    {
+    match c.entry("metadata").or_insert_with(|| Value::Object(Map::new())) {
         Value::Object(metadata) => {
             metadata.remove("trusted");
         }
@@ -497,10 +483,7 @@ fn normalize_cell(i: usize, cell: &mut Value) -> Result<(), String> {
             ));
         }
     }
-    let outputs = match c
-        .entry("outputs")
-        .or_insert_with(|| Value::Array(Vec::new()))
-    {
+    let outputs = match c.entry("outputs").or_insert_with(|| Value::Array(Vec::new())) {
         Value::Array(outputs) => outputs,
         _ => return Err(format!("cells[{i}].outputs is not a list")),
     };

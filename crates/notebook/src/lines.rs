@@ -38,15 +38,7 @@ pub(crate) fn split_lines(text: &str) -> Vec<String> {
 fn is_line_break(c: char) -> bool {
     matches!(
         c,
-        '\n' | '\r'
-            | '\x0b'
-            | '\x0c'
-            | '\x1c'
-            | '\x1d'
-            | '\x1e'
-            | '\u{85}'
-            | '\u{2028}'
-            | '\u{2029}'
+        '\n' | '\r' | '\x0b' | '\x0c' | '\x1c' | '\x1d' | '\x1e' | '\u{85}' | '\u{2028}' | '\u{2029}'
     )
 }
 
@@ -146,14 +138,8 @@ mod tests {
         assert_eq!(split_lines("a"), vec!["a"]);
         assert_eq!(split_lines("a\n"), vec!["a\n"]);
         assert_eq!(split_lines("a\nb"), vec!["a\n", "b"]);
-        assert_eq!(
-            split_lines("a\r\nb\rc\n\n"),
-            vec!["a\r\n", "b\r", "c\n", "\n"]
-        );
-        assert_eq!(
-            split_lines("x\u{2028}y\x0cz"),
-            vec!["x\u{2028}", "y\x0c", "z"]
-        );
+        assert_eq!(split_lines("a\r\nb\rc\n\n"), vec!["a\r\n", "b\r", "c\n", "\n"]);
+        assert_eq!(split_lines("x\u{2028}y\x0cz"), vec!["x\u{2028}", "y\x0c", "z"]);
         assert_eq!(split_lines("é\nü"), vec!["é\n", "ü"]);
     }
 
@@ -171,10 +157,7 @@ mod tests {
             join_multiline(&serde_json::json!(["a\n", "b"])).as_deref(),
             Some("a\nb")
         );
-        assert_eq!(
-            join_multiline(&serde_json::json!("a")).as_deref(),
-            Some("a")
-        );
+        assert_eq!(join_multiline(&serde_json::json!("a")).as_deref(), Some("a"));
         assert_eq!(join_multiline(&serde_json::json!(["a", 1])), None);
         assert_eq!(join_multiline(&serde_json::json!(3)), None);
     }

@@ -194,10 +194,7 @@ mod tests {
             (CellKind::Markdown, Some("Intro".into()))
         );
         assert_eq!(parse_header(" [raw]"), (CellKind::Raw, None));
-        assert_eq!(
-            parse_header(" [sql]"),
-            (CellKind::Code, Some("[sql]".into()))
-        );
+        assert_eq!(parse_header(" [sql]"), (CellKind::Code, Some("[sql]".into())));
     }
 
     #[test]
@@ -221,8 +218,7 @@ mod tests {
 
     #[test]
     fn yaml_header_is_dropped() {
-        let text =
-            "# ---\n# jupyter:\n#   kernelspec:\n#     name: python3\n# ---\n\n# %%\nx = 1\n";
+        let text = "# ---\n# jupyter:\n#   kernelspec:\n#     name: python3\n# ---\n\n# %%\nx = 1\n";
         assert_eq!(parse(text), vec![code("x = 1")]);
         // Not a header: code follows the opening line.
         let text = "# ---\nx = 1\n# ---\n";

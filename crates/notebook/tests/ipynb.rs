@@ -28,10 +28,7 @@ fn round_trip_keeps_cells_metadata_and_unknown_fields() {
         .map(|c| c["cell_type"].as_str().unwrap_or("?"))
         .collect();
     assert_eq!(types, ["markdown", "raw", "code", "code", "code"]);
-    assert_eq!(
-        cells[0]["source"],
-        "# Penguins ünïcode 🐧\n\nSome *text*.\n"
-    );
+    assert_eq!(cells[0]["source"], "# Penguins ünïcode 🐧\n\nSome *text*.\n");
     assert_eq!(cells[0]["metadata"]["tags"], json!(["doc"]));
     assert!(cells[0]["attachments"]["logo.png"]["image/png"].is_string());
     assert_eq!(cells[1]["metadata"]["format"], "text/restructuredtext");
@@ -222,20 +219,10 @@ fn set_outputs_clear_outputs_and_kernel_info() {
     assert_eq!(nb.as_json()["cells"][3]["execution_count"], Value::Null);
 
     let err = nb.set_outputs(0, Some(1), vec![]).expect_err("markdown");
-    assert!(
-        matches!(err, NotebookError::NotCodeCell { index: 0, ref cell_type } if cell_type == "markdown")
-    );
-    assert_eq!(
-        err.to_string(),
-        "cell 0 is a markdown cell, not a code cell"
-    );
-    let err = nb
-        .set_outputs(99, Some(1), vec![])
-        .expect_err("no such cell");
-    assert!(matches!(
-        err,
-        NotebookError::NoSuchCell { index: 99, len: 5 }
-    ));
+    assert!(matches!(err, NotebookError::NotCodeCell { index: 0, ref cell_type } if cell_type == "markdown"));
+    assert_eq!(err.to_string(), "cell 0 is a markdown cell, not a code cell");
+    let err = nb.set_outputs(99, Some(1), vec![]).expect_err("no such cell");
+    assert!(matches!(err, NotebookError::NoSuchCell { index: 99, len: 5 }));
 
     nb.set_kernel_info("3.11.4", "/opt/venv/bin/python3");
     let meta = &nb.as_json()["metadata"];
@@ -248,10 +235,7 @@ fn set_outputs_clear_outputs_and_kernel_info() {
     assert!(meta["language_info"].get("codemirror_mode").is_none());
     assert_eq!(meta["cellhost"]["python"], "/opt/venv/bin/python3");
     // Other metadata is untouched.
-    assert_eq!(
-        meta["custom_tool"],
-        json!({"setting": [1, 2.5, null, true]})
-    );
+    assert_eq!(meta["custom_tool"], json!({"setting": [1, 2.5, null, true]}));
 }
 
 #[test]
@@ -324,9 +308,7 @@ fn nbformat_3_names_the_file_and_the_version() {
         (r#"{"nbformat": 2}"#, "2"),
     ] {
         let err = Notebook::from_ipynb_str(text).expect_err("not v4");
-        assert!(
-            matches!(err, NotebookError::UnsupportedVersion { version: ref v, .. } if v == version)
-        );
+        assert!(matches!(err, NotebookError::UnsupportedVersion { version: ref v, .. } if v == version));
     }
 }
 
@@ -376,10 +358,7 @@ fn structural_errors_name_the_field() {
     ];
     for (text, needle) in cases {
         let err = Notebook::from_ipynb_str(text).expect_err(text);
-        assert!(
-            matches!(err, NotebookError::Malformed { .. }),
-            "{text}: {err:?}"
-        );
+        assert!(matches!(err, NotebookError::Malformed { .. }), "{text}: {err:?}");
         assert!(err.to_string().contains(needle), "{text}: {err}");
     }
 }
@@ -406,13 +385,7 @@ fn load_chooses_by_extension_and_reports_io_errors() {
     std::fs::write(&latin1, b"# %%\nprint('caf\xe9')\n").expect("seed");
     let err = Notebook::load(&latin1).expect_err("not UTF-8");
     assert!(
-        matches!(
-            err,
-            NotebookError::NotUtf8 {
-                valid_up_to: 15,
-                ..
-            }
-        ),
+        matches!(err, NotebookError::NotUtf8 { valid_up_to: 15, .. }),
         "{err:?}"
     );
     assert!(err.to_string().contains("latin1.py"), "{err}");

@@ -86,8 +86,7 @@ fn a_script_without_markers_is_one_cell() {
 
 #[test]
 fn crlf_line_endings() {
-    let nb =
-        Notebook::from_percent_str("# %%\r\nx = 1\r\ny = 2\r\n\r\n# %% [markdown]\r\n# Title\r\n");
+    let nb = Notebook::from_percent_str("# %%\r\nx = 1\r\ny = 2\r\n\r\n# %% [markdown]\r\n# Title\r\n");
     assert_eq!(
         cells(&nb),
         vec![
@@ -156,10 +155,7 @@ fn a_fresh_nbformat_4_5_notebook_with_a_python_kernelspec() {
     assert_eq!(root["metadata"]["kernelspec"]["language"], "python");
     assert_eq!(root["metadata"]["language_info"]["name"], "python");
     let all = root["cells"].as_array().expect("cells");
-    let ids: Vec<&str> = all
-        .iter()
-        .map(|c| c["id"].as_str().unwrap_or("?"))
-        .collect();
+    let ids: Vec<&str> = all.iter().map(|c| c["id"].as_str().unwrap_or("?")).collect();
     assert_eq!(ids, ["cell-0", "cell-1", "cell-2"]);
     for c in all {
         assert_eq!(c["metadata"], json!({}));

@@ -12,7 +12,8 @@ use common::{fixture, map, nbformat_check, nbformat_verdict, stream, test_python
 use serde_json::{Value, json};
 
 /// A 1×1 PNG, base64.
-const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
+const PNG: &str =
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
 
 /// A notebook from a percent script with outputs of every kind.
 fn every_output_kind() -> Notebook {
@@ -93,8 +94,7 @@ x = 1
             metadata: map(json!({})),
         },
     ];
-    nb.set_outputs(cells[1].index, Some(2), rich)
-        .expect("code cell");
+    nb.set_outputs(cells[1].index, Some(2), rich).expect("code cell");
 
     let failing = vec![
         stream("stdout", "before the error\n"),
@@ -111,8 +111,7 @@ x = 1
     nb.set_outputs(cells[2].index, Some(3), failing)
         .expect("code cell");
     // cells[3] was never run: no outputs, null count. cells[4] is blank.
-    nb.set_outputs(cells[4].index, None, vec![])
-        .expect("code cell");
+    nb.set_outputs(cells[4].index, None, vec![]).expect("code cell");
     nb
 }
 
@@ -125,8 +124,7 @@ fn every_output_kind_is_valid_nbformat() {
 
     // The shape nbformat expects, checked here too so the test says
     // something without Python.
-    let written: Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("reads")).expect("JSON");
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("reads")).expect("JSON");
     assert_eq!(written["nbformat"], 4);
     assert_eq!(written["nbformat_minor"], 5);
     let cells = written["cells"].as_array().expect("cells");
@@ -227,9 +225,7 @@ fn percent_notebooks_are_valid_nbformat() {
         .write(&path)
         .expect("writes");
     let empty = dir.path().join("empty.ipynb");
-    Notebook::from_percent_str("")
-        .write(&empty)
-        .expect("writes");
+    Notebook::from_percent_str("").write(&empty).expect("writes");
     if let Some(python) = test_python("percent_notebooks_are_valid_nbformat") {
         for p in [&path, &empty] {
             nbformat_check(&python, Path::new(p));
@@ -269,9 +265,6 @@ fn the_nbformat_check_rejects_invalid_notebooks() {
         assert_ne!(text, good, "{name}: the edit applies");
         let path = dir.path().join(format!("{name}.ipynb"));
         std::fs::write(&path, text).expect("writes");
-        assert!(
-            nbformat_verdict(&python, &path).is_err(),
-            "{name} was accepted"
-        );
+        assert!(nbformat_verdict(&python, &path).is_err(), "{name} was accepted");
     }
 }

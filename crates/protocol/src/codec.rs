@@ -141,8 +141,7 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// # Errors
     /// I/O errors of the channel.
     pub async fn send<T: Serialize>(&mut self, frame: &T) -> Result<(), ProtocolError> {
-        let mut bytes =
-            serde_json::to_vec(frame).map_err(|e| ProtocolError::Encode(e.to_string()))?;
+        let mut bytes = serde_json::to_vec(frame).map_err(|e| ProtocolError::Encode(e.to_string()))?;
         bytes.push(b'\n');
         self.inner.write_all(&bytes).await?;
         self.inner.flush().await?;
@@ -196,9 +195,7 @@ mod tests {
         let out = read_all(&line, 50).await;
         assert_eq!(out.len(), 1);
         assert!(
-            out[0]
-                .as_ref()
-                .is_err_and(|e| e.contains("exceeds 50 bytes")),
+            out[0].as_ref().is_err_and(|e| e.contains("exceeds 50 bytes")),
             "{out:?}"
         );
     }
@@ -223,11 +220,7 @@ mod tests {
     #[tokio::test]
     async fn eof_inside_a_frame_is_truncation() {
         let out = read_all(b"{\"type\":\"log\"", 1024).await;
-        assert!(
-            out[0]
-                .as_ref()
-                .is_err_and(|e| e.contains("middle of a frame"))
-        );
+        assert!(out[0].as_ref().is_err_and(|e| e.contains("middle of a frame")));
     }
 
     #[tokio::test]
@@ -235,12 +228,15 @@ mod tests {
         let mut buf = Vec::new();
         let mut w = FrameWriter::new(&mut buf);
         w.send(&HostFrame::Shutdown {}).await.expect("send");
-        w.send(&HostFrame::Interrupt { id: "c1".into() })
-            .await
-            .expect("send");
+        w.send(&HostFrame::Interrupt {
+            id: "c1".into(),
+            signalled: true,
+        })
+        .await
+        .expect("send");
         assert_eq!(
             String::from_utf8(buf).expect("utf8"),
-            "{\"type\":\"shutdown\"}\n{\"type\":\"interrupt\",\"id\":\"c1\"}\n"
+            "{\"type\":\"shutdown\"}\n{\"type\":\"interrupt\",\"id\":\"c1\",\"signalled\":true}\n"
         );
     }
 }

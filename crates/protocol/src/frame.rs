@@ -34,12 +34,17 @@ pub enum HostFrame {
         #[serde(default)]
         options: ExecuteOptions,
     },
-    /// Tell the worker that cell `id` is being interrupted. Sent right
-    /// after the SIGINT; it catches an interrupt that reached the worker
-    /// before the cell's code started.
+    /// Interrupt cell `id`. The frame is the authority; the SIGINT the host
+    /// sends to the worker's main thread (`signalled`) only wakes code that
+    /// sleeps or blocks. A cell whose `started` frame the host had not seen
+    /// gets the frame alone: the worker cancels it before its code runs, or
+    /// signals its own main thread if the code just started.
     Interrupt {
         /// Cell id the interrupt is meant for.
         id: String,
+        /// The host sent SIGINT to the main thread before this frame.
+        #[serde(default)]
+        signalled: bool,
     },
     /// List the user namespace (idle kernels only).
     InspectVariables {
@@ -144,6 +149,12 @@ pub enum WorkerFrame {
         #[serde(default)]
         raised: u64,
     },
+    /// The worker took cell `id` and is about to run its code (from now on
+    /// a SIGINT to the main thread is meant for this cell).
+    Started {
+        /// Cell id.
+        id: String,
+    },
     /// The worker raised KeyboardInterrupt in cell `id`.
     InterruptRaised {
         /// Cell id.
@@ -190,6 +201,7 @@ impl WorkerFrame {
             WorkerFrame::Variables { .. } => "variables",
             WorkerFrame::Background { .. } => "background",
             WorkerFrame::InterruptAck { .. } => "interrupt_ack",
+            WorkerFrame::Started { .. } => "started",
             WorkerFrame::InterruptRaised { .. } => "interrupt_raised",
             WorkerFrame::Response { .. } => "response",
             WorkerFrame::Log { .. } => "log",

@@ -103,8 +103,8 @@ pub fn hierarchy(controller: &'static str) -> Result<Hierarchy, CgroupError> {
     }
     let v1_root = Path::new("/sys/fs/cgroup").join(controller);
     if v1_root.join("cgroup.procs").exists() {
-        let rel = own_group(|_, ctrls| ctrls.split(',').any(|c| c == controller))
-            .unwrap_or_else(|| "/".into());
+        let rel =
+            own_group(|_, ctrls| ctrls.split(',').any(|c| c == controller)).unwrap_or_else(|| "/".into());
         return Ok(Hierarchy {
             controller,
             host_group: v1_root.join(rel.trim_start_matches('/')),
@@ -113,9 +113,8 @@ pub fn hierarchy(controller: &'static str) -> Result<Hierarchy, CgroupError> {
     }
     Err(CgroupError::Unavailable {
         controller,
-        reason:
-            "no cgroup v2 hierarchy lists it and /sys/fs/cgroup/<controller> is not a v1 hierarchy"
-                .into(),
+        reason: "no cgroup v2 hierarchy lists it and /sys/fs/cgroup/<controller> is not a v1 hierarchy"
+            .into(),
     })
 }
 
@@ -189,10 +188,7 @@ impl KernelCgroup {
 
     /// The `cgroup.procs` files the kernel init must join.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.groups
-            .iter()
-            .map(|(_, d)| d.join("cgroup.procs"))
-            .collect()
+        self.groups.iter().map(|(_, d)| d.join("cgroup.procs")).collect()
     }
 
     /// Every process in the kernel's groups.
@@ -234,9 +230,7 @@ impl KernelCgroup {
         self.groups
             .iter()
             .filter(|(h, _)| h.controller == controller)
-            .filter_map(|(h, d)| {
-                fs::read_to_string(d.join(if h.v2 { file_v2 } else { file_v1 })).ok()
-            })
+            .filter_map(|(h, d)| fs::read_to_string(d.join(if h.v2 { file_v2 } else { file_v1 })).ok())
             .flat_map(|t| {
                 t.lines()
                     .filter_map(|l| {

@@ -104,8 +104,7 @@ where
             out.pass.push((k, v));
         } else {
             if secret {
-                out.withheld_secret_values
-                    .push(v.to_string_lossy().into_owned());
+                out.withheld_secret_values.push(v.to_string_lossy().into_owned());
             }
             out.withheld_names.push(name);
         }

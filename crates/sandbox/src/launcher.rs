@@ -111,13 +111,7 @@ fn init_main(args: &[OsString]) -> ! {
     // single-threaded (a fresh exec of the binary), so there is no other
     // thread whose state these calls could disturb.
     unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGTERM as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
         if libc::getppid() != host_pid {
             libc::_exit(70);
         }
@@ -177,13 +171,7 @@ fn init_main(args: &[OsString]) -> ! {
         // SAFETY: see above; all pointers point to live CStrings.
         unsafe {
             libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             if libc::getppid() != init_pid {
                 libc::_exit(70);
             }

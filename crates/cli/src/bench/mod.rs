@@ -1,0 +1,129 @@
+//! `cellhost bench [--workload LIST] [--peers] [--python PATH]`: cellhost
+//! against its peers in the same run; prints a table of medians, p99 and
+//! ratios, and rewrites `BENCHMARKS.md`.
+//!
+//! Workloads: W1 round trip of a trivial cell; W2 spawn to first result
+//! (cold); W3 1 GB of stdout through the capture path with the host's peak
+//! RSS; W4 interrupt-to-settled for `time.sleep`, a Python loop and numpy
+//! matmuls, with the other core kept busy; KILL kill-to-reaped of a kernel
+//! with 50 descendants; HOSTKILL SIGKILL of a host with 20 busy kernels and
+//! the processes left 2 s later; W7 the penguins notebook end to end.
+//! Peers (`--peers`): ipykernel driven by jupyter_client, a fresh
+//! `python -c` per cell, and nbclient, from the interpreter's environment.
+
+mod stats;
+mod workloads;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use crate::KernelArgs;
+use crate::common::{self, EXIT_USAGE};
+
+pub use workloads::host_for_bench;
+
+/// Every workload this build measures, in run order (W3 first: it resets
+/// and reads the host's peak RSS).
+pub const ALL: &[&str] = &["W3", "W1", "W2", "W4", "KILL", "HOSTKILL", "W7"];
+
+/// Arguments of `bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+    /// Comma-separated workloads (W1, W2, W3, W4, KILL, HOSTKILL, W7), or `all`.
+    #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
+    pub workload: String,
+    /// Also measure the peers (needs ipykernel, jupyter_client, nbclient in
+    /// the interpreter's environment: the project venv pins them).
+    #[arg(long)]
+    pub peers: bool,
+    /// Cells for W1.
+    #[arg(long, default_value_t = 1000)]
+    pub cells: usize,
+    /// Kernels for W2.
+    #[arg(long, default_value_t = 20)]
+    pub kernels: usize,
+    /// Runs per kind for W4.
+    #[arg(long, default_value_t = 100)]
+    pub interrupts: usize,
+    /// Notebook for W7.
+    #[arg(long, default_value = "examples/penguins.ipynb")]
+    pub notebook: PathBuf,
+    /// Where to write the report.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    pub output: PathBuf,
+}
+
+/// Runs `bench`; returns the exit code.
+pub fn run(args: BenchArgs) -> u8 {
+    let mut list: Vec<String> = args
+        .workload
+        .split(',')
+        .map(|w| w.trim().to_ascii_uppercase())
+        .collect();
+    if list.iter().any(|w| w == "ALL") {
+        list = ALL.iter().map(|s| s.to_string()).collect();
+    }
+    if let Some(bad) = list.iter().find(|w| !ALL.contains(&w.as_str())) {
+        eprintln!(
+            "cellhost: unknown workload {bad} (this build measures {})",
+            ALL.join(", ")
+        );
+        return EXIT_USAGE;
+    }
+    let rt = match common::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    let dir = common::new_session_dir("bench");
+    let cfg = match common::kernel_config(&args.kernel, "bench", &dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    let mut ctx = workloads::Ctx {
+        args: &args,
+        cfg,
+        dir,
+        rows: Vec::new(),
+        notes: Vec::new(),
+    };
+    let outcome = rt.block_on(async {
+        for w in ALL.iter().filter(|w| list.iter().any(|l| l == *w)) {
+            eprintln!("cellhost bench: {w}");
+            workloads::run_one(&mut ctx, w).await?;
+        }
+        Ok::<(), String>(())
+    });
+    if let Err(e) = outcome {
+        eprintln!("cellhost: bench failed: {e}");
+        return 1;
+    }
+    let table = stats::render(&ctx.rows);
+    println!("{table}");
+    let mut doc = String::from("# Benchmarks\n\n");
+    let _ = writeln!(
+        doc,
+        "Made by `cellhost bench --workload {} {}--python {}` on a 2-core, 24 GiB Debian 12 machine, which is shared and noisy: read the ratios, which compare systems measured in the same run. *ratio* = the peer's p50 / cellhost's p50 (above 1: cellhost is faster).\n",
+        args.workload,
+        if args.peers { "--peers " } else { "" },
+        ctx.cfg.python.display()
+    );
+    doc.push_str(&table);
+    doc.push('\n');
+    for n in &ctx.notes {
+        let _ = writeln!(doc, "- {n}");
+    }
+    if let Err(e) = std::fs::write(&args.output, doc) {
+        eprintln!("cellhost: cannot write {}: {e}", args.output.display());
+        return 1;
+    }
+    eprintln!("cellhost: wrote {}", args.output.display());
+    0
+}

@@ -1,0 +1,468 @@
+//! The workloads of `cellhost bench`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::{CellStatus, ExecOptions, Kernel, KernelConfig, LiveEvent};
+use tokio::sync::mpsc;
+
+use super::BenchArgs;
+use super::stats::{Row, row};
+
+const PEERS_PY: &str = include_str!("../../../../bench/peers.py");
+
+/// What the workloads share.
+pub struct Ctx<'a> {
+    /// Command-line arguments.
+    pub args: &'a BenchArgs,
+    /// Kernel configuration (interpreter, session dir).
+    pub cfg: KernelConfig,
+    /// Scratch directory.
+    pub dir: PathBuf,
+    /// Report rows.
+    pub rows: Vec<Row>,
+    /// Notes under the table.
+    pub notes: Vec<String>,
+}
+
+type R = Result<(), String>;
+
+fn s<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// Runs one workload by name.
+pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
+    match w {
+        "W1" => w1(ctx).await,
+        "W2" => w2(ctx).await,
+        "W3" => w3(ctx).await,
+        "W4" => w4(ctx).await,
+        "KILL" => kill_tree(ctx).await,
+        "HOSTKILL" => host_kill(ctx),
+        "W7" => w7(ctx),
+        _ => Err(format!("unknown workload {w}")),
+    }
+}
+
+fn run_peer(ctx: &Ctx<'_>, args: &[String]) -> Result<serde_json::Value, String> {
+    let script = ctx.dir.join("peers.py");
+    std::fs::create_dir_all(&ctx.dir).map_err(s)?;
+    std::fs::write(&script, PEERS_PY).map_err(s)?;
+    let out = Command::new(&ctx.cfg.python)
+        .arg(&script)
+        .args(args)
+        .output()
+        .map_err(s)?;
+    if !out.status.success() {
+        return Err(format!(
+            "peer {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("peer output: {e}"))
+}
+
+fn floats(v: &serde_json::Value, key: &str) -> Vec<f64> {
+    v.get(key)
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+        .unwrap_or_default()
+}
+
+fn compare(ctx: &mut Ctx<'_>, mine: &Row, mut peer: Row) {
+    peer.ratio = Some(peer.p50 / mine.p50);
+    ctx.rows.push(peer);
+}
+
+async fn w1(ctx: &mut Ctx<'_>) -> R {
+    let n = ctx.args.cells;
+    let k = Kernel::spawn(ctx.cfg.clone()).await.map_err(s)?;
+    k.execute("x = 0", ExecOptions::default()).await.map_err(s)?;
+    for _ in 0..20 {
+        k.execute("x += 1", ExecOptions::default()).await.map_err(s)?;
+    }
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = k.execute("x += 1", ExecOptions::default()).await.map_err(s)?;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        if r.status != CellStatus::Ok {
+            return Err(format!("W1 cell failed: {r:?}"));
+        }
+    }
+    k.kill().await;
+    let mine = row("W1 round trip `x += 1`", "cellhost", &lat);
+    ctx.rows.push(mine.clone());
+    if ctx.args.peers {
+        let v = run_peer(ctx, &["w1".into(), n.to_string()])?;
+        compare(
+            ctx,
+            &mine,
+            row(
+                "W1 round trip `x += 1`",
+                "ipykernel + jupyter_client",
+                &floats(&v, "ipykernel_ms"),
+            ),
+        );
+        compare(
+            ctx,
+            &mine,
+            row(
+                "W1 round trip `x += 1`",
+                "python -c per cell",
+                &floats(&v, "python_c_ms"),
+            ),
+        );
+    }
+    Ok(())
+}
+
+async fn w2(ctx: &mut Ctx<'_>) -> R {
+    let mut lat = Vec::new();
+    for i in 0..ctx.args.kernels {
+        let mut c = ctx.cfg.clone();
+        c.generation = i as u64 + 1;
+        let t = Instant::now();
+        let k = Kernel::spawn(c).await.map_err(s)?;
+        k.execute("1", ExecOptions::default()).await.map_err(s)?;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        k.kill().await;
+    }
+    let mine = row("W2 spawn to first result (cold)", "cellhost", &lat);
+    ctx.rows.push(mine.clone());
+    if ctx.args.peers {
+        let v = run_peer(ctx, &["w2".into(), ctx.args.kernels.to_string()])?;
+        compare(
+            ctx,
+            &mine,
+            row(
+                "W2 spawn to first result (cold)",
+                "ipykernel + jupyter_client",
+                &floats(&v, "ipykernel_ms"),
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn w3(ctx: &mut Ctx<'_>) -> R {
+    const CHUNKS: u64 = 1024;
+    const LINES: u64 = 10_486;
+    let bytes = CHUNKS * LINES * 100;
+    let code = format!(
+        "import sys\nchunk = ('x' * 99 + '\\n') * {LINES}\nfor _ in range({CHUNKS}):\n    sys.stdout.write(chunk)"
+    );
+    let k = Kernel::spawn(ctx.cfg.clone()).await.map_err(s)?;
+    k.execute("1", ExecOptions::default()).await.map_err(s)?;
+    // Reset the peak-RSS mark (clear_refs 5), so VmHWM is this workload's.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss_before = status_kb("VmRSS:");
+    let t = Instant::now();
+    let r = k
+        .execute(code.as_str(), ExecOptions::default())
+        .await
+        .map_err(s)?;
+    let secs = t.elapsed().as_secs_f64();
+    let peak = status_kb("VmHWM:");
+    k.kill().await;
+    let total = r.truncated.get("stdout").map(|t| t.total_bytes).unwrap_or(0);
+    if total != bytes {
+        return Err(format!("W3 saw {total} bytes, expected {bytes}"));
+    }
+    let mbps = bytes as f64 / 1e6 / secs;
+    let mut mine = row("W3 1 GB of stdout", "cellhost", &[mbps]);
+    mine.unit = "MB/s";
+    mine.note = format!(
+        "host RSS {:.1} MB before, peak {:.1} MB (+{:.1} MB); {:.2} s",
+        rss_before as f64 / 1024.0,
+        peak as f64 / 1024.0,
+        peak.saturating_sub(rss_before) as f64 / 1024.0,
+        secs
+    );
+    ctx.rows.push(mine.clone());
+    if ctx.args.peers {
+        let mb = 100;
+        let v = run_peer(ctx, &["w3".into(), mb.to_string()])?;
+        let mut peer = row(
+            "W3 1 GB of stdout",
+            "ipykernel + jupyter_client",
+            &floats(&v, "mbps"),
+        );
+        peer.unit = "MB/s";
+        peer.ratio = Some(mine.p50 / peer.p50);
+        peer.note = format!(
+            "{mb} MB through iopub (1 GB would take minutes); ratio = cellhost MB/s ÷ ipykernel MB/s"
+        );
+        ctx.rows.push(peer);
+    }
+    Ok(())
+}
+
+/// Keeps one core busy while it lives.
+struct Spinner(std::process::Child);
+
+impl Spinner {
+    fn start(python: &Path) -> Result<Self, String> {
+        Command::new(python)
+            .args(["-c", "while True: pass"])
+            .spawn()
+            .map(Spinner)
+            .map_err(s)
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn w4(ctx: &mut Ctx<'_>) -> R {
+    let _busy = Spinner::start(&ctx.cfg.python)?;
+    let has_numpy = Command::new(&ctx.cfg.python)
+        .args(["-c", "import numpy"])
+        .status()
+        .map(|st| st.success())
+        .unwrap_or(false);
+    let mut kinds = vec![
+        (
+            "time.sleep",
+            "import time\nprint('go', flush=True)\ntime.sleep(60)",
+        ),
+        (
+            "pure-Python loop",
+            "print('go', flush=True)\nn = 0\nwhile True:\n    n += 1",
+        ),
+    ];
+    if has_numpy {
+        kinds.push((
+            "numpy matmul loop (BLAS threads)",
+            "import numpy as np\na = np.random.rand(400, 400)\nprint('go', flush=True)\nwhile True:\n    a = (a @ a) / 400.0",
+        ));
+    }
+    let k = Kernel::spawn(ctx.cfg.clone()).await.map_err(s)?;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for (name, code) in kinds {
+        let mut lat = Vec::new();
+        let mut kept = 0usize;
+        for _ in 0..ctx.args.interrupts {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let h = k
+                .submit(
+                    code,
+                    ExecOptions {
+                        live: Some(tx),
+                        ..Default::default()
+                    },
+                )
+                .map_err(s)?;
+            loop {
+                match rx.recv().await {
+                    Some(LiveEvent::Stdout(t)) if t.contains("go") => break,
+                    Some(_) => continue,
+                    None => return Err("W4 cell ended before it printed".into()),
+                }
+            }
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            tokio::time::sleep(Duration::from_millis(10 + seed % 40)).await;
+            let t = Instant::now();
+            k.interrupt().await;
+            let r = h.wait().await.map_err(s)?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            if r.interrupt.as_ref().is_some_and(|i| i.state_kept) {
+                kept += 1;
+            }
+            if !k.is_alive() {
+                return Err(format!("W4 {name}: the kernel was killed: {r:?}"));
+            }
+        }
+        let mut r = row(&format!("W4 interrupt to settled: {name}"), "cellhost", &lat);
+        r.note = format!("state kept {kept}/{}; other core busy", lat.len());
+        ctx.rows.push(r);
+    }
+    k.kill().await;
+    Ok(())
+}
+
+async fn kill_tree(ctx: &mut Ctx<'_>) -> R {
+    let code = "import subprocess\nps = [subprocess.Popen(['sleep', '600']) for _ in range(40)]\nps += [subprocess.Popen(['setsid', 'sleep', '600']) for _ in range(10)]\nprint('ok')";
+    let mut lat = Vec::new();
+    let mut survivors = 0usize;
+    for _ in 0..10 {
+        let k = Kernel::spawn(ctx.cfg.clone()).await.map_err(s)?;
+        k.execute(code, ExecOptions::default()).await.map_err(s)?;
+        let init = k.info().init_pid as i32;
+        let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        if tree.len() < 51 {
+            return Err(format!(
+                "KILL: expected 51 processes under the init, saw {}",
+                tree.len()
+            ));
+        }
+        let t = Instant::now();
+        k.kill().await;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        survivors += tree.iter().chain([&init]).filter(|p| alive(**p)).count();
+    }
+    let mut r = row("kill to reaped, 50 descendants (10 setsid)", "cellhost", &lat);
+    r.note = format!("processes alive afterwards: {survivors}");
+    ctx.rows.push(r);
+    Ok(())
+}
+
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(t) => cellhost_sandbox::procfs::parse_stat(pid, &t).is_some_and(|p| p.state != 'Z'),
+        Err(_) => false,
+    }
+}
+
+fn host_kill(ctx: &mut Ctx<'_>) -> R {
+    let exe = std::env::current_exe().map_err(s)?;
+    let mut child = Command::new(exe)
+        .args(["__bench-host", "--python"])
+        .arg(&ctx.cfg.python)
+        .arg("20")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(s)?;
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let mut pids = Vec::new();
+    for line in BufReader::new(out).lines() {
+        let line = line.map_err(s)?;
+        if line == "READY" {
+            break;
+        }
+        if let Some(p) = line.strip_prefix("PID ").and_then(|p| p.parse::<i32>().ok()) {
+            pids.push(p);
+        }
+    }
+    let t = Instant::now();
+    let _ = child.kill();
+    let _ = child.wait();
+    // The figure is the count 2 s after the host died; check earlier too.
+    let mut gone_at = None;
+    while t.elapsed() < Duration::from_secs(2) {
+        if gone_at.is_none() && !pids.iter().any(|p| alive(*p)) {
+            gone_at = Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let left = pids.iter().filter(|p| alive(**p)).count();
+    let mut r = row(
+        "host SIGKILL, 20 busy kernels",
+        "cellhost",
+        &[gone_at.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)],
+    );
+    r.note = format!(
+        "{} processes in the kernels' trees; alive 2 s later: {left}",
+        pids.len()
+    );
+    ctx.rows.push(r);
+    Ok(())
+}
+
+fn w7(ctx: &mut Ctx<'_>) -> R {
+    let exe = std::env::current_exe().map_err(s)?;
+    let out = ctx.dir.join("w7.ipynb");
+    let mut lat = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let st = Command::new(&exe)
+            .arg("run")
+            .arg(&ctx.args.notebook)
+            .arg("--output")
+            .arg(&out)
+            .arg("--python")
+            .arg(&ctx.cfg.python)
+            .stderr(Stdio::null())
+            .status()
+            .map_err(s)?;
+        if !st.success() {
+            return Err(format!("cellhost run failed: {st}"));
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let mine = row("W7 penguins notebook end to end", "cellhost run", &lat);
+    ctx.rows.push(mine.clone());
+    if ctx.args.peers {
+        let v = run_peer(
+            ctx,
+            &["w7".into(), ctx.args.notebook.display().to_string(), "3".into()],
+        )?;
+        compare(
+            ctx,
+            &mine,
+            row(
+                "W7 penguins notebook end to end",
+                "nbclient + ipykernel",
+                &floats(&v, "nbclient_ms"),
+            ),
+        );
+        ctx.notes.push(
+            "W7 times `cellhost run` as a whole process (start-up included); nbclient is timed inside Python around `NotebookClient.execute()` (its own import excluded).".into(),
+        );
+    }
+    Ok(())
+}
+
+/// Hidden `__bench-host`: starts `n` kernels, each busy in a cell with a
+/// child process, prints `PID <pid>` for every process of their trees and
+/// `READY`, then waits to be killed.
+pub fn host_for_bench(python: &Path, n: usize) -> u8 {
+    let Ok(rt) = crate::common::runtime() else {
+        return 1;
+    };
+    rt.block_on(async {
+        let dir = crate::common::new_session_dir("bench-host");
+        let mut kernels = Vec::new();
+        for i in 0..n {
+            let mut cfg = KernelConfig::new(python, dir.join(format!("k{i}")));
+            cfg.session = format!("bench-host-{i}");
+            let Ok(k) = Kernel::spawn(cfg).await else { return 1 };
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let code = "import subprocess, time\np = subprocess.Popen(['sleep', '600'])\nprint('go', flush=True)\nwhile True:\n    time.sleep(0.05)";
+            let Ok(h) = k.submit(code, ExecOptions { live: Some(tx), ..Default::default() }) else { return 1 };
+            while let Some(ev) = rx.recv().await {
+                if matches!(ev, LiveEvent::Stdout(ref t) if t.contains("go")) {
+                    break;
+                }
+            }
+            kernels.push((k, h));
+        }
+        for (k, _) in &kernels {
+            let init = k.info().init_pid as i32;
+            println!("PID {init}");
+            for p in cellhost_sandbox::procfs::descendants(init) {
+                println!("PID {}", p.pid);
+            }
+        }
+        println!("READY");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::future::pending::<()>().await;
+        0
+    })
+}
