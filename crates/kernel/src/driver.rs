@@ -256,10 +256,16 @@ impl Driver {
                 d = Some(d.map_or(t, |x| x.min(t)));
             }
         };
-        consider(self.drain_until);
-        consider(self.kill_requested.map(|t| t + KILL_GRACE));
+        // Only timers that can still change something: a deadline left in
+        // the past would fire on every turn of the loop.
+        if self.pipes.iter().any(Option::is_some) {
+            consider(self.drain_until);
+        }
+        if self.exit.is_none() {
+            consider(self.kill_requested.map(|t| t + KILL_GRACE));
+        }
         if let Some(a) = &self.active {
-            if a.interrupt.is_none() {
+            if a.interrupt.is_none() && a.response.is_none() {
                 consider(a.deadline);
             }
             if let Some(i) = a.interrupt.as_ref().filter(|i| i.escalation.is_none()) {
@@ -648,7 +654,7 @@ impl Driver {
         let mut to_interrupt = false;
         let mut escalate = false;
         if let Some(a) = self.active.as_mut() {
-            if a.interrupt.is_none() && a.deadline.is_some_and(|d| now >= d) {
+            if a.interrupt.is_none() && a.response.is_none() && a.deadline.is_some_and(|d| now >= d) {
                 to_interrupt = true;
             }
             if let Some(i) = a.interrupt.as_mut()

@@ -432,7 +432,11 @@ impl Kernel {
                 .lock()
                 .map_err(|_| self.dead("state lock poisoned"))?;
             if let Some(reason) = &shared.exit {
-                return Err(self.dead(reason));
+                // Not `self.dead()`: it would take the lock held here.
+                return Err(KernelError::Dead {
+                    kernel: self.inner.label.clone(),
+                    reason: reason.clone(),
+                });
             }
             if options.fail_if_busy
                 && let Some(cell) = shared

@@ -951,3 +951,223 @@ async fn hk31_secret_redaction_output_only() {
     assert_eq!(r.stdout, "28 True\n", "the cell's code runs unmodified");
     s.shutdown().await;
 }
+
+// ---------------------------------------------------------------- control (issue 3)
+
+#[tokio::test]
+async fn restart_bumps_the_generation_and_refuses_stale_callers() {
+    let mut f = fixture();
+    assert_ok(&f.run("a = 1").await);
+    assert_eq!(f.session.generation(), 1);
+    let old = f.session.kernel().cloned().expect("kernel");
+    let g = f.session.restart(Some(1)).await.expect("restart");
+    assert_eq!(g, 2);
+    assert!(!old.is_alive(), "the old kernel is gone");
+    assert!(matches!(
+        old.submit("1", ExecOptions::default()),
+        Err(KernelError::Dead { .. })
+    ));
+    let err = f.session.interrupt(Some(1)).await.expect_err("stale");
+    assert!(
+        matches!(
+            err,
+            KernelError::StaleGeneration {
+                requested: 1,
+                current: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = f.session.restart(Some(1)).await.expect_err("stale restart");
+    assert!(matches!(err, KernelError::StaleGeneration { .. }));
+    let r = f.run("print('a' in globals())").await;
+    assert_eq!(r.stdout, "False\n");
+    assert!(r.kernel.state_reset && r.kernel.generation == 2);
+    assert!(r.kernel.reset_reason.expect("why").contains("restarted"));
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn background_cells_peek_wait_and_queue_in_order() {
+    let mut f = fixture();
+    let k = f.session.ensure_kernel().await.expect("kernel");
+    let mut h1 = k
+        .submit(
+            "import time\nfor i in range(3):\n    print('step', i, flush=True)\n    time.sleep(0.3)",
+            ExecOptions::default(),
+        )
+        .expect("submit");
+    let h2 = k
+        .submit("print('second')", ExecOptions::default())
+        .expect("queued");
+    let busy = k.submit(
+        "1",
+        ExecOptions {
+            fail_if_busy: true,
+            ..Default::default()
+        },
+    );
+    assert!(matches!(busy, Err(KernelError::KernelBusy { .. })));
+    assert!(
+        h1.wait_timeout(Duration::from_millis(100)).await.is_none(),
+        "still running"
+    );
+    let mut seen = None;
+    for _ in 0..100 {
+        let p = h1.peek().await.expect("progress");
+        if p.stdout_tail.contains("step 0") {
+            seen = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p = seen.expect("peek shows output so far");
+    assert_eq!(p.state, "running");
+    assert_eq!(h2.peek().await.expect("queued").state, "queued");
+    let r1 = h1
+        .wait_timeout(Duration::from_secs(10))
+        .await
+        .expect("settled")
+        .as_ref()
+        .expect("ok")
+        .clone();
+    assert_eq!(r1.stdout, "step 0\nstep 1\nstep 2\n");
+    let r2 = h2.wait().await.expect("second");
+    assert_eq!(r2.stdout, "second\n");
+    assert_eq!(r2.execution_count, r1.execution_count + 1);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn queued_cell_has_its_own_deadline() {
+    let mut f = fixture();
+    let k = f.session.ensure_kernel().await.expect("kernel");
+    let h1 = k
+        .submit("import time\ntime.sleep(1.5)", ExecOptions::default())
+        .expect("first");
+    let h2 = k
+        .submit(
+            "time.sleep(0.2)\nprint('done')",
+            ExecOptions {
+                timeout: Some(Duration::from_secs(1)),
+                ..Default::default()
+            },
+        )
+        .expect("second");
+    assert_ok(&h1.wait().await.expect("first"));
+    let r2 = h2.wait().await.expect("second");
+    assert_ok(&r2);
+    assert_eq!(
+        r2.stdout, "done\n",
+        "the wait in the queue does not count against the deadline"
+    );
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn inspect_variables_describes_without_calling_repr() {
+    let mut f = fixture();
+    let setup = "class Evil:\n    def __repr__(self):\n        raise SystemExit('repr was called')\n    def __len__(self):\n        raise SystemExit('len was called')\n\
+                 e = Evil()\nn = 42\ns = 'x' * 1000\nl = [1, 2, 3]\nd = {'a': 1}\nimport os\n_hidden = 1";
+    assert_ok(&f.run(setup).await);
+    let vars = f.session.inspect_variables(None, 100).await.expect("vars");
+    let by_name = |n: &str| {
+        vars.variables
+            .iter()
+            .find(|v| v["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(by_name("n")["preview"], "42");
+    assert_eq!(by_name("l")["len"], 3);
+    assert_eq!(by_name("d")["type"], "dict");
+    assert_eq!(by_name("s")["len"], 1000);
+    assert!(by_name("s")["preview"].as_str().expect("preview").len() < 200);
+    assert_eq!(by_name("e")["type"], "__main__.Evil");
+    assert!(by_name("os").is_null(), "modules are not listed");
+    assert!(by_name("_hidden").is_null(), "private names are not listed");
+    let few = f.session.inspect_variables(None, 2).await.expect("vars");
+    assert_eq!(few.variables.len(), 2);
+    assert!(few.truncated);
+    assert!(matches!(
+        f.session.inspect_variables(None, 0).await,
+        Err(KernelError::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        f.session.inspect_variables(None, 501).await,
+        Err(KernelError::InvalidRequest(_))
+    ));
+    if has_module("numpy") && has_module("pandas") {
+        assert_ok(&f.run("import numpy as np, pandas as pd\narr = np.zeros((3, 4), dtype='float32')\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})").await);
+        let vars = f.session.inspect_variables(None, 100).await.expect("vars");
+        let arr = vars.variables.iter().find(|v| v["name"] == "arr").expect("arr");
+        assert_eq!(arr["shape"], serde_json::json!([3, 4]));
+        assert_eq!(arr["dtype"], "float32");
+        let df = vars.variables.iter().find(|v| v["name"] == "df").expect("df");
+        assert_eq!(df["shape"], serde_json::json!([2, 2]));
+        assert_eq!(df["columns"], serde_json::json!(["a", "b"]));
+    }
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn inspect_on_a_busy_kernel_answers_at_once() {
+    let mut f = fixture();
+    let k = f.session.ensure_kernel().await.expect("kernel");
+    let h = k
+        .submit("import time\ntime.sleep(30)", ExecOptions::default())
+        .expect("submit");
+    let t = Instant::now();
+    let err = k.inspect_variables(10).await.expect_err("busy");
+    assert!(matches!(err, KernelError::KernelBusy { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    k.interrupt().await;
+    assert_eq!(h.wait().await.expect("result").status, CellStatus::Interrupted);
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn kill_reaches_setsid_children_and_grandchildren() {
+    let mut f = fixture();
+    let r = f
+        .run("import subprocess, os\nps = [subprocess.Popen(['sleep', '600']) for _ in range(3)]\nps += [subprocess.Popen(['setsid', 'sleep', '600']) for _ in range(3)]\nos.system('sh -c \"sleep 600 &\"')\nprint('ok')")
+        .await;
+    assert_ok(&r);
+    let k = f.session.kernel().cloned().expect("kernel");
+    let init = k.info().init_pid as i32;
+    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert!(tree.len() >= 8, "python + 7 sleepers: {tree:?}");
+    k.kill().await;
+    for pid in tree.iter().chain([&init]) {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived (or was not reaped)"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigint_handling_is_rearmed_for_every_cell() {
+    let mut f = fixture();
+    assert_ok(
+        &f.run("import signal\nsignal.signal(signal.SIGINT, lambda *a: None)")
+            .await,
+    );
+    let k = f.session.kernel().cloned().expect("kernel");
+    let h = k
+        .submit("import time\ntime.sleep(30)", ExecOptions::default())
+        .expect("submit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    k.interrupt().await;
+    let r = h.wait().await.expect("result");
+    assert_eq!(r.status, CellStatus::Interrupted);
+    assert!(
+        r.interrupt.expect("report").state_kept,
+        "the worker's own handler was back in place"
+    );
+    f.session.shutdown().await;
+}
