@@ -25,7 +25,7 @@ def call(name, args=None):
     if channel is None or channel.disabled:
         raise ToolError("host calls are not available in this process")
     cell = state.current
-    if cell is None:
+    if cell is None or threading.get_ident() in state.background_idents:
         raise ToolError("host call from outside a running cell: a cell's tool authority ends when the cell settles")
     cid = "h%d" % next(_ids)
     slot = [threading.Event(), None]

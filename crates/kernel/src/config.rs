@@ -10,6 +10,7 @@ use cellhost_capture::{Redactor, StreamLimits};
 use cellhost_sandbox::cgroup::CgroupLimits;
 
 use crate::error::KernelError;
+use crate::tools::ToolHost;
 
 /// Everything needed to start one kernel.
 #[derive(Clone)]
@@ -42,8 +43,10 @@ pub struct KernelConfig {
     /// How long the worker may take to say `ready` (60 s: a cold venv import
     /// of a large site-packages can take seconds on a loaded machine).
     pub startup_timeout: Duration,
-    /// Names of host tools the cell may call.
-    pub tools: Vec<String>,
+    /// Host tools the cells may call (`None`: no tools).
+    pub tool_host: Option<Arc<dyn ToolHost>>,
+    /// Host calls allowed per cell (DESIGN.md: 50).
+    pub tool_budget: u32,
     /// cgroup limits of the kernel's whole tree (processes, memory, CPU);
     /// empty = no cgroup is made.
     pub limits: CgroupLimits,
@@ -85,7 +88,8 @@ impl KernelConfig {
             cell_timeout: Some(Duration::from_secs(300)),
             interrupt_grace: Duration::from_secs(2),
             startup_timeout: Duration::from_secs(60),
-            tools: Vec::new(),
+            tool_host: None,
+            tool_budget: 50,
             limits: CgroupLimits::default(),
         }
     }
@@ -95,6 +99,11 @@ impl KernelConfig {
     /// [`Redactor::add_secrets`]).
     pub fn register_secret(&mut self, value: impl Into<String>) {
         Arc::make_mut(&mut self.redactor).add_secrets([value.into()]);
+    }
+
+    /// Names of the tools cells may call.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.tool_host.as_ref().map(|t| t.names()).unwrap_or_default()
     }
 
     /// `session/generation`, as error messages name a kernel.

@@ -36,6 +36,7 @@ use crate::result::{
     BackgroundOutput, CellError, CellResult, CellStatus, CrashReport, DisplayOutput, InterruptReport,
     KernelRef, Truncation, Usage,
 };
+use crate::tools::{self, ToolCall, ToolCallRecord};
 
 /// How long after a `response` the end markers may take before the cell
 /// settles without them (they are written before the response, so this only
@@ -125,6 +126,10 @@ struct ActiveCell {
     interrupt: Option<Interrupt>,
     background: BackgroundOutput,
     dir: PathBuf,
+    /// Host calls answered (or refused) for this cell.
+    tool_calls: Vec<ToolCallRecord>,
+    /// Host calls this cell made (counted against the budget).
+    tool_count: u32,
     /// `pids.events max` when the cell started.
     pid_hits_at_start: u64,
     /// Set when the host killed the tree after the cell's code ended.
@@ -197,6 +202,19 @@ pub(crate) struct Driver {
     kill_reason: Option<String>,
     /// The worker's execution_count after the last answered cell.
     execution_count: u64,
+    /// Finished host calls, from their tasks back to the driver.
+    tool_done_tx: mpsc::UnboundedSender<ToolDone>,
+    tool_done_rx: mpsc::UnboundedReceiver<ToolDone>,
+}
+
+/// A host call whose tool has answered.
+struct ToolDone {
+    id: String,
+    cell: String,
+    name: String,
+    args_preview: String,
+    started: Instant,
+    answer: Result<Value, String>,
 }
 
 impl Driver {
@@ -216,6 +234,7 @@ impl Driver {
         cgroup: Option<KernelCgroup>,
     ) -> Self {
         let label = config.label();
+        let (tool_done_tx, tool_done_rx) = mpsc::unbounded_channel();
         Driver {
             config,
             info,
@@ -246,6 +265,8 @@ impl Driver {
             cgroup,
             kill_reason: None,
             execution_count: 0,
+            tool_done_tx,
+            tool_done_rx,
         }
     }
 
@@ -302,6 +323,7 @@ impl Driver {
                 n = read_opt(out_pipe, out_buf) => self.on_bytes(0, n),
                 n = read_opt(err_pipe, err_buf) => self.on_bytes(1, n),
                 _ = self.pidfd.readable(), if alive => self.on_exit(),
+                Some(done) = self.tool_done_rx.recv() => self.on_tool_done(done).await,
                 _ = sleep_opt(deadline) => self.on_timer().await,
             }
             self.after_event().await;
@@ -511,21 +533,12 @@ impl Driver {
                 }
                 a.displays.push(d);
             }
-            WorkerFrame::HostCall { id, method, .. } => {
-                let error = if self.config.tools.is_empty() {
-                    format!("tool '{method}' is not enabled: this kernel has no host tools")
-                } else {
-                    format!("tool '{method}' has no provider in this host")
-                };
-                let _ = self
-                    .writer
-                    .send(&HostFrame::HostResponse {
-                        id,
-                        data: None,
-                        error: Some(error),
-                    })
-                    .await;
-            }
+            WorkerFrame::HostCall {
+                id,
+                cell,
+                method,
+                args,
+            } => self.on_host_call(id, cell, method, args).await,
             WorkerFrame::Variables {
                 id,
                 variables,
@@ -585,6 +598,109 @@ impl Driver {
             WorkerFrame::InterruptRaised { .. } | WorkerFrame::Ready { .. } => {}
             WorkerFrame::Log { msg } => tracing::debug!(kernel = %self.label, "worker: {msg}"),
         }
+    }
+
+    /// Checks a host call's authority, budget and tool name, then runs it
+    /// on its own task; refusals are answered at once.
+    async fn on_host_call(&mut self, id: String, cell: String, name: String, args: Value) {
+        let args_preview = self
+            .config
+            .redactor
+            .redact(&tools::preview(&args, 200))
+            .into_owned();
+        let budget = self.config.tool_budget;
+        let names = self.config.tool_names();
+        let refusal = match self.active.as_mut() {
+            Some(a) if a.q.id == cell && a.response.is_none() => {
+                if a.tool_count >= budget {
+                    Some(format!(
+                        "the tool budget of {budget} calls per cell is spent; split the work across cells"
+                    ))
+                } else if !names.iter().any(|n| *n == name) {
+                    Some(if names.is_empty() {
+                        format!("tool '{name}' is not enabled: this session has no host tools")
+                    } else {
+                        format!(
+                            "tool '{name}' is not enabled; enabled tools: {}",
+                            names.join(", ")
+                        )
+                    })
+                } else {
+                    a.tool_count += 1;
+                    None
+                }
+            }
+            _ => Some(format!(
+                "host call refused: cell {cell} has settled, and a cell's tool authority ends when the cell settles"
+            )),
+        };
+        if let Some(error) = refusal {
+            if let Some(a) = self.active.as_mut().filter(|a| a.q.id == cell) {
+                a.tool_calls.push(ToolCallRecord {
+                    name,
+                    args_preview,
+                    duration_ms: 0,
+                    outcome: "refused".into(),
+                    error: Some(error.clone()),
+                });
+            }
+            let _ = self
+                .writer
+                .send(&HostFrame::HostResponse {
+                    id,
+                    data: None,
+                    error: Some(error),
+                })
+                .await;
+            return;
+        }
+        let Some(host) = self.config.tool_host.clone() else {
+            return;
+        };
+        let call = ToolCall {
+            session: self.info.session.clone(),
+            cell: cell.clone(),
+            name: name.clone(),
+            args,
+        };
+        let tx = self.tool_done_tx.clone();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            let answer = host.call(call).await;
+            let _ = tx.send(ToolDone {
+                id,
+                cell,
+                name,
+                args_preview,
+                started,
+                answer,
+            });
+        });
+    }
+
+    async fn on_tool_done(&mut self, done: ToolDone) {
+        let redactor = self.config.redactor.clone();
+        let (data, error) = match done.answer {
+            Ok(v) => (Some(outputs::redact_value(v, &redactor)), None),
+            Err(e) => (None, Some(redactor.redact(&e).into_owned())),
+        };
+        if let Some(a) = self.active.as_mut().filter(|a| a.q.id == done.cell) {
+            a.tool_calls.push(ToolCallRecord {
+                name: done.name,
+                args_preview: done.args_preview,
+                duration_ms: done.started.elapsed().as_millis() as u64,
+                outcome: if error.is_some() { "error" } else { "ok" }.into(),
+                error: error.clone(),
+            });
+        }
+        let _ = self
+            .writer
+            .send(&HostFrame::HostResponse {
+                id: done.id,
+                data,
+                error,
+            })
+            .await;
     }
 
     fn on_bytes(&mut self, stream: usize, n: std::io::Result<usize>) {
@@ -828,6 +944,8 @@ impl Driver {
             background: self.background.take(),
             dir,
             pid_hits_at_start: self.cgroup.as_ref().map_or(0, KernelCgroup::pids_limit_hits),
+            tool_calls: Vec::new(),
+            tool_count: 0,
             tree_killed: None,
             q,
         };
@@ -1003,7 +1121,7 @@ impl Driver {
             crash,
             duration_ms: a.q.submitted.elapsed().as_millis() as u64,
             usage,
-            tool_calls: Vec::new(),
+            tool_calls: std::mem::take(&mut a.tool_calls),
             background_output: (!a.background.is_empty()).then_some(a.background),
             cwd,
             hint: None,

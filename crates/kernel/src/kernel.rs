@@ -211,7 +211,7 @@ impl Kernel {
         cmd.env_clear();
         cmd.envs(config.env.iter().map(|(k, v)| (k, v)));
         let worker_config = serde_json::json!({
-            "tools": config.tools,
+            "tools": config.tool_names(),
             "session_dir": config.session_dir,
             "session": config.session,
             "generation": config.generation,

@@ -25,6 +25,7 @@ mod outputs;
 pub mod result;
 pub mod session;
 mod spawn;
+pub mod tools;
 pub mod worker_files;
 
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
@@ -35,3 +36,4 @@ pub use kernel::{
 };
 pub use result::*;
 pub use session::Session;
+pub use tools::{ToolCall, ToolCallRecord, ToolFuture, ToolHost};

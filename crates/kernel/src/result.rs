@@ -214,9 +214,9 @@ pub struct CellResult {
     /// Worker resource use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
-    /// Host calls made by the cell.
+    /// Host calls made by the cell, in the order they were answered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<Value>,
+    pub tool_calls: Vec<crate::tools::ToolCallRecord>,
     /// Output of earlier cells' threads or children that arrived since the
     /// previous result.
     #[serde(default, skip_serializing_if = "Option::is_none")]

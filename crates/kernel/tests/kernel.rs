@@ -1171,3 +1171,147 @@ async fn sigint_handling_is_rearmed_for_every_cell() {
     );
     f.session.shutdown().await;
 }
+
+// ---------------------------------------------------------------- host tools, hints, live stream
+
+struct EchoTools;
+
+impl cellhost_kernel::ToolHost for EchoTools {
+    fn names(&self) -> Vec<String> {
+        vec!["echo".into(), "slow".into(), "fail".into()]
+    }
+
+    fn call(&self, call: cellhost_kernel::ToolCall) -> cellhost_kernel::ToolFuture {
+        Box::pin(async move {
+            match call.name.as_str() {
+                "echo" => Ok(serde_json::json!({"cell": call.cell, "args": call.args})),
+                "slow" => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Ok(call.args)
+                }
+                _ => Err("the tool failed on purpose".into()),
+            }
+        })
+    }
+}
+
+fn tools_fixture(budget: u32) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.tool_host = Some(std::sync::Arc::new(EchoTools));
+    cfg.tool_budget = budget;
+    Fixture {
+        session: Session::new(cfg),
+        dir,
+    }
+}
+
+#[tokio::test]
+async fn host_tools_answer_each_call_and_enforce_authority_and_budget() {
+    let mut f = tools_fixture(5);
+    let r = f
+        .run("import cellhost\nr = cellhost.tools.echo(x=1)\nprint(r['args'])\nsorted(dir(cellhost.tools))")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "{'x': 1}\n");
+    assert_eq!(r.result.expect("names")["text/plain"], "['echo', 'fail', 'slow']");
+    assert_eq!(r.tool_calls.len(), 1);
+    assert_eq!(r.tool_calls[0].outcome, "ok");
+    // Threads calling at once each get their own answer.
+    let r = f
+        .run("import threading\nout = {}\ndef go(i):\n    out[i] = cellhost.call('slow', {'i': i})['i']\nts = [threading.Thread(target=go, args=(i,)) for i in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nsorted(out.items())")
+        .await;
+    assert_ok(&r);
+    assert_eq!(
+        r.result.expect("v")["text/plain"],
+        "[(0, 0), (1, 1), (2, 2), (3, 3)]"
+    );
+    // A tool error and an unknown tool are clear errors in the cell.
+    let r = f.run("cellhost.tools.fail()").await;
+    assert_eq!(r.error.expect("error").evalue, "the tool failed on purpose");
+    let r = f.run("cellhost.tools.nope()").await;
+    let e = r.error.expect("error");
+    assert_eq!(e.ename, "ToolError");
+    assert!(e.evalue.contains("not enabled"), "{}", e.evalue);
+    assert!(r.hint.expect("hint").contains("not enabled"));
+    // The budget.
+    let r = f.run("for i in range(6):\n    cellhost.tools.echo(i=i)").await;
+    let e = r.error.expect("budget error");
+    assert!(e.evalue.contains("budget of 5"), "{}", e.evalue);
+    assert!(r.hint.expect("hint").contains("budget"));
+    // A thread left behind by a settled cell has no authority.
+    assert_ok(&f.run("import time\nlate = []\ndef later():\n    time.sleep(0.5)\n    try:\n        cellhost.tools.echo()\n        late.append('answered')\n    except cellhost.ToolError as e:\n        late.append(str(e))\nthreading.Thread(target=later).start()").await);
+    let r = f.run("time.sleep(1)\nprint(late)").await;
+    assert!(
+        r.stdout.contains("authority ends when the cell settles"),
+        "{:?}",
+        r.stdout
+    );
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn hints_name_the_interpreter_and_the_cwd() {
+    let mut f = fixture();
+    let r = f.run("import no_such_module_xyz").await;
+    let hint = r.hint.expect("hint");
+    assert!(
+        hint.contains("no_such_module_xyz") && hint.contains(python().to_str().expect("utf8")),
+        "{hint}"
+    );
+    let r = f.run("open('missing-file.csv')").await;
+    let hint = r.hint.expect("hint");
+    assert!(hint.contains(f.dir.path().to_str().expect("utf8")), "{hint}");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn live_stream_equals_the_final_text() {
+    const SECRET: &str = "tok-9f8e7d6c5b4a3f2e1d0c";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.register_secret(SECRET);
+    let mut s = Session::new(cfg);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let code = format!(
+        "import sys, time\nfor i in range(50):\n    sys.stdout.write(f'\\rprogress {{i}}')\n    sys.stdout.flush()\nprint()\ns = '{SECRET}'\nsys.stdout.write(s[:7]); sys.stdout.flush(); time.sleep(0.05)\nprint(s[7:])\nprint('\\x1b[31mred\\x1b[0m done')"
+    );
+    let r = s
+        .execute(
+            &code,
+            ExecOptions {
+                live: Some(tx),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("run");
+    let mut live = String::new();
+    while let Ok(ev) = rx.try_recv() {
+        if let LiveEvent::Stdout(t) = ev {
+            live.push_str(&t);
+        }
+    }
+    assert_eq!(live, r.stdout);
+    assert!(!live.contains(SECRET) && !live.contains("9f8e7d6c5b4a"));
+    assert!(
+        r.stdout.starts_with("progress 49\n") && r.stdout.ends_with("red done\n"),
+        "{:?}",
+        r.stdout
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn lone_surrogates_never_break_capture_or_framing() {
+    let mut f = fixture();
+    let r = f
+        .run("print('a\\ud800b')\ndisplay({'text/plain': 'x\\udcffy'}, raw=True)\n'\\ud800'")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "a\\ud800b\n");
+    assert_eq!(r.displays.len(), 1);
+    assert!(r.result.is_some());
+    assert_eq!(f.run("print('next')").await.stdout, "next\n");
+    f.session.shutdown().await;
+}
