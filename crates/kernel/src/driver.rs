@@ -616,7 +616,7 @@ impl Driver {
                     Some(format!(
                         "the tool budget of {budget} calls per cell is spent; split the work across cells"
                     ))
-                } else if !names.iter().any(|n| *n == name) {
+                } else if !names.contains(&name) {
                     Some(if names.is_empty() {
                         format!("tool '{name}' is not enabled: this session has no host tools")
                     } else {
