@@ -1,8 +1,8 @@
 //! `cellhost exec [--python PATH] [--timeout SECONDS] [--json] CODE`.
 
-use std::io::{Read, Write};
+use std::io::Read;
 
-use cellhost_kernel::{ExecOptions, LiveEvent, Session};
+use cellhost_kernel::{ExecOptions, Session};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -75,26 +75,12 @@ pub fn run(args: ExecArgs) -> u8 {
         };
         let mut session = Session::new(cfg);
         session.set_cell_timeout(timeout);
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         let opts = ExecOptions {
             live: (!args.json).then_some(tx),
             ..Default::default()
         };
-        let printer = tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                match ev {
-                    LiveEvent::Stdout(t) => {
-                        let mut o = std::io::stdout().lock();
-                        let _ = o.write_all(t.as_bytes());
-                        let _ = o.flush();
-                    }
-                    LiveEvent::Stderr(t) => {
-                        let _ = std::io::stderr().lock().write_all(t.as_bytes());
-                    }
-                    LiveEvent::Display(_) => {}
-                }
-            }
-        });
+        let printer = tokio::spawn(render::print_live(rx));
         let result = match session.submit(&code, opts).await {
             Ok(handle) => {
                 // Ctrl-C interrupts the cell (a second one during the grace

@@ -4,10 +4,9 @@
 //! kills the kernel (the next cell starts a fresh one and says so). Ctrl-C
 //! at the prompt clears the line; Ctrl-D leaves.
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
-use cellhost_kernel::{ExecOptions, LiveEvent, Session};
+use cellhost_kernel::{ExecOptions, Session};
 use rustyline::error::ReadlineError;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -148,7 +147,7 @@ async fn run_cell(
     // Listen before the cell is submitted: a Ctrl-C pressed as soon as the
     // cell starts must reach it (a listener created later would miss it).
     let mut sigint = signal(SignalKind::interrupt()).ok();
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     let handle = session
         .submit(
             code,
@@ -159,21 +158,7 @@ async fn run_cell(
         )
         .await?;
     let kernel = session.kernel().cloned();
-    let printer = tokio::spawn(async move {
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                LiveEvent::Stdout(t) => {
-                    let mut o = std::io::stdout().lock();
-                    let _ = o.write_all(t.as_bytes());
-                    let _ = o.flush();
-                }
-                LiveEvent::Stderr(t) => {
-                    let _ = std::io::stderr().lock().write_all(t.as_bytes());
-                }
-                LiveEvent::Display(_) => {}
-            }
-        }
-    });
+    let printer = tokio::spawn(render::print_live(rx));
     let watcher = tokio::spawn(async move {
         let mut first: Option<Instant> = None;
         let Some(sigint) = sigint.as_mut() else {

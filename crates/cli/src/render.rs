@@ -2,7 +2,8 @@
 
 use std::io::Write;
 
-use cellhost_kernel::{CellResult, CellStatus};
+use cellhost_kernel::{CellResult, CellStatus, LiveEvent};
+use tokio::sync::mpsc;
 
 /// Writes what the live stream did not show: the result value to stdout;
 /// the error and notes (truncation, interrupt, crash, state reset,
@@ -99,4 +100,22 @@ pub fn notes(r: &CellResult) -> Vec<String> {
         v.push(format!("hint: {h}"));
     }
     v
+}
+
+/// Writes live output to the terminal as it arrives, until the cell's
+/// sender is dropped.
+pub async fn print_live(mut rx: mpsc::UnboundedReceiver<LiveEvent>) {
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            LiveEvent::Stdout(t) => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(t.as_bytes());
+                let _ = o.flush();
+            }
+            LiveEvent::Stderr(t) => {
+                let _ = std::io::stderr().lock().write_all(t.as_bytes());
+            }
+            LiveEvent::Display(_) => {}
+        }
+    }
 }
