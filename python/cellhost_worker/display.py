@@ -150,3 +150,40 @@ def flush_figures():
         plt.close("all")
     except Exception:
         pass
+
+
+class _IPythonDisplayHook:
+    """Meta-path finder that makes ``IPython.display.display`` ours.
+
+    Without a running IPython shell, IPython's ``display()`` only prints the
+    object's repr. When ``IPython.core.display_functions`` is first imported,
+    its ``display`` is replaced by this worker's, so ``display(Markdown(..))``
+    and libraries that call IPython's display produce real MIME bundles.
+    """
+
+    TARGET = "IPython.core.display_functions"
+
+    def find_spec(self, name, path, target=None):
+        if name != self.TARGET:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                original = spec.loader.exec_module
+
+                def exec_module(module, _original=original):
+                    _original(module)
+                    module.display = display
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+def install_ipython_hook():
+    if "IPython.core.display_functions" in sys.modules:
+        sys.modules["IPython.core.display_functions"].display = display
+        return
+    sys.meta_path.insert(0, _IPythonDisplayHook())

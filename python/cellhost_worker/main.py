@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from . import api, channel as channel_mod, display, execute, inspect_vars, state, streams
+from . import api, channel as channel_mod, display, execute, fileaudit, inspect_vars, state, streams
 
 PROTOCOL = 1
 CONTROL_FD = 3
@@ -133,6 +133,7 @@ def _run_cell(frame):
     count = state.execution_count
     status, result, error = "ok", None, None
     cpu_before = _usage(0.0)[1]
+    fileaudit.reset()
     try:
         body, last = execute.compile_cell(code, "<cell-%d>" % count)
         value, has_value = execute.run_user_code(body, last, _namespace, cid)
@@ -167,7 +168,7 @@ def _run_cell(frame):
     _channel.send({
         "type": "response", "id": cid, "status": status, "execution_count": count,
         "result": result, "error": error, "usage": usage, "cwd": _cwd(),
-        "sigint_handler": sigint_after,
+        "sigint_handler": sigint_after, "files": fileaudit.take(),
     })
 
 
@@ -193,7 +194,9 @@ def run():
     faulthandler.enable(file=os.fdopen(os.dup(2), "w", closefd=True), all_threads=False)
     os.register_at_fork(after_in_child=_after_fork_child)
     builtins.input = _no_input
+    fileaudit.install()
     builtins.display = display.display
+    display.install_ipython_hook()
     sys.modules["cellhost"] = api.make_module()
     _namespace = sys.modules["__main__"].__dict__
     signal.signal(signal.SIGINT, _on_sigint)

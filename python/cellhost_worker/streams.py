@@ -110,6 +110,12 @@ class FdStream(io.TextIOBase):
             self._write_bytes(s.encode("utf-8", "backslashreplace"), lambda: s)
         return len(s)
 
+    def reconfigure(self, **kwargs):
+        """Accepted for compatibility; the stream always writes through as UTF-8."""
+        unknown = set(kwargs) - {"encoding", "errors", "newline", "line_buffering", "write_through"}
+        if unknown:
+            raise TypeError("reconfigure() got unexpected keyword arguments: %s" % ", ".join(sorted(unknown)))
+
     def _write_bytes(self, data, as_text):
         bg = state.background_idents
         if bg and threading.get_ident() in bg and channel is not None and os.getpid() == state.WORKER_PID:

@@ -69,8 +69,10 @@ pub fn run(args: ExecArgs) -> u8 {
         let cfg = match common::kernel_config(&args.kernel, "exec", &dir) {
             Ok(c) => c,
             Err(e) => {
+                // A missing interpreter or a bad configuration is the
+                // caller's mistake, not the cell's: exit 2, never 1.
                 eprintln!("cellhost: {e}");
-                return 1;
+                return EXIT_USAGE;
             }
         };
         let mut session = Session::new(cfg);
@@ -100,7 +102,7 @@ pub fn run(args: ExecArgs) -> u8 {
             }
             Err(e) => Err(e),
         };
-        let _ = printer.await;
+        let printed = printer.await.unwrap_or_default();
         session.shutdown().await;
         match result {
             Ok(r) => {
@@ -110,6 +112,7 @@ pub fn run(args: ExecArgs) -> u8 {
                         Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),
                     }
                 } else {
+                    render::print_rest(&printed, &r);
                     render::print_result(&r, true);
                 }
                 r.status.exit_code() as u8

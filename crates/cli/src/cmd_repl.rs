@@ -22,34 +22,67 @@ pub struct ReplArgs {
     kernel: KernelArgs,
 }
 
-/// True while `code` still needs lines: open brackets, a trailing `\`, or a
-/// block opened with `:` that has not been closed by a blank line.
+/// True while `code` still needs lines: an open bracket, an unterminated
+/// triple-quoted string, a trailing `\`, or a block opened with `:` that a
+/// blank line has not closed yet. Comments and string contents are skipped,
+/// so a `(` or a quote inside them does not count.
 pub fn needs_more(code: &str) -> bool {
+    let chars: Vec<char> = code.chars().collect();
     let mut depth: i64 = 0;
-    let mut quote: Option<char> = None;
-    let mut prev = '\0';
-    for c in code.chars() {
-        match quote {
-            Some(q) => {
-                if c == q && prev != '\\' {
-                    quote = None;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '#' => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
                 }
+                continue;
             }
-            None => match c {
-                '\'' | '"' => quote = Some(c),
-                '(' | '[' | '{' => depth += 1,
-                ')' | ']' | '}' => depth -= 1,
-                '#' => {}
-                _ => {}
-            },
+            '\'' | '"' => {
+                let triple = i + 2 < chars.len() && chars[i + 1] == c && chars[i + 2] == c;
+                let len = if triple { 3 } else { 1 };
+                i += len;
+                let mut closed = false;
+                while i < chars.len() {
+                    if chars[i] == '\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if !triple && chars[i] == '\n' {
+                        // An unterminated one-line string: a syntax error the
+                        // kernel reports; no more lines are needed for it.
+                        closed = true;
+                        break;
+                    }
+                    if chars[i] == c
+                        && (!triple || (i + 2 < chars.len() && chars[i + 1] == c && chars[i + 2] == c))
+                    {
+                        i += len;
+                        closed = true;
+                        break;
+                    }
+                    i += 1;
+                }
+                if !closed && triple {
+                    return true;
+                }
+                continue;
+            }
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth -= 1,
+            _ => {}
         }
-        prev = c;
+        i += 1;
     }
     let last = code.lines().last().unwrap_or("");
     if depth > 0 || last.trim_end().ends_with('\\') {
         return true;
     }
-    let opened_block = code.lines().any(|l| l.trim_end().ends_with(':'));
+    let opened_block = code.lines().any(|l| {
+        let t = l.split('#').next().unwrap_or("").trim_end();
+        t.ends_with(':')
+    });
     opened_block && !code.ends_with("\n\n") && !last.trim().is_empty()
 }
 
@@ -94,7 +127,14 @@ pub fn run(args: ReplArgs) -> u8 {
         );
     }
     let mut count = 1u64;
+    let mut eof = false;
     loop {
+        if eof {
+            let _ = std::fs::create_dir_all(common::state_dir());
+            let _ = editor.save_history(&history);
+            rt.block_on(session.shutdown());
+            return 0;
+        }
         let mut code = String::new();
         let mut prompt = format!("In [{count}]: ");
         loop {
@@ -109,6 +149,11 @@ pub fn run(args: ReplArgs) -> u8 {
                 }
                 Err(ReadlineError::Interrupted) => {
                     code.clear();
+                    break;
+                }
+                Err(ReadlineError::Eof) if !code.trim().is_empty() => {
+                    // End of input with a cell still open: run it, then leave.
+                    eof = true;
                     break;
                 }
                 Err(ReadlineError::Eof) => {
@@ -186,7 +231,10 @@ async fn run_cell(
     });
     let r = session.finish(handle).await;
     watcher.abort();
-    let _ = printer.await;
+    let printed = printer.await.unwrap_or_default();
+    if let Ok(r) = &r {
+        render::print_rest(&printed, r);
+    }
     r
 }
 
@@ -203,5 +251,10 @@ mod tests {
         assert!(!needs_more("for i in range(3):\n    print(i)\n\n"));
         assert!(!needs_more("s = '('\n"));
         assert!(needs_more("x = 1 + \\\n"));
+        assert!(!needs_more("print(\"one\")  # see note (a\n"));
+        assert!(needs_more("s = \"\"\"first\n"));
+        assert!(!needs_more("s = \"\"\"first\nsecond\"\"\"\n"));
+        assert!(!needs_more("d = {'(': 1}\n"));
+        assert!(needs_more("if x:  # comment (\n"));
     }
 }

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use cellhost_kernel::{CellResult, CellStatus, ExecOptions, Session};
+use cellhost_kernel::{CellResult, CellStatus, ExecOptions};
 use cellhost_notebook::{Notebook, Output, default_output_path, merge_streams};
+use cellhost_sessions::{Journal, Origin, Registry, RegistryConfig};
 use serde_json::{Map, Value};
 
 use crate::KernelArgs;
@@ -30,6 +31,9 @@ pub struct RunArgs {
     /// Keep going after a cell fails.
     #[arg(long)]
     allow_errors: bool,
+    /// Session name in the journal (default: the input file's stem).
+    #[arg(long, value_name = "NAME")]
+    session: Option<String>,
 }
 
 /// Runs `run`; returns the exit code (0, or the status code of the cell it stopped at).
@@ -56,6 +60,15 @@ pub fn run(args: RunArgs) -> u8 {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "notebook".into());
+    if let (Ok(a), Ok(b)) = (std::fs::canonicalize(&args.input), std::path::absolute(&output))
+        && (a == b || std::fs::canonicalize(&output).is_ok_and(|o| o == a))
+    {
+        eprintln!(
+            "cellhost: --output {} is the input itself; choose another path",
+            output.display()
+        );
+        return EXIT_USAGE;
+    }
     let out_dir = output.parent().map(Path::to_path_buf).unwrap_or_default();
     let files_dir = out_dir.join(format!("{stem}_files"));
     // Create the output's directory before running anything, so a run never
@@ -74,11 +87,12 @@ pub fn run(args: RunArgs) -> u8 {
         }
     };
     rt.block_on(async move {
-        let session_name = args
-            .input
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let session_name = args.session.clone().unwrap_or_else(|| {
+            args.input
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
         let dir = common::new_session_dir("run");
         let cfg = match common::kernel_config(&args.kernel, &session_name, &dir) {
             Ok(c) => c,
@@ -88,8 +102,23 @@ pub fn run(args: RunArgs) -> u8 {
             }
         };
         let python = cfg.python.clone();
-        let mut session = Session::new(cfg);
-        session.set_cell_timeout(timeout);
+        let mut cfg = cfg;
+        // A notebook runs in its own directory, as under Jupyter.
+        if let Some(dir) = std::fs::canonicalize(&args.input)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        {
+            cfg.cwd = Some(dir);
+        }
+        cfg.cell_timeout = timeout;
+        let Some(registry) = start_registry(cfg).await else {
+            return 1;
+        };
+        let key = registry.key(common::CLI_OWNER, &session_name);
+        let origin = Origin {
+            origin: "cli:run".into(),
+            context: Some(serde_json::json!({"input": args.input.display().to_string()})),
+        };
         nb.clear_outputs();
         let cells = nb.code_cells();
         let total = cells.len();
@@ -97,12 +126,27 @@ pub fn run(args: RunArgs) -> u8 {
         let progress = Progress::new();
         let mut exit = 0u8;
         let mut figures = 0usize;
+        let mut kernel_info_set = false;
+        // Ctrl-C interrupts the running cell; the run then stops, writes what
+        // it has and exits 130.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watcher = {
+            let (stop, registry, key) = (stop.clone(), registry.clone(), key.clone());
+            tokio::spawn(async move {
+                while tokio::signal::ctrl_c().await.is_ok() {
+                    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                    if let Some(k) = registry.kernel(&key) {
+                        k.interrupt().await;
+                    }
+                }
+            })
+        };
         for (i, cell) in cells.iter().enumerate() {
             if cell.source.trim().is_empty() {
                 continue;
             }
             let t0 = Instant::now();
-            let fut = session.execute(&cell.source, ExecOptions::default());
+            let fut = registry.execute(&key, &cell.source, ExecOptions::default(), &origin);
             let result = progress.track(i + 1, total, started, fut).await;
             let r = match result {
                 Ok(r) => r,
@@ -112,10 +156,9 @@ pub fn run(args: RunArgs) -> u8 {
                     break;
                 }
             };
-            if let Some(k) = session.kernel()
-                && i == 0
-            {
+            if !kernel_info_set && let Some(k) = registry.kernel(&key) {
                 nb.set_kernel_info(&k.info().python_version, &python.display().to_string());
+                kernel_info_set = true;
             }
             let outputs = to_outputs(&r, &files_dir, i + 1, &mut figures, timeout);
             let count = (r.execution_count > 0).then_some(r.execution_count);
@@ -125,6 +168,14 @@ pub fn run(args: RunArgs) -> u8 {
                 break;
             }
             progress.done(i + 1, total, &r, t0.elapsed());
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                eprintln!(
+                    "cellhost: interrupted at cell {}/{total}; writing what ran",
+                    i + 1
+                );
+                exit = 130;
+                break;
+            }
             if r.status != CellStatus::Ok && !args.allow_errors {
                 eprintln!(
                     "cellhost: stopped at cell {}/{total} ({}); use --allow-errors to go on",
@@ -140,7 +191,8 @@ pub fn run(args: RunArgs) -> u8 {
                 break;
             }
         }
-        session.shutdown().await;
+        watcher.abort();
+        registry.shutdown().await;
         if let Err(e) = nb.write(&output) {
             eprintln!("cellhost: {e}");
             return 1;
@@ -158,6 +210,40 @@ pub fn run(args: RunArgs) -> u8 {
         );
         exit
     })
+}
+
+/// A registry for one run: no warm pool (one kernel is needed), the journal
+/// in the state directory (a journal that cannot be opened is reported and
+/// the run goes on without it).
+async fn start_registry(template: cellhost_kernel::KernelConfig) -> Option<std::sync::Arc<Registry>> {
+    let config = match common::config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return None;
+        }
+    };
+    let journal = if config.bool("journal") {
+        match Journal::open(common::journal_path(), config.durability()) {
+            Ok(j) => Some(std::sync::Arc::new(j)),
+            Err(e) => {
+                eprintln!("cellhost: the journal is off for this run: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut rc = RegistryConfig::new(common::state_dir(), template);
+    config.apply_to_registry(&mut rc);
+    rc.pool_size = 0;
+    match Registry::start(rc, journal).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("cellhost: cannot start the session registry: {e}");
+            None
+        }
+    }
 }
 
 /// Jupyter outputs for one result; images are read back from the session
@@ -182,13 +268,25 @@ fn to_outputs(
             ),
         });
     }
-    if let Some(bg) = &r.background_output
-        && !bg.stdout.is_empty()
-    {
-        out.push(Output::Stream {
-            name: "stdout".into(),
-            text: bg.stdout.clone(),
-        });
+    // Output of earlier cells' threads or children stays apart from this
+    // cell's streams: a display marked as background, never a stream that
+    // Jupyter would merge into the cell's own text.
+    if let Some(bg) = &r.background_output {
+        for (name, text) in [("stdout", &bg.stdout), ("stderr", &bg.stderr)] {
+            if text.is_empty() {
+                continue;
+            }
+            let mut data = Map::new();
+            data.insert(
+                "text/plain".into(),
+                Value::String(format!(
+                    "[background {name} from earlier cells' threads or children]\n{text}"
+                )),
+            );
+            let mut metadata = Map::new();
+            metadata.insert("cellhost".into(), serde_json::json!({ "background": name }));
+            out.push(Output::DisplayData { data, metadata });
+        }
     }
     if !r.stdout.is_empty() {
         out.push(Output::Stream {
@@ -228,7 +326,12 @@ fn to_outputs(
             }
             .to_string(),
             evalue: stop_message(r, timeout),
-            traceback: r.error.as_ref().map(|e| e.traceback.clone()).unwrap_or_default(),
+            traceback: r
+                .error
+                .as_ref()
+                .map(|e| e.traceback.clone())
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| vec![stop_message(r, timeout)]),
         });
     } else if let Some(e) = &r.error {
         out.push(Output::Error {
@@ -241,10 +344,12 @@ fn to_outputs(
             Some(c) => ("KernelCrashed".to_string(), c.message.clone()),
             None => ("CellFailed".to_string(), r.status.as_str().to_string()),
         };
+        // Viewers show the traceback, not ename/evalue: never leave it empty.
+        let traceback = vec![format!("{ename}: {evalue}")];
         out.push(Output::Error {
             ename,
             evalue,
-            traceback: Vec::new(),
+            traceback,
         });
     }
     out

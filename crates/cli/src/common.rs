@@ -3,7 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::sync::OnceLock;
+
 use cellhost_kernel::{KernelConfig, KernelError, resolve_python};
+use cellhost_sessions::Config;
 
 use crate::KernelArgs;
 
@@ -25,6 +28,28 @@ pub fn state_dir() -> PathBuf {
     std::env::temp_dir().join("cellhost-state")
 }
 
+static CONFIG_PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// Records `--config PATH` (called once, from `main`).
+pub fn set_config_path(path: Option<PathBuf>) {
+    let _ = CONFIG_PATH.set(path);
+}
+
+/// The effective configuration: `--config`, else `CELLHOST_CONFIG`, else
+/// the default file, with `CELLHOST_*` overrides.
+pub fn config() -> Result<Config, String> {
+    let explicit = CONFIG_PATH.get().and_then(|p| p.as_deref());
+    Config::load(explicit).map_err(|e| e.to_string())
+}
+
+/// The journal file: `journal.sqlite3` in the state directory.
+pub fn journal_path() -> PathBuf {
+    state_dir().join("journal.sqlite3")
+}
+
+/// The owner of sessions the CLI creates.
+pub const CLI_OWNER: &str = "local";
+
 /// A fresh directory for a one-off session's files (figures, spills).
 pub fn new_session_dir(prefix: &str) -> PathBuf {
     let stamp = std::time::SystemTime::now()
@@ -44,13 +69,16 @@ pub fn parse_timeout(secs: Option<f64>) -> Result<Option<Duration>, String> {
             Err(format!("--timeout must be a number of seconds >= 0, got {s}"))
         }
         Some(0.0) => Ok(None),
-        Some(s) => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|_| format!("--timeout {s:e} is too large (0 means no deadline)")),
     }
 }
 
 /// The kernel configuration for a CLI session.
 pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<KernelConfig, KernelError> {
-    let python = resolve_python(args.python.as_deref())?;
+    let config = config().map_err(KernelError::InvalidRequest)?;
+    let python = resolve_python(args.python.as_deref().or(config.python().as_deref()))?;
     if !python.exists() {
         return Err(KernelError::Spawn {
             python: python.display().to_string(),
@@ -58,8 +86,40 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
         });
     }
     let mut cfg = KernelConfig::new(python, dir);
+    config.apply_to_kernel(&mut cfg);
+    if let Some(mode) = args.sandbox {
+        cfg.sandbox.mode = mode;
+    }
     cfg.session = session.to_string();
+    // Cells resolve relative paths against the directory cellhost was run
+    // from (`run` uses the notebook's directory), as Jupyter does; the
+    // sandbox makes that directory readable and writable for the kernel.
+    cfg.cwd = std::env::current_dir().ok();
+    for spec in &args.env {
+        let (name, value) = match spec.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            None => {
+                let v = std::env::var(spec).map_err(|_| {
+                    KernelError::InvalidRequest(format!("--env {spec}: not set in this environment"))
+                })?;
+                (spec.clone(), v)
+            }
+        };
+        set_env(&mut cfg, name, value);
+    }
+    for name in &args.secret_env {
+        let value = std::env::var(name).map_err(|_| {
+            KernelError::InvalidRequest(format!("--secret-env {name}: not set in this environment"))
+        })?;
+        cfg.register_secret(value.clone());
+        set_env(&mut cfg, name.clone(), value);
+    }
     Ok(cfg)
+}
+
+fn set_env(cfg: &mut KernelConfig, name: String, value: String) {
+    cfg.env.retain(|(k, _)| k.to_str() != Some(name.as_str()));
+    cfg.env.push((name.into(), value.into()));
 }
 
 /// A multi-threaded runtime for one command.

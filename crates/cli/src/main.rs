@@ -5,9 +5,13 @@
 //! 1 error, 2 usage, 124 timeout, 130 interrupted, 137 crashed.
 
 mod bench;
+mod cmd_config;
+mod cmd_doctor;
 mod cmd_exec;
+mod cmd_history;
 mod cmd_output;
 mod cmd_repl;
+mod cmd_restore;
 mod cmd_run;
 mod common;
 mod render;
@@ -21,6 +25,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "cellhost", version, about)]
 struct Cli {
+    /// Config file (TOML); default: `CELLHOST_CONFIG`, else
+    /// `~/.config/cellhost/config.toml` when it exists.
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -35,6 +43,15 @@ enum Cmd {
     Repl(cmd_repl::ReplArgs),
     /// Page through a cell's spilled output by byte offset.
     Output(cmd_output::OutputArgs),
+    /// Print the effective configuration and where each value came from.
+    Config(cmd_config::ConfigArgs),
+    /// Show a session's journaled cells.
+    History(cmd_history::HistoryArgs),
+    /// Rebuild a session by replaying its successful cells into a new kernel.
+    Restore(cmd_restore::RestoreArgs),
+    /// Check which sandbox layers this machine enforces, by a real self-test
+    /// (exit 0 when everything mode `enforce` needs is available).
+    Doctor(cmd_doctor::DoctorArgs),
     /// Measure cellhost against its peers and rewrite BENCHMARKS.md.
     Bench(bench::BenchArgs),
     /// Bench helper: a host with busy kernels, killed by `bench`.
@@ -55,6 +72,23 @@ pub struct KernelArgs {
     /// resolved to its real executable.
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
+    /// Sandbox mode: `off`, `auto` (default: apply what this machine
+    /// supports, report the rest) or `enforce` (refuse to start a kernel
+    /// when a layer is missing).
+    #[arg(long, value_name = "MODE", value_parser = parse_sandbox_mode)]
+    pub sandbox: Option<cellhost_sandbox::profile::SandboxMode>,
+    /// Give the kernel an environment variable: `NAME=VALUE`, or `NAME` to
+    /// pass the host's value (the kernel's environment is an allowlist).
+    #[arg(long = "env", value_name = "NAME[=VALUE]")]
+    pub env: Vec<String>,
+    /// Pass the host's variable NAME to the kernel and register its value
+    /// as a secret: it is masked in everything the kernel outputs.
+    #[arg(long = "secret-env", value_name = "NAME")]
+    pub secret_env: Vec<String>,
+}
+
+fn parse_sandbox_mode(s: &str) -> Result<cellhost_sandbox::profile::SandboxMode, String> {
+    s.parse()
 }
 
 fn main() -> ExitCode {
@@ -73,13 +107,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    common::set_config_path(cli.config.clone());
     let code = match cli.command {
         Cmd::Exec(a) => cmd_exec::run(a),
         Cmd::Run(a) => cmd_run::run(a),
         Cmd::Repl(a) => cmd_repl::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Doctor(a) => cmd_doctor::run(a),
         Cmd::BenchHost { python, n } => bench::host_for_bench(&python, n),
         Cmd::Output(a) => cmd_output::run(a),
+        Cmd::Config(a) => cmd_config::run(a),
+        Cmd::History(a) => cmd_history::run(a),
+        Cmd::Restore(a) => cmd_restore::run(a),
     };
     ExitCode::from(code)
 }

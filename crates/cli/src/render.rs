@@ -102,20 +102,67 @@ pub fn notes(r: &CellResult) -> Vec<String> {
     v
 }
 
-/// Writes live output to the terminal as it arrives, until the cell's
-/// sender is dropped.
-pub async fn print_live(mut rx: mpsc::UnboundedReceiver<LiveEvent>) {
+/// Bytes of each stream written live before the terminal waits for the
+/// result: the 40 % head of the default 50,000-byte inline view.
+pub const LIVE_HEAD_BYTES: usize = 20_000;
+
+/// Writes live output to the terminal as it arrives, at most
+/// [`LIVE_HEAD_BYTES`] per stream, until the cell's sender is dropped.
+/// Returns what it wrote, per stream (`[stdout, stderr]`), so
+/// [`print_rest`] can finish from the bounded result without repeating it.
+pub async fn print_live(mut rx: mpsc::UnboundedReceiver<LiveEvent>) -> [String; 2] {
+    let mut printed = [String::new(), String::new()];
     while let Some(ev) = rx.recv().await {
-        match ev {
-            LiveEvent::Stdout(t) => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(t.as_bytes());
-                let _ = o.flush();
-            }
-            LiveEvent::Stderr(t) => {
-                let _ = std::io::stderr().lock().write_all(t.as_bytes());
-            }
-            LiveEvent::Display(_) => {}
+        let (idx, text) = match ev {
+            LiveEvent::Stdout(t) => (0, t),
+            LiveEvent::Stderr(t) => (1, t),
+            LiveEvent::Display(_) => continue,
+        };
+        let room = LIVE_HEAD_BYTES.saturating_sub(printed[idx].len());
+        if room == 0 {
+            continue;
+        }
+        let mut cut = text.len().min(room);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let part = &text[..cut];
+        if idx == 0 {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(part.as_bytes());
+            let _ = o.flush();
+        } else {
+            let _ = std::io::stderr().lock().write_all(part.as_bytes());
+        }
+        printed[idx].push_str(part);
+    }
+    printed
+}
+
+/// Writes the part of the result's bounded streams that the live view did
+/// not show (for a cut stream: the omission line and the tail).
+pub fn print_rest(printed: &[String; 2], r: &CellResult) {
+    for (idx, full) in [&r.stdout, &r.stderr].into_iter().enumerate() {
+        let shown = &printed[idx];
+        let common = shown
+            .bytes()
+            .zip(full.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let mut start = common;
+        while !full.is_char_boundary(start) {
+            start -= 1;
+        }
+        let rest = &full[start..];
+        if rest.is_empty() {
+            continue;
+        }
+        if idx == 0 {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(rest.as_bytes());
+            let _ = o.flush();
+        } else {
+            let _ = std::io::stderr().lock().write_all(rest.as_bytes());
         }
     }
 }

@@ -145,6 +145,24 @@ fn descendants(root: i32) -> Vec<(i32, u64)> {
     }
 }
 
+/// The host pid of the descendant of `root` whose pid in its innermost pid
+/// namespace is `inner` (a sandboxed kernel's process), else `inner`.
+fn host_pid(root: i32, inner: i32) -> i32 {
+    descendants(root)
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let ns: Vec<&str> = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .map(|v| v.split_whitespace().collect())
+                .unwrap_or_default();
+            ns.len() > 1 && ns.last() == Some(&inner.to_string().as_str())
+        })
+        .unwrap_or(inner)
+}
+
 /// A process that was seen alive, identified by pid and start time.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
@@ -1164,6 +1182,9 @@ print('PIDS', os.getpid(), a.pid, b.pid, gc, flush=True)
         .map(|p| p.parse().expect("a pid"))
         .collect();
     assert_eq!(pids.len(), 4, "pid line: {line}");
+    // In the sandbox's pid namespace the cell sees its own pids: map them
+    // to the host's through the `NSpid` line of each descendant.
+    let pids: Vec<i32> = pids.iter().map(|p| host_pid(run.pid(), *p)).collect();
     let names = ["worker", "child", "setsid child", "orphaned grandchild"];
     let mut seen: Vec<(String, Seen)> = Vec::new();
     for (name, pid) in names.iter().zip(&pids) {
@@ -1379,4 +1400,85 @@ fn bench_w1_writes_report() {
         "peers measured without --peers:\n{doc}"
     );
     assert!(r.stdout.contains("| cellhost | 50 |"));
+}
+
+// ---------------------------------------------------------------------------
+// Sandbox: `--sandbox` and `doctor`
+
+#[test]
+fn doctor_reports_layers_and_promises_and_exits_by_them() {
+    let env = Env::new();
+    let out = env.cmd("doctor", &["--json"]).output().expect("doctor");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let layers = v["layers"].as_array().expect("layers");
+    for name in [
+        "rlimits", "pidns", "netns", "mountns", "landlock", "seccomp", "cgroup",
+    ] {
+        assert!(layers.iter().any(|l| l["name"] == name), "{name} missing: {v}");
+    }
+    assert_eq!(v["checks"].as_array().map(Vec::len), Some(7), "{v}");
+    let ready = v["enforce_ready"].as_bool().expect("enforce_ready");
+    assert_eq!(out.status.code(), Some(if ready { 0 } else { 1 }), "{v}");
+}
+
+#[test]
+fn exec_sandbox_flag_selects_the_mode() {
+    let env = Env::new();
+    let code = "import os\nprint(os.getpid() == 2)";
+    let off = env
+        .cmd("exec", &["--sandbox", "off", code])
+        .output()
+        .expect("exec");
+    assert_eq!(String::from_utf8_lossy(&off.stdout), "False\n");
+    let bad = env
+        .cmd("exec", &["--sandbox", "strict", code])
+        .output()
+        .expect("exec");
+    assert_eq!(bad.status.code(), Some(2));
+    let auto = env.cmd("exec", &[code]).output().expect("exec");
+    assert!(auto.status.success(), "{}", String::from_utf8_lossy(&auto.stderr));
+}
+
+// ---------------------------------------------------------------------------
+// Secrets and environment from the command line
+
+#[test]
+fn hk31_secret_redaction_output_only() {
+    const SECRET: &str = "sk-demo-3f9a1c7e5b2d4a6f8e0c";
+    let env = Env::new();
+    let cell0 = "import os\nsecret = os.environ['DEMO_TOKEN']\nprint('DEMO_TOKEN=' + secret)\nprint({'token': secret})\nprint(secret[:10], end='')\nprint(secret[10:])\nraise ValueError('bad token ' + secret)";
+    let mut cmd = env.cmd("exec", &["--json", "--secret-env", "DEMO_TOKEN", cell0]);
+    cmd.env("DEMO_TOKEN", SECRET);
+    let r = Running::spawn(cmd).finish("exec --secret-env", LONG);
+    r.expect_code("cell 0 raises", 1);
+    assert!(
+        !r.stdout.contains(SECRET) && !r.stdout.contains("3f9a1c7e5b2d4a6f8e0c"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stderr.contains(SECRET));
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    assert_eq!(v["error"]["ename"], "ValueError");
+    assert!(v["stdout"].as_str().expect("stdout").contains("DEMO_TOKEN="));
+    let cell1 = "import os\nliteral = 'sk-demo-3f9a1c7e5b2d4a6f8e0c'\nprint(len(literal), literal == os.environ['DEMO_TOKEN'])";
+    let mut cmd = env.cmd("exec", &["--secret-env", "DEMO_TOKEN", cell1]);
+    cmd.env("DEMO_TOKEN", SECRET);
+    let r = Running::spawn(cmd).finish("exec --secret-env", LONG);
+    r.expect_code("cell 1", 0);
+    assert_eq!(r.stdout, "28 True\n", "the cell's code runs unmodified");
+}
+
+#[test]
+fn env_flag_passes_a_variable_through_the_allowlist() {
+    let env = Env::new();
+    let r = env.exec(&[
+        "--env",
+        "MY_SETTING=blue",
+        "import os; print(os.environ.get('MY_SETTING'))",
+    ]);
+    r.expect_code("--env NAME=VALUE", 0);
+    assert_eq!(r.stdout, "blue\n");
+    let r = env.exec(&["--env", "CELLHOST_SURELY_UNSET_VAR", "print(1)"]);
+    r.expect_code("--env of an unset variable is a usage error", 2);
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use cellhost_capture::{Redactor, StreamLimits};
 use cellhost_sandbox::cgroup::CgroupLimits;
+use cellhost_sandbox::profile::SandboxProfile;
 
 use crate::error::KernelError;
 use crate::tools::ToolHost;
@@ -48,8 +49,12 @@ pub struct KernelConfig {
     /// Host calls allowed per cell (DESIGN.md: 50).
     pub tool_budget: u32,
     /// cgroup limits of the kernel's whole tree (processes, memory, CPU);
-    /// empty = no cgroup is made.
+    /// empty = no cgroup is made. Limits set here override the sandbox
+    /// profile's defaults, and failing to apply them fails the spawn.
     pub limits: CgroupLimits,
+    /// Confinement of the worker (default: mode `auto`, network off,
+    /// memory 4 GiB, 512 processes); see [`SandboxProfile`].
+    pub sandbox: SandboxProfile,
 }
 
 impl std::fmt::Debug for KernelConfig {
@@ -62,6 +67,7 @@ impl std::fmt::Debug for KernelConfig {
             .field("generation", &self.generation)
             .field("cell_timeout", &self.cell_timeout)
             .field("interrupt_grace", &self.interrupt_grace)
+            .field("sandbox", &self.sandbox.mode)
             .finish_non_exhaustive()
     }
 }
@@ -91,6 +97,7 @@ impl KernelConfig {
             tool_host: None,
             tool_budget: 50,
             limits: CgroupLimits::default(),
+            sandbox: SandboxProfile::default(),
         }
     }
 
@@ -123,7 +130,9 @@ impl KernelConfig {
     }
 }
 
-/// Resolves the interpreter to run: an explicit path is made absolute;
+/// Resolves the interpreter to run: an explicit path is made absolute (a
+/// bare name that is not a file in the current directory is looked up on
+/// `PATH`);
 /// `None` finds `python3` on `PATH` and asks it for `sys.executable`, so a
 /// pyenv shim (a shell script costing ~100 ms per start) is never used.
 /// The answer for `None` is computed once per process.
@@ -132,6 +141,13 @@ impl KernelConfig {
 /// [`KernelError::Spawn`] when no interpreter can be found or run.
 pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, KernelError> {
     if let Some(p) = explicit {
+        // A bare name (`python3.12`) is looked up on PATH, like a shell would.
+        if p.components().count() == 1
+            && !p.exists()
+            && let Some(found) = p.to_str().and_then(find_on_path)
+        {
+            return real_executable(&found);
+        }
         return std::path::absolute(p).map_err(|e| KernelError::Spawn {
             python: p.display().to_string(),
             reason: e.to_string(),
@@ -148,7 +164,18 @@ pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, KernelError> {
         python: "python3".into(),
         reason: "python3 is not on PATH; pass --python PATH".into(),
     })?;
-    let out = Command::new(&found)
+    let path = real_executable(&found)?;
+    if let Ok(mut guard) = cache.lock() {
+        *guard = Some(path.clone());
+    }
+    Ok(path)
+}
+
+/// Asks an interpreter found on PATH for `sys.executable`, so a wrapper
+/// such as a pyenv shim (a shell script costing ~100 ms a start) is
+/// replaced by the real binary.
+fn real_executable(found: &Path) -> Result<PathBuf, KernelError> {
+    let out = Command::new(found)
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
         .map_err(|e| KernelError::Spawn {
@@ -166,9 +193,6 @@ pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, KernelError> {
         });
     }
     let path = PathBuf::from(text);
-    if let Ok(mut guard) = cache.lock() {
-        *guard = Some(path.clone());
-    }
     Ok(path)
 }
 

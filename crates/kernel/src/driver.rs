@@ -596,6 +596,8 @@ impl Driver {
                 }
             }
             WorkerFrame::InterruptRaised { .. } | WorkerFrame::Ready { .. } => {}
+            // The kernel init's report, read by the handshake.
+            WorkerFrame::Sandbox { .. } => {}
             WorkerFrame::Log { msg } => tracing::debug!(kernel = %self.label, "worker: {msg}"),
         }
     }
@@ -1014,6 +1016,7 @@ impl Driver {
         let mut usage = None;
         let mut cwd = None;
         let mut crash = None;
+        let mut files = None;
         if let Some(WorkerFrame::Response {
             status: st,
             execution_count: ec,
@@ -1021,6 +1024,7 @@ impl Driver {
             error: er,
             usage: us,
             cwd: c,
+            files: fl,
             ..
         }) = a.response.take()
         {
@@ -1035,6 +1039,12 @@ impl Driver {
             error = er.and_then(|e| parse_error(e, &redactor));
             usage = us.and_then(|u| serde_json::from_value::<Usage>(u).ok());
             cwd = c;
+            files = fl.map(|mut f| {
+                for p in f.read.iter_mut().chain(f.write.iter_mut()) {
+                    *p = redactor.redact(p).into_owned();
+                }
+                f
+            });
         } else if let Some(msg) = &self.protocol_error {
             status = CellStatus::Crashed;
             crash = Some(CrashReport {
@@ -1125,6 +1135,7 @@ impl Driver {
             background_output: (!a.background.is_empty()).then_some(a.background),
             cwd,
             hint: None,
+            files,
         };
         res.hint = hints::hint_for(&res, &self.config.python, truncated_any);
         let settled = self.cells_settled;

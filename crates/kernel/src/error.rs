@@ -13,6 +13,18 @@ pub enum KernelError {
         /// Why (includes the worker's stderr when it printed something).
         reason: String,
     },
+    /// Sandbox mode `enforce` and a confinement layer is not available.
+    #[error(
+        "kernel {kernel}: sandbox layer `{layer}` is not enforced ({reason}); mode `enforce` refuses to start the kernel"
+    )]
+    SandboxUnavailable {
+        /// Kernel label.
+        kernel: String,
+        /// Layer name (`landlock`, `seccomp`, `netns`, `cgroup`, ...).
+        layer: String,
+        /// Why it is missing.
+        reason: String,
+    },
     /// The worker did not say `ready` in time.
     #[error("kernel {kernel}: no `ready` from the worker within {timeout_ms} ms")]
     StartupTimeout {

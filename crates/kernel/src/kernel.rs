@@ -18,7 +18,10 @@ use crate::driver::{Command, Driver, QueuedCell, Shared};
 use crate::error::KernelError;
 use crate::result::{CellResult, DisplayOutput};
 use crate::{spawn, worker_files};
-use cellhost_sandbox::cgroup::KernelCgroup;
+use cellhost_sandbox::cgroup::{CgroupLimits, KernelCgroup};
+use cellhost_sandbox::profile::{
+    InitSpec, LayerStatus, SANDBOX_ARG, SandboxMode, SandboxStatus, interpreter_dirs,
+};
 
 /// Options of one cell.
 #[derive(Debug, Default, Clone)]
@@ -105,6 +108,8 @@ pub struct KernelInfo {
     pub python: PathBuf,
     /// `sys.version` of the worker.
     pub python_version: String,
+    /// The confinement layers in force for this kernel (mode `off`: none).
+    pub sandbox: SandboxStatus,
 }
 
 struct Inner {
@@ -180,7 +185,23 @@ impl Kernel {
             BOOT.to_string(),
             worker_dir.display().to_string(),
         ];
-        let cgroup = if config.limits.is_empty() {
+        let mode = config.sandbox.mode;
+        let sandboxed = mode != SandboxMode::Off;
+        let mut host_layers: Vec<LayerStatus> = Vec::new();
+        let mut limits = config.limits.clone();
+        let cgroup_off = sandboxed && config.sandbox.disable.iter().any(|d| d == "cgroup");
+        if sandboxed && !cgroup_off {
+            let d = &config.sandbox.limits;
+            limits.pids_max = limits.pids_max.or(d.pids_max);
+            limits.memory_bytes = limits.memory_bytes.or(d.memory_bytes);
+            limits.cpu_cores = limits.cpu_cores.or(d.cpu_cores);
+        }
+        let cgroup = if limits.is_empty() {
+            if cgroup_off {
+                host_layers.push(LayerStatus::missing("cgroup", "disabled by the sandbox profile"));
+            } else if sandboxed {
+                host_layers.push(LayerStatus::skipped("cgroup", "no limits configured"));
+            }
             None
         } else {
             let name = format!(
@@ -189,17 +210,48 @@ impl Kernel {
                 config.generation,
                 new_cell_id()
             );
-            Some(
-                KernelCgroup::create(&name, &config.limits).map_err(|e| KernelError::Spawn {
-                    python: config.python.display().to_string(),
-                    reason: format!("cannot set up the kernel's resource limits: {e}"),
-                })?,
-            )
+            match KernelCgroup::create(&name, &limits) {
+                Ok(cg) => {
+                    if sandboxed {
+                        host_layers.push(LayerStatus::on("cgroup", describe_limits(&limits)));
+                    }
+                    Some(cg)
+                }
+                Err(e) if sandboxed && config.limits.is_empty() => {
+                    if mode == SandboxMode::Enforce {
+                        return Err(KernelError::SandboxUnavailable {
+                            kernel: label,
+                            layer: "cgroup".into(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    host_layers.push(LayerStatus::missing("cgroup", e.to_string()));
+                    None
+                }
+                Err(e) => {
+                    return Err(KernelError::Spawn {
+                        python: config.python.display().to_string(),
+                        reason: format!("cannot set up the kernel's resource limits: {e}"),
+                    });
+                }
+            }
         };
         let mut init_args: Vec<std::ffi::OsString> = Vec::new();
         for f in cgroup.iter().flat_map(KernelCgroup::procs_files) {
             init_args.push("--cgroup-procs".into());
             init_args.push(f.into_os_string());
+        }
+        let mpl_dir = if sandboxed {
+            worker_files::sandbox_assets(&config.python, worker_dir)
+        } else {
+            None
+        };
+        if sandboxed {
+            let spec = init_spec(&config, worker_dir, mpl_dir.as_deref());
+            let json = serde_json::to_string(&spec)
+                .map_err(|e| KernelError::io(&label, "sandbox spec", std::io::Error::other(e)))?;
+            init_args.push(SANDBOX_ARG.into());
+            init_args.push(json.into());
         }
         let mut cmd = spawn::init_command(
             &launcher,
@@ -218,6 +270,10 @@ impl Kernel {
         });
         cmd.env("CELLHOST_WORKER_CONFIG", worker_config.to_string());
         cmd.env("MPLBACKEND", "module://cellhost_worker.mpl_backend");
+        if sandboxed {
+            // The private /tmp is the only temporary directory it can write.
+            cmd.env("TMPDIR", "/tmp");
+        }
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
         }
@@ -261,11 +317,18 @@ impl Kernel {
         // means the interpreter could not run.
         let mut stderr_early = Vec::new();
         let mut stderr_rx = stderr;
+        let mut sandbox_frame: Option<Vec<cellhost_protocol::SandboxLayer>> = None;
         let ready = tokio::time::timeout(config.startup_timeout, async {
             let mut buf = vec![0u8; 8192];
             loop {
                 tokio::select! {
-                    f = reader.next::<WorkerFrame>() => return Ok(f),
+                    f = reader.next::<WorkerFrame>() => match f {
+                        // The kernel init's report comes before `ready`.
+                        Ok(Some(WorkerFrame::Sandbox { layers, .. })) if sandboxed => {
+                            sandbox_frame = Some(layers);
+                        }
+                        f => return Ok(f),
+                    },
                     n = tokio::io::AsyncReadExt::read(&mut stderr_rx, &mut buf) => match n {
                         Ok(n) if n > 0 && stderr_early.len() < 65536 => stderr_early.extend_from_slice(&buf[..n]),
                         Ok(0) | Err(_) => {
@@ -280,6 +343,19 @@ impl Kernel {
             }
         })
         .await;
+        if matches!(ready, Ok(Err(())) | Ok(Ok(Ok(None)))) && sandboxed && sandbox_frame.is_none() {
+            // The init may have reported its layers and then refused to go
+            // on (enforce): the report is still in the socket.
+            let _ = tokio::time::timeout(Duration::from_millis(300), async {
+                while let Ok(Some(f)) = reader.next::<WorkerFrame>().await {
+                    if let WorkerFrame::Sandbox { layers, .. } = f {
+                        sandbox_frame = Some(layers);
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
         if matches!(ready, Ok(Err(())) | Ok(Ok(Ok(None)))) {
             // The worker is gone: its last words may still sit in the pipe.
             let _ = tokio::time::timeout(Duration::from_millis(500), async {
@@ -294,6 +370,38 @@ impl Kernel {
             .await;
         }
         let early = || cellhost_capture::render_once(&stderr_early).trim().to_string();
+        let mut sandbox = SandboxStatus::off();
+        if sandboxed {
+            sandbox.mode = mode;
+            sandbox.layers.push(LayerStatus::on(
+                "env",
+                "environment by allowlist; secret-looking names withheld",
+            ));
+            match sandbox_frame {
+                Some(layers) => sandbox.layers.extend(layers.into_iter().map(|l| LayerStatus {
+                    name: l.name,
+                    enforced: l.enforced,
+                    detail: l.detail,
+                    optional: l.optional,
+                })),
+                None => sandbox.layers.push(LayerStatus::missing(
+                    "init",
+                    "the kernel init reported no sandbox layers",
+                )),
+            }
+            sandbox.layers.extend(host_layers);
+            let reported = sandbox.layer("init").is_none();
+            if mode == SandboxMode::Enforce
+                && (reported || matches!(ready, Ok(Ok(Ok(Some(WorkerFrame::Ready { .. }))))))
+                && let Some(l) = sandbox.missing().next()
+            {
+                return Err(KernelError::SandboxUnavailable {
+                    kernel: label,
+                    layer: l.name.clone(),
+                    reason: l.detail.clone(),
+                });
+            }
+        }
         let (pid, python_version) = match ready {
             Err(_) => {
                 return Err(KernelError::StartupTimeout {
@@ -338,9 +446,17 @@ impl Kernel {
         };
         // The worker's own pid is the host pid unless it runs in a pid
         // namespace; the init's only child is authoritative.
-        let host_pid = cellhost_sandbox::procfs::children(init_pid as i32)
-            .first()
-            .map(|p| *p as u32)
+        // In a sandbox the worker is pid 2 of its own pid namespace, below an
+        // ns-init: find it by its namespace pid.
+        let host_pid = sandboxed
+            .then(|| cellhost_sandbox::procfs::host_pid_of(init_pid as i32, pid as i32))
+            .flatten()
+            .map(|p| p as u32)
+            .or_else(|| {
+                cellhost_sandbox::procfs::children(init_pid as i32)
+                    .first()
+                    .map(|p| *p as u32)
+            })
             .unwrap_or(pid);
         let info = KernelInfo {
             session: config.session.clone(),
@@ -349,12 +465,19 @@ impl Kernel {
             init_pid,
             python: config.python.clone(),
             python_version,
+            sandbox,
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (tx, rx) = mpsc::unbounded_channel();
         let Some(child) = guard.0.take() else {
             return Err(io_err("child", std::io::Error::other("lost")));
         };
+        // The driver names the limits in effect (the profile's defaults
+        // included) when it explains a kill.
+        let mut config = config;
+        if cgroup.is_some() {
+            config.limits = limits;
+        }
         let driver = Driver::new(
             config,
             child,
@@ -628,6 +751,52 @@ impl CellHandle {
     /// Interrupts this cell (a no-op report if it is not running).
     pub async fn interrupt(&self) -> InterruptOutcome {
         self.kernel.interrupt_cell(Some(self.id.clone())).await
+    }
+}
+
+fn describe_limits(l: &CgroupLimits) -> String {
+    let mut v = Vec::new();
+    if let Some(b) = l.memory_bytes {
+        v.push(format!("memory {} MiB", b >> 20));
+    }
+    if let Some(n) = l.pids_max {
+        v.push(format!("{n} processes"));
+    }
+    if let Some(c) = l.cpu_cores {
+        v.push(format!("{c} CPU cores"));
+    }
+    v.join(", ")
+}
+
+/// What the kernel init must apply: read-only interpreter, worker package
+/// and font cache; read-write session directory, workdir and extras.
+fn init_spec(
+    config: &KernelConfig,
+    worker_dir: &std::path::Path,
+    mpl_dir: Option<&std::path::Path>,
+) -> InitSpec {
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut ro = interpreter_dirs(&config.python);
+    ro.push(config.python.clone());
+    ro.push(canon(worker_dir));
+    ro.extend(mpl_dir.map(canon));
+    ro.extend(config.sandbox.extra_ro.iter().map(|p| canon(p)));
+    let workdir = config
+        .cwd
+        .clone()
+        .or_else(|| config.sandbox.workdir.clone())
+        .unwrap_or_else(|| config.session_dir.clone());
+    let mut rw = vec![canon(&config.session_dir), canon(&workdir)];
+    rw.extend(config.sandbox.extra_rw.iter().map(|p| canon(p)));
+    InitSpec {
+        mode: config.sandbox.mode,
+        network: config.sandbox.network,
+        ro,
+        rw,
+        workdir: Some(canon(&workdir)),
+        rlimits: config.sandbox.rlimits.clone(),
+        disable: config.sandbox.disable.clone(),
+        mpl_cache: mpl_dir.map(canon),
     }
 }
 

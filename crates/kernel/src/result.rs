@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use cellhost_protocol::frame::FilesOpened;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -227,4 +228,8 @@ pub struct CellResult {
     /// One line for a language model on how to proceed after a common failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
+    /// Files the cell opened for reading and writing (Python `open` audit
+    /// events; at most 256 paths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<FilesOpened>,
 }

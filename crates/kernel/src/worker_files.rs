@@ -20,15 +20,19 @@ fn content_hash() -> u64 {
     h
 }
 
+/// The cache directory: `$CELLHOST_CACHE_DIR`, `$XDG_CACHE_HOME/cellhost`,
+/// `~/.cache/cellhost`, else under the temp dir. Empty or relative values
+/// are skipped: the cache must never depend on the caller's cwd.
 fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CELLHOST_CACHE_DIR") {
-        return PathBuf::from(dir);
+    let absolute = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(dir) = absolute(std::env::var_os("CELLHOST_CACHE_DIR")) {
+        return dir;
     }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("cellhost");
+    if let Some(dir) = absolute(std::env::var_os("XDG_CACHE_HOME")) {
+        return dir.join("cellhost");
     }
-    if let Some(home) = std::env::var_os("HOME") {
-        return PathBuf::from(home).join(".cache").join("cellhost");
+    if let Some(home) = absolute(std::env::var_os("HOME")) {
+        return home.join(".cache").join("cellhost");
     }
     std::env::temp_dir().join("cellhost-cache")
 }
@@ -75,6 +79,77 @@ pub fn worker_path() -> io::Result<&'static Path> {
         write_package(&dir)?;
     }
     Ok(DIR.get_or_init(|| dir))
+}
+
+/// Prepares what a sandboxed worker cannot make itself, once per
+/// interpreter: the worker package compiled to bytecode (the sandbox makes
+/// the package read-only) and matplotlib's font cache, built in a
+/// `mpl-<hash of the interpreter path>` directory of the cellhost cache.
+///
+/// Returns that directory, to be passed read-only as `MPLCONFIGDIR`, once it
+/// is built; until then `None`, and the build runs on a background thread
+/// (started at most once per interpreter and process), so no spawn waits
+/// for it. A missing matplotlib or a failed build is remembered too (the
+/// marker is written either way): failures only cost a slower first plot.
+pub(crate) fn sandbox_assets(python: &Path, worker_dir: &Path) -> Option<PathBuf> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in python.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let dir = cache_root().join(format!("mpl-{h:016x}"));
+    let marker = dir.join(format!(".done-{:016x}", content_hash()));
+    if marker.is_file() {
+        return Some(dir);
+    }
+    static STARTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    {
+        let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+        if started.contains(&dir) {
+            return None;
+        }
+        started.push(dir.clone());
+    }
+    let (python, worker_dir) = (python.to_path_buf(), worker_dir.to_path_buf());
+    let _ = std::thread::Builder::new()
+        .name("cellhost-mpl-cache".into())
+        .spawn(move || build_assets(&python, &worker_dir, &dir, &marker));
+    None
+}
+
+fn build_assets(python: &Path, worker_dir: &Path, dir: &Path, marker: &Path) {
+    if fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let script = "import sys, compileall\n\
+compileall.compile_dir(sys.argv[1], quiet=1)\n\
+try:\n    import matplotlib.font_manager\nexcept Exception:\n    pass\n";
+    let child = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(worker_dir)
+        .env("MPLCONFIGDIR", dir)
+        .env("MPLBACKEND", "agg")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else { return };
+    // A font scan takes seconds; an interpreter that hangs is given up on.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+        }
+    }
+    let _ = fs::write(marker, b"");
 }
 
 #[cfg(test)]

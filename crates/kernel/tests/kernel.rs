@@ -787,8 +787,9 @@ async fn hk23_fork_bomb() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = config(&dir);
-    cfg.limits.pids_max = Some(64);
+    // The default sandbox profile's limits (512 processes, 4 GiB).
+    let cfg = config(&dir);
+    assert!(cfg.limits.is_empty());
     let mut s = Session::new(cfg);
     let k = s.ensure_kernel().await.expect("kernel");
     let init = k.info().init_pid as i32;
@@ -825,8 +826,9 @@ async fn hk22_memory_exhaustion() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = config(&dir);
-    cfg.limits.memory_bytes = Some(1 << 30);
+    // The default sandbox profile's limits (512 processes, 4 GiB).
+    let cfg = config(&dir);
+    assert!(cfg.limits.is_empty());
     let mut s = Session::new(cfg);
     let mut other = fixture();
     assert_ok(&other.run("y = 5").await);
@@ -1313,5 +1315,413 @@ async fn lone_surrogates_never_break_capture_or_framing() {
     assert_eq!(r.displays.len(), 1);
     assert!(r.result.is_some());
     assert_eq!(f.run("print('next')").await.stdout, "next\n");
+    f.session.shutdown().await;
+}
+
+// ---- sandbox
+//
+// The escape suite: one test per promise of the default (`auto`) profile.
+// A test skips, saying why, only when this machine lacks the layer that
+// keeps the promise.
+
+use cellhost_sandbox::profile::{SandboxMode, SandboxProfile};
+
+async fn sandboxed(dir: &TempDir, profile: SandboxProfile) -> Kernel {
+    let mut cfg = config(dir);
+    cfg.sandbox = profile;
+    Kernel::spawn(cfg).await.expect("sandboxed kernel")
+}
+
+/// The layer is enforced in `k`, or the reason it is not (printed).
+fn layer_on(k: &Kernel, name: &str) -> bool {
+    match k.info().sandbox.layer(name) {
+        Some(l) if l.enforced => true,
+        Some(l) => {
+            eprintln!("skipped: layer {name} is not enforced here: {}", l.detail);
+            false
+        }
+        None => {
+            eprintln!("skipped: layer {name} is not reported");
+            false
+        }
+    }
+}
+
+async fn run(k: &Kernel, code: &str) -> CellResult {
+    k.execute(code, ExecOptions::default()).await.expect("execute")
+}
+
+#[tokio::test]
+async fn sandbox_default_profile_reports_its_layers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    let s = &k.info().sandbox;
+    assert_eq!(s.mode, SandboxMode::Auto);
+    for l in &s.layers {
+        eprintln!(
+            "{:<13} {:<8} {}",
+            l.name,
+            if l.enforced { "enforced" } else { "missing" },
+            l.detail
+        );
+    }
+    for name in [
+        "env",
+        "rlimits",
+        "userns",
+        "pidns",
+        "netns",
+        "ipcns",
+        "utsns",
+        "mountns",
+        "cgroupns",
+        "landlock",
+        "capabilities",
+        "seccomp",
+        "cgroup",
+    ] {
+        assert!(s.layer(name).is_some(), "{name} missing from {s:?}");
+    }
+    // The worker really is pid 2 below an ns-init, and the host pid is right.
+    if layer_on(&k, "pidns") {
+        let r = run(&k, "import os; print(os.getpid())").await;
+        assert_eq!(r.stdout, "2\n");
+        let ns = cellhost_sandbox::procfs::ns_pids(k.info().pid as i32);
+        assert_eq!(ns.last(), Some(&2), "{ns:?}");
+    }
+    if layer_on(&k, "cgroupns") {
+        let r = run(&k, "print(open('/proc/self/cgroup').read().count('cellhost'))").await;
+        assert_eq!(r.stdout, "0\n", "{r:#?}");
+    }
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_off_behaves_as_before() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::off()).await;
+    assert_eq!(k.info().sandbox.mode, SandboxMode::Off);
+    assert!(k.info().sandbox.layers.is_empty());
+    let r = run(&k, "import os; print(os.getpid())").await;
+    assert_eq!(r.stdout, format!("{}\n", k.info().pid));
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_writing_outside_the_workdir_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    if !layer_on(&k, "landlock") {
+        return;
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let outside = [
+        format!("{home}/.cellhost-escape-{}", std::process::id()),
+        "/usr/cellhost-escape".into(),
+        "/var/tmp/cellhost-escape".into(),
+        "/etc/cellhost-escape".into(),
+    ];
+    for path in &outside {
+        let r = run(&k, &format!("open({path:?}, 'w').write('x')")).await;
+        assert_eq!(r.status, CellStatus::Error, "{path}: {r:#?}");
+        assert!(!std::path::Path::new(path).exists(), "{path} was written");
+    }
+    // The workdir, the session directory and the private /tmp are writable.
+    let r = run(
+        &k,
+        "import os, tempfile\nopen('here.txt', 'w').write('ok')\nopen('/tmp/mine.txt', 'w').write('ok')\nprint(tempfile.mkdtemp())",
+    )
+    .await;
+    assert_ok(&r);
+    assert!(dir.path().join("here.txt").is_file());
+    if layer_on(&k, "mountns") {
+        assert!(
+            !std::path::Path::new("/tmp/mine.txt").exists(),
+            "/tmp is not private"
+        );
+    }
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_planted_secret_is_unreadable() {
+    let home = PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()));
+    let secret = home.join(format!(".cellhost-planted-secret-{}", std::process::id()));
+    std::fs::write(&secret, "hunter2-planted").expect("plant");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    let r = run(
+        &k,
+        &format!(
+            "try:\n    print(open({:?}).read())\nexcept OSError as e:\n    print(type(e).__name__)",
+            secret.display()
+        ),
+    )
+    .await;
+    let on = layer_on(&k, "landlock");
+    let _ = std::fs::remove_file(&secret);
+    if on {
+        assert_eq!(r.stdout, "PermissionError\n", "{r:#?}");
+    }
+    // /etc/shadow reads as empty (masked), whatever the layer says.
+    if layer_on(&k, "mountns") && std::path::Path::new("/etc/shadow").exists() {
+        let r = run(&k, "print(len(open('/etc/shadow').read()))").await;
+        assert_eq!(r.stdout, "0\n", "{r:#?}");
+    }
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_host_environ_is_unreadable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    if !layer_on(&k, "pidns") || !layer_on(&k, "mountns") {
+        return;
+    }
+    let host = std::process::id();
+    let r = run(
+        &k,
+        &format!("try:\n    print(len(open('/proc/{host}/environ', 'rb').read()))\nexcept OSError as e:\n    print(type(e).__name__)"),
+    )
+    .await;
+    assert!(
+        r.stdout == "FileNotFoundError\n" || r.stdout == "PermissionError\n",
+        "{r:#?}"
+    );
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_loopback_connect_to_the_host_fails() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    if !layer_on(&k, "netns") {
+        return;
+    }
+    let r = run(
+        &k,
+        &format!("import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n    print('connected')\nexcept OSError as e:\n    print(type(e).__name__)"),
+    )
+    .await;
+    assert_ok(&r);
+    assert_ne!(r.stdout, "connected\n");
+    // With network on, the same connect succeeds.
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let on = SandboxProfile {
+        network: true,
+        ..Default::default()
+    };
+    let k2 = sandboxed(&dir2, on).await;
+    let r = run(
+        &k2,
+        &format!("import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3).close()\nprint('connected')"),
+    )
+    .await;
+    assert_eq!(r.stdout, "connected\n", "{r:#?}");
+    k.kill().await;
+    k2.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_ptrace_of_the_host_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    if !layer_on(&k, "seccomp") {
+        return;
+    }
+    let host = std::process::id();
+    let r = run(
+        &k,
+        &format!("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.ptrace(16, {host}, 0, 0)\nprint(rc, os.strerror(ctypes.get_errno()))\nrc = libc.ptrace(0, 0, 0, 0)\nprint(rc, os.strerror(ctypes.get_errno()))"),
+    )
+    .await;
+    assert_eq!(
+        r.stdout, "-1 Operation not permitted\n-1 Operation not permitted\n",
+        "{r:#?}"
+    );
+    // Namespaces cannot be made from inside either.
+    let r = run(
+        &k,
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())",
+    )
+    .await;
+    assert_eq!(r.stdout, "-1 1\n", "{r:#?}");
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_fork_beyond_the_pids_limit_fails() {
+    if !cgroups_usable() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut p = SandboxProfile::default();
+    p.limits.pids_max = Some(40);
+    let k = sandboxed(&dir, p).await;
+    if !layer_on(&k, "cgroup") {
+        return;
+    }
+    let r = run(
+        &k,
+        "import subprocess\nps = []\ntry:\n    for _ in range(100):\n        ps.append(subprocess.Popen(['sleep', '60']))\n    print('all started')\nexcept OSError as e:\n    print('refused after', len(ps))\nfor p in ps:\n    p.kill(); p.wait()",
+    )
+    .await;
+    assert!(r.stdout.starts_with("refused after"), "{r:#?}");
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_daemonised_grandchild_cannot_escape() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    let r = run(
+        &k,
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '600'])\n    os._exit(0)\ntime.sleep(0.3)\nprint('daemonised')",
+    )
+    .await;
+    assert_ok(&r);
+    let init = k.info().init_pid as i32;
+    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    let sleeper = tree
+        .iter()
+        .copied()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.starts_with("sleep\x00600"))
+        })
+        .expect("the daemon is still in the kernel's tree");
+    k.kill().await;
+    for pid in tree.iter().chain([&init, &sleeper]) {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} survived the kill"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sandbox_enforce_refuses_a_missing_layer_and_names_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut p = SandboxProfile::with_mode(SandboxMode::Enforce);
+    p.disable = vec!["seccomp".into()];
+    let mut cfg = config(&dir);
+    cfg.sandbox = p;
+    let err = Kernel::spawn(cfg).await.expect_err("enforce must refuse");
+    match &err {
+        KernelError::SandboxUnavailable { layer, reason, .. } => {
+            assert_eq!(layer, "seccomp");
+            assert!(reason.contains("disabled"), "{reason}");
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    // The same profile in mode auto starts, and says what is missing.
+    let p = SandboxProfile {
+        disable: vec!["seccomp".into()],
+        ..Default::default()
+    };
+    let k = sandboxed(&dir, p).await;
+    let l = k.info().sandbox.layer("seccomp").expect("seccomp layer").clone();
+    assert!(!l.enforced);
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_enforce_starts_when_every_layer_is_available() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.sandbox = SandboxProfile::with_mode(SandboxMode::Enforce);
+    match Kernel::spawn(cfg).await {
+        Ok(k) => {
+            assert_eq!(run(&k, "print(6*7)").await.stdout, "42\n");
+            k.kill().await;
+        }
+        Err(KernelError::SandboxUnavailable { layer, reason, .. }) => {
+            eprintln!("skipped: this machine lacks layer {layer}: {reason}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn sandbox_interrupt_reaches_the_main_thread_in_the_namespace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::default()).await;
+    let h = k
+        .submit(
+            "import time\nfor _ in range(600):\n    time.sleep(0.1)",
+            ExecOptions::default(),
+        )
+        .expect("submit");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let o = k.interrupt().await;
+    assert!(o.delivered, "{o:?}");
+    let r = h.wait().await.expect("result");
+    assert_eq!(r.status, CellStatus::Interrupted, "{r:#?}");
+    assert_eq!(run(&k, "print('still here')").await.stdout, "still here\n");
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn sandbox_matplotlib_font_cache_is_built_once_by_the_host() {
+    if !has_module("matplotlib") {
+        eprintln!("skipped: matplotlib is not installed in the test interpreter");
+        return;
+    }
+    // The host builds the cache in the background on the first sandboxed
+    // spawn of this interpreter; later kernels get it as MPLCONFIGDIR.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let (k, cache) = loop {
+        let k = sandboxed(&dir, SandboxProfile::default()).await;
+        let r = run(&k, "import os; print(os.environ.get('MPLCONFIGDIR', ''))").await;
+        let cache = r.stdout.trim().to_string();
+        if !cache.is_empty() {
+            break (k, cache);
+        }
+        k.kill().await;
+        assert!(Instant::now() < deadline, "the font cache was never built");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let r = run(
+        &k,
+        "import time, matplotlib\nt = time.time()\nimport matplotlib.font_manager\nprint(matplotlib.get_cachedir())\nprint(time.time() - t < 5)",
+    )
+    .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, format!("{cache}\nTrue\n"), "{r:#?}");
+    assert!(!r.stderr.contains("building the font cache"), "{}", r.stderr);
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn ipython_display_calls_become_displays() {
+    if !has_module("IPython") {
+        eprintln!("skipped: IPython is not installed in {}", python().display());
+        return;
+    }
+    let mut f = fixture();
+    let r = f
+        .run("from IPython.display import display, Markdown, HTML\ndisplay(Markdown('**b**'))\ndisplay(HTML('<i>x</i>'))")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "", "nothing falls back to a printed repr");
+    assert_eq!(r.displays.len(), 2);
+    assert_eq!(r.displays[0].data["text/markdown"], "**b**");
+    assert_eq!(r.displays[1].data["text/html"], "<i>x</i>");
+    f.session.shutdown().await;
+}
+
+#[tokio::test]
+async fn stdout_reconfigure_is_accepted() {
+    let mut f = fixture();
+    let r = f
+        .run("import sys\nsys.stdout.reconfigure(line_buffering=True)\nprint('ok')")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "ok\n");
     f.session.shutdown().await;
 }

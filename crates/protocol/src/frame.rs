@@ -82,6 +82,21 @@ pub enum SigintHandler {
     Default,
 }
 
+/// Files a cell opened for reading and writing, as seen by Python's `open`
+/// audit event (absolute paths, each at most once, at most 256 in all).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesOpened {
+    /// Paths opened for reading.
+    #[serde(default)]
+    pub read: Vec<String>,
+    /// Paths opened for writing (or appending, creating, updating).
+    #[serde(default)]
+    pub write: Vec<String>,
+    /// More paths were opened than were kept.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
 /// Frames a worker sends to the host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -183,12 +198,40 @@ pub enum WorkerFrame {
         /// SIGINT handling after the cell (re-armed before the next one).
         #[serde(default)]
         sigint_handler: Option<SigintHandler>,
+        /// Files the cell opened, as seen by Python's `open` audit event.
+        #[serde(default)]
+        files: Option<FilesOpened>,
     },
     /// Diagnostic message from the worker itself.
     Log {
         /// Text.
         msg: String,
     },
+    /// Sent by the kernel init (not Python) before `ready` when a sandbox
+    /// profile is active: which confinement layers it applied.
+    Sandbox {
+        /// `auto` or `enforce`.
+        mode: String,
+        /// One entry per layer, in the order applied.
+        layers: Vec<SandboxLayer>,
+    },
+}
+
+/// One confinement layer as the kernel init reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxLayer {
+    /// `rlimits`, `userns`, `pidns`, `netns`, `ipcns`, `utsns`, `mountns`,
+    /// `landlock`, `seccomp`, `cgroup`, ...
+    pub name: String,
+    /// The layer is in force for the worker.
+    pub enforced: bool,
+    /// What was applied, or why not.
+    #[serde(default)]
+    pub detail: String,
+    /// Not required by mode `enforce` (not applicable here, or turned off
+    /// by the profile).
+    #[serde(default)]
+    pub optional: bool,
 }
 
 impl WorkerFrame {
@@ -205,6 +248,7 @@ impl WorkerFrame {
             WorkerFrame::InterruptRaised { .. } => "interrupt_raised",
             WorkerFrame::Response { .. } => "response",
             WorkerFrame::Log { .. } => "log",
+            WorkerFrame::Sandbox { .. } => "sandbox",
         }
     }
 }

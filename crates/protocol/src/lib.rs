@@ -16,7 +16,7 @@ pub mod codec;
 pub mod frame;
 
 pub use codec::{FrameReader, FrameWriter, ProtocolError};
-pub use frame::{HostFrame, WorkerFrame};
+pub use frame::{HostFrame, SandboxLayer, WorkerFrame};
 
 /// Protocol version spoken by this host; a worker's `ready` frame must carry
 /// the same number.

@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// Limits for one kernel's tree. `None` leaves a resource unlimited.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CgroupLimits {
     /// Most processes (and threads) at once (`pids.max`).
     pub pids_max: Option<u64>,

@@ -21,6 +21,16 @@
 //!    descendant until none is left, reaps them all, and exits with Python's
 //!    status: the same exit code, or death by the same signal.
 //!
+//! With `--sandbox JSON` (an [`InitSpec`]), step 5 changes: the init
+//! lowers its rlimits and unshares the namespaces, then forks an *ns-init*
+//! (pid 1 of the new pid namespace) that sets up the mounts, Landlock,
+//! capabilities and seccomp, reports the layers as one `sandbox` frame on
+//! the control socket, forks Python (pid 2) and reaps every orphan of the
+//! namespace. When Python dies the ns-init passes its raw wait status to
+//! the init through a pipe and exits, which kills whatever is left in the
+//! namespace; the init mirrors Python's status as before. Killing the
+//! ns-init (what the init does on SIGTERM) kills the whole namespace.
+//!
 //! Nothing here depends on Python being responsive. The binary that embeds
 //! cellhost calls [`run_if_requested`] first thing in `main` (or enables the
 //! `ctor-launcher` feature).
@@ -29,6 +39,8 @@ use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
+use crate::confine;
+use crate::profile::{InitSpec, LayerStatus, SANDBOX_ARG, SandboxMode};
 use crate::signal;
 
 /// The hidden subcommand that turns the process into a kernel init.
@@ -71,6 +83,7 @@ fn cstring(s: &OsString) -> CString {
 fn init_main(args: &[OsString]) -> ! {
     let mut host_pid: Option<i32> = None;
     let mut cgroups: Vec<&OsString> = Vec::new();
+    let mut spec: Option<InitSpec> = None;
     let mut i = 0;
     while i < args.len() {
         match args[i].to_str() {
@@ -86,6 +99,18 @@ fn init_main(args: &[OsString]) -> ! {
                     fail("--cgroup-procs needs a file")
                 };
                 cgroups.push(f);
+                i += 2;
+            }
+            Some(SANDBOX_ARG) => {
+                let parsed = args
+                    .get(i + 1)
+                    .and_then(|s| s.to_str())
+                    .map(serde_json::from_str::<InitSpec>);
+                match parsed {
+                    Some(Ok(s)) => spec = Some(s),
+                    Some(Err(e)) => fail(&format!("bad {SANDBOX_ARG} value: {e}")),
+                    None => fail("--sandbox needs a JSON value"),
+                }
                 i += 2;
             }
             Some("--") => {
@@ -161,6 +186,11 @@ fn init_main(args: &[OsString]) -> ! {
     }
     let init_pid = std::process::id() as i32;
 
+    if let Some(spec) = spec {
+        let (ns_init, status_rd) = start_sandboxed(&spec, &argv_ptrs, &devnull, &old);
+        supervise(init_pid, ns_init, &watched, &devnull, Some(status_rd))
+    }
+
     // SAFETY: single-threaded process; the child only makes async-signal-safe
     // calls on memory prepared before the fork, then execs or _exits.
     let python = unsafe { libc::fork() };
@@ -168,30 +198,52 @@ fn init_main(args: &[OsString]) -> ! {
         fail("fork failed");
     }
     if python == 0 {
-        // SAFETY: see above; all pointers point to live CStrings.
-        unsafe {
-            libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            if libc::getppid() != init_pid {
-                libc::_exit(70);
-            }
-            if libc::dup2(0, 3) < 0 {
-                libc::_exit(71);
-            }
-            let null = libc::open(devnull.as_ptr(), libc::O_RDWR);
-            if null >= 0 {
-                libc::dup2(null, 0);
-                if null > 3 {
-                    libc::close(null);
-                }
-            }
-            libc::execvp(argv_ptrs[0], argv_ptrs.as_ptr());
-            let msg = b"cellhost kernel init: cannot execute the interpreter\n";
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            libc::_exit(127);
-        }
+        exec_worker(&old, init_pid, &devnull, &argv_ptrs, None);
     }
 
+    supervise(init_pid, python, &watched, &devnull, None)
+}
+
+/// In the forked child: restores the signal mask, dies with its parent,
+/// moves the control socket from fd 0 to fd 3, puts `/dev/null` on fd 0,
+/// enters `workdir`, and execs the interpreter. Never returns.
+fn exec_worker(
+    mask: &libc::sigset_t,
+    parent: i32,
+    devnull: &CString,
+    argv: &[*const libc::c_char],
+    workdir: Option<&std::ffi::CStr>,
+) -> ! {
+    // SAFETY: called in the child right after fork, in a single-threaded
+    // process; every pointer points to a live CString or array prepared
+    // before the fork; only async-signal-safe calls are made.
+    unsafe {
+        libc::sigprocmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        if libc::getppid() != parent {
+            libc::_exit(70);
+        }
+        if libc::dup2(0, 3) < 0 {
+            libc::_exit(71);
+        }
+        let null = libc::open(devnull.as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            if null > 3 {
+                libc::close(null);
+            }
+        }
+        if let Some(w) = workdir {
+            libc::chdir(w.as_ptr());
+        }
+        libc::execvp(argv[0], argv.as_ptr());
+        let msg = b"cellhost kernel init: cannot execute the interpreter\n";
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::_exit(127)
+    }
+}
+
+fn null_stdio(devnull: &CString) {
     // The init keeps no end of the control channel or the output pipes, so
     // the host sees EOF as soon as the worker tree is gone.
     // SAFETY: plain fd operations on fds this process owns.
@@ -206,11 +258,23 @@ fn init_main(args: &[OsString]) -> ! {
             }
         }
     }
+}
 
+/// Waits for `python` (or the ns-init standing for it), kills the tree, and
+/// exits with Python's status. `status_rd` carries Python's raw wait status
+/// from an ns-init.
+fn supervise(
+    init_pid: i32,
+    python: i32,
+    watched: &libc::sigset_t,
+    devnull: &CString,
+    status_rd: Option<i32>,
+) -> ! {
+    null_stdio(devnull);
     let mut python_status: Option<libc::c_int> = None;
     loop {
         // SAFETY: `watched` is a valid set; a null siginfo pointer is allowed.
-        let sig = unsafe { libc::sigwaitinfo(&watched, std::ptr::null_mut()) };
+        let sig = unsafe { libc::sigwaitinfo(watched, std::ptr::null_mut()) };
         if sig == libc::SIGCHLD {
             reap_nohang(python, &mut python_status);
             if python_status.is_some() {
@@ -222,7 +286,153 @@ fn init_main(args: &[OsString]) -> ! {
         }
     }
     kill_tree_and_reap(init_pid, python, &mut python_status);
+    if let Some(fd) = status_rd {
+        let mut raw = [0u8; 4];
+        // SAFETY: reads at most 4 bytes into a live buffer; the write end is
+        // closed (its only holder, the ns-init, is reaped), so this cannot block.
+        let n = unsafe { libc::read(fd, raw.as_mut_ptr().cast(), raw.len()) };
+        if n == 4 {
+            python_status = Some(libc::c_int::from_ne_bytes(raw));
+        } else if python_status.is_some_and(|s| libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 72) {
+            // The ns-init refused to start Python (mode enforce).
+            std::process::exit(72);
+        }
+    }
     mirror_exit(python_status)
+}
+
+/// Applies the layers the init itself must apply (rlimits, namespaces) and
+/// forks the ns-init. Returns its pid and the read end of the status pipe.
+fn start_sandboxed(
+    spec: &InitSpec,
+    argv: &[*const libc::c_char],
+    devnull: &CString,
+    old_mask: &libc::sigset_t,
+) -> (i32, i32) {
+    let mut layers = vec![if spec.disabled("rlimits") {
+        disabled("rlimits")
+    } else {
+        confine::apply_rlimits(&spec.rlimits)
+    }];
+    layers.extend(confine::unshare_namespaces(spec.network, &spec.disable));
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two fds into a live array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        fail("pipe2 failed");
+    }
+    // SAFETY: single-threaded process; the child goes on as the ns-init.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        fail("fork failed");
+    }
+    if pid == 0 {
+        // SAFETY: closing our copy of the read end.
+        unsafe { libc::close(fds[0]) };
+        ns_init(spec, layers, argv, devnull, old_mask, fds[1]);
+    }
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(fds[1]) };
+    (pid, fds[0])
+}
+
+fn disabled(name: &str) -> LayerStatus {
+    LayerStatus::missing(name, "disabled by the sandbox profile")
+}
+
+fn write_all(fd: i32, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: writes from a live buffer.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n <= 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+/// Pid 1 of the kernel's pid namespace: finishes the confinement, reports
+/// it, runs Python and reaps orphans until Python dies.
+fn ns_init(
+    spec: &InitSpec,
+    mut layers: Vec<LayerStatus>,
+    argv: &[*const libc::c_char],
+    devnull: &CString,
+    old_mask: &libc::sigset_t,
+    status_wr: i32,
+) -> ! {
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    if let Some(m) = layers.iter_mut().find(|l| l.name == "mountns")
+        && m.enforced
+    {
+        let mut done = confine::setup_mounts(spec);
+        if done.enforced {
+            done.detail = format!("{}: {}", m.detail, done.detail);
+        }
+        *m = done;
+    }
+    confine::share_mpl_cache(spec, layers.iter().any(|l| l.name == "mountns" && l.enforced));
+    type Step = fn(&InitSpec) -> LayerStatus;
+    let steps: [(&str, Step); 3] = [
+        ("landlock", confine::apply_landlock),
+        ("capabilities", |_| confine::drop_capabilities()),
+        ("seccomp", |_| confine::apply_seccomp()),
+    ];
+    for (name, step) in steps {
+        layers.push(if spec.disabled(name) {
+            disabled(name)
+        } else {
+            step(spec)
+        });
+    }
+    let frame = serde_json::json!({
+        "type": "sandbox",
+        "mode": spec.mode.as_str(),
+        "layers": layers,
+    });
+    write_all(0, format!("{frame}\n").as_bytes());
+    if spec.mode == SandboxMode::Enforce && layers.iter().any(|l| !l.enforced && !l.optional) {
+        // SAFETY: exiting without running atexit handlers.
+        unsafe { libc::_exit(72) };
+    }
+    let workdir = spec
+        .workdir
+        .as_ref()
+        .and_then(|w| CString::new(w.as_os_str().as_bytes()).ok());
+    // SAFETY: getpid takes no arguments.
+    let me = unsafe { libc::getpid() };
+    // SAFETY: single-threaded process; the child only makes async-signal-safe
+    // calls on memory prepared before the fork, then execs or _exits.
+    let python = unsafe { libc::fork() };
+    if python < 0 {
+        // SAFETY: as above.
+        unsafe { libc::_exit(70) };
+    }
+    if python == 0 {
+        exec_worker(old_mask, me, devnull, argv, workdir.as_deref());
+    }
+    null_stdio(devnull);
+    let mut watched = empty_sigset();
+    // SAFETY: valid sigset.
+    unsafe { libc::sigaddset(&mut watched, libc::SIGCHLD) };
+    loop {
+        // SAFETY: `watched` is a valid set; SIGCHLD is blocked (inherited mask).
+        let sig = unsafe { libc::sigwaitinfo(&watched, std::ptr::null_mut()) };
+        if sig != libc::SIGCHLD {
+            continue;
+        }
+        let mut python_status = None;
+        reap_nohang(python, &mut python_status);
+        if let Some(st) = python_status {
+            write_all(status_wr, &st.to_ne_bytes());
+            // Leaving kills every process left in the namespace.
+            // SAFETY: exiting without running atexit handlers.
+            unsafe { libc::_exit(0) };
+        }
+    }
 }
 
 fn empty_sigset() -> libc::sigset_t {

@@ -6,15 +6,21 @@
 //!   reaps everything, kills the whole tree when Python dies or the host asks
 //!   (or dies), and mirrors Python's exit status.
 //! * [`signal`]: thread-directed signals (`tgkill`) and process-tree sweeps.
-//! * [`env`]: the environment allowlist.
+//! * [`mod@env`]: the environment allowlist.
+//! * [`profile`]: the sandbox profile (mode off/auto/enforce, network,
+//!   paths, limits), what the init is told, and what it reports.
+//! * [`confine`]: the layers the init applies (rlimits, namespaces, mounts,
+//!   Landlock, capabilities, seccomp); [`cgroup`]: the kernel's limits.
 //!
 //! This is the only crate of cellhost with `unsafe` code; every block has a
 //! `// SAFETY:` line.
 
 pub mod cgroup;
+pub mod confine;
 pub mod env;
 pub mod launcher;
 pub mod procfs;
+pub mod profile;
 pub mod signal;
 
 #[cfg(feature = "ctor-launcher")]

@@ -72,6 +72,38 @@ pub fn children(pid: i32) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// The pids of `pid` in each pid namespace it belongs to, outermost first
+/// (the `NSpid` line of `/proc/<pid>/status`).
+pub fn ns_pids(pid: i32) -> Vec<i32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| l.strip_prefix("NSpid:")).map(|v| {
+                v.split_ascii_whitespace()
+                    .filter_map(|s| s.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
+}
+
+/// The host pid of the descendant of `root` whose pid in its own (innermost)
+/// pid namespace is `inner_pid`, preferring one that lives in a nested
+/// namespace (a kernel's worker in its sandbox) over a plain match.
+pub fn host_pid_of(root: i32, inner_pid: i32) -> Option<i32> {
+    let mut plain = None;
+    for p in descendants(root) {
+        let ns = ns_pids(p.pid);
+        if ns.last() == Some(&inner_pid) {
+            if ns.len() > 1 {
+                return Some(p.pid);
+            }
+            plain.get_or_insert(p.pid);
+        }
+    }
+    plain
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,14 +3,19 @@
 //! ratios, and rewrites `BENCHMARKS.md`.
 //!
 //! Workloads: W1 round trip of a trivial cell; W2 spawn to first result
-//! (cold); W3 1 GB of stdout through the capture path with the host's peak
+//! (cold); W2S the same with the sandbox off vs auto; W3 1 GB of stdout through the capture path with the host's peak
 //! RSS; W4 interrupt-to-settled for `time.sleep`, a Python loop and numpy
 //! matmuls, with the other core kept busy; KILL kill-to-reaped of a kernel
 //! with 50 descendants; HOSTKILL SIGKILL of a host with 20 busy kernels and
-//! the processes left 2 s later; W7 the penguins notebook end to end.
+//! the processes left 2 s later; W7 the penguins notebook end to end;
+//! POOL acquire latency of a session's kernel, cold spawn vs warm pool;
+//! JOURNAL per-cell cost of the SQLite journal (cells/s with and without);
+//! W5 host-call round trip (cell → host → cell) through a trivial tool;
+//! IDLE200 200 idle kernels: spawn time, host RSS and RSS per kernel.
 //! Peers (`--peers`): ipykernel driven by jupyter_client, a fresh
 //! `python -c` per cell, and nbclient, from the interpreter's environment.
 
+mod sessions;
 mod stats;
 mod workloads;
 
@@ -24,14 +29,17 @@ pub use workloads::host_for_bench;
 
 /// Every workload this build measures, in run order (W3 first: it resets
 /// and reads the host's peak RSS).
-pub const ALL: &[&str] = &["W3", "W1", "W2", "W4", "KILL", "HOSTKILL", "W7"];
+pub const ALL: &[&str] = &[
+    "W3", "W1", "W2", "W2S", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200",
+];
 
 /// Arguments of `bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub kernel: KernelArgs,
-    /// Comma-separated workloads (W1, W2, W3, W4, KILL, HOSTKILL, W7), or `all`.
+    /// Comma-separated workloads (W1, W2, W3, W4, KILL, HOSTKILL, W7, POOL,
+    /// JOURNAL, W5, IDLE200), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
     /// Also measure the peers (needs ipykernel, jupyter_client, nbclient in

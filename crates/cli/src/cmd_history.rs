@@ -1,0 +1,128 @@
+//! `cellhost history SESSION [--json] [--owner OWNER]`: a session's cells
+//! from the journal, oldest first, with their kernel generations.
+
+use cellhost_sessions::{CellRow, JournalReader};
+
+use crate::common::{self, CLI_OWNER};
+
+/// Arguments of `history`.
+#[derive(Debug, clap::Args)]
+pub struct HistoryArgs {
+    /// Session name (`cellhost run` uses the input file's stem).
+    #[arg(value_name = "SESSION")]
+    session: String,
+    /// Owner of the session.
+    #[arg(long, default_value = CLI_OWNER)]
+    owner: String,
+    /// Print JSON: `{session, owner, kernels, cells}`.
+    #[arg(long)]
+    json: bool,
+}
+
+fn first_line(s: &str, max: usize) -> String {
+    let line = s.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim_end();
+    let more = s.lines().filter(|l| !l.trim().is_empty()).count() > 1;
+    let mut out: String = line.chars().take(max).collect();
+    if more || line.chars().count() > max {
+        out.push_str(" …");
+    }
+    out
+}
+
+fn print_cell(c: &CellRow) {
+    let dur = c
+        .duration_ms
+        .map(|d| format!("{d} ms"))
+        .unwrap_or_else(|| "-".into());
+    println!(
+        "[{}] g{} {} {} ({}, {}) {}",
+        c.execution_count,
+        c.generation,
+        c.status,
+        dur,
+        if c.origin.is_empty() { "?" } else { &c.origin },
+        c.id,
+        first_line(&c.code, 70)
+    );
+    if let Some(e) = &c.error {
+        println!("    error: {}", first_line(e, 100));
+    }
+    let out = c.stdout_head.trim_end();
+    if !out.is_empty() {
+        println!("    stdout: {}", first_line(out, 100));
+    }
+    if !c.files_read.is_empty() || !c.files_written.is_empty() {
+        println!(
+            "    files: read {}, wrote {}{}",
+            c.files_read.len(),
+            c.files_written.len(),
+            if c.files_truncated { " (truncated)" } else { "" }
+        );
+    }
+    if let Some(n) = c.tool_calls.as_array().map(Vec::len).filter(|n| *n > 0) {
+        println!("    tool calls: {n}");
+    }
+}
+
+/// Runs `history`.
+pub fn run(args: HistoryArgs) -> u8 {
+    let path = common::journal_path();
+    if !path.exists() {
+        eprintln!("cellhost: no journal at {}", path.display());
+        return 1;
+    }
+    let reader = match JournalReader::open(&path) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    let (cells, kernels) = match (
+        reader.cells(&args.owner, &args.session),
+        reader.kernels(&args.owner, &args.session),
+    ) {
+        (Ok(c), Ok(k)) => (c, k),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    if cells.is_empty() && kernels.is_empty() {
+        eprintln!(
+            "cellhost: no session {:?} of owner {:?} in {}",
+            args.session,
+            args.owner,
+            path.display()
+        );
+        return 1;
+    }
+    if args.json {
+        let v = serde_json::json!({
+            "owner": args.owner, "session": args.session, "kernels": kernels, "cells": cells,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return 0;
+    }
+    println!(
+        "session {} (owner {}): {} cells, {} kernels",
+        args.session,
+        args.owner,
+        cells.len(),
+        kernels.len()
+    );
+    for k in &kernels {
+        println!(
+            "  kernel g{} pid {}: {}",
+            k.generation,
+            k.pid,
+            k.end_reason
+                .as_deref()
+                .unwrap_or(if k.ended_ms.is_some() { "ended" } else { "running" })
+        );
+    }
+    for c in &cells {
+        print_cell(c);
+    }
+    0
+}

@@ -1,0 +1,397 @@
+//! What a kernel's sandbox should be ([`SandboxProfile`]), what the kernel
+//! init is told to apply ([`InitSpec`], one `--sandbox JSON` argument), and
+//! what it reports back ([`SandboxStatus`]).
+//!
+//! Defaults of mode `auto` (and `enforce`):
+//!
+//! * network off (a fresh network namespace holding only loopback);
+//! * cgroup limits: memory 4 GiB and 512 processes/threads for the whole
+//!   tree: enough for pandas/numpy work and a process pool, while a runaway
+//!   allocation or a fork bomb stays inside the kernel. No CPU cap: a cap
+//!   slows every honest numpy cell to protect against nothing the scheduler
+//!   does not already share fairly; set `cpu_cores` to have one;
+//! * rlimits: no core files, 8192 open files, 16 GiB per written file; no
+//!   address-space limit unless configured (`RLIMIT_AS` counts *reserved*
+//!   virtual memory, which BLAS pools, JITs and Go/Java runtimes reserve by
+//!   the gigabyte: the memory cgroup is the real limit).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::CgroupLimits;
+
+/// How much confinement a kernel gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// No confinement beyond the environment allowlist (the pre-sandbox
+    /// behaviour, byte for byte).
+    Off,
+    /// Apply every layer this machine supports; record what is missing.
+    #[default]
+    Auto,
+    /// Refuse to start a kernel when any layer is missing.
+    Enforce,
+}
+
+impl SandboxMode {
+    /// `off`, `auto` or `enforce`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Off => "off",
+            SandboxMode::Auto => "auto",
+            SandboxMode::Enforce => "enforce",
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SandboxMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(SandboxMode::Off),
+            "auto" => Ok(SandboxMode::Auto),
+            "enforce" => Ok(SandboxMode::Enforce),
+            other => Err(format!(
+                "sandbox mode must be off, auto or enforce, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Per-process resource limits set by the kernel init (inherited by every
+/// process of the kernel). `None` leaves the host's limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    /// `RLIMIT_CORE` (0: no core dumps, which could hold secrets).
+    pub core: Option<u64>,
+    /// `RLIMIT_NOFILE`.
+    pub nofile: Option<u64>,
+    /// `RLIMIT_FSIZE` in bytes (largest file the kernel can write).
+    pub fsize: Option<u64>,
+    /// `RLIMIT_AS` in bytes: only when configured (see the module docs).
+    pub address_space: Option<u64>,
+}
+
+impl Default for Rlimits {
+    fn default() -> Self {
+        Rlimits {
+            core: Some(0),
+            nofile: Some(8192),
+            fsize: Some(16 << 30),
+            address_space: None,
+        }
+    }
+}
+
+/// The sandbox wanted for a kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxProfile {
+    /// `off`, `auto` (default) or `enforce`.
+    pub mode: SandboxMode,
+    /// Network access (default off: only a private loopback).
+    pub network: bool,
+    /// Extra directories or files the kernel may write.
+    pub extra_rw: Vec<PathBuf>,
+    /// Extra directories or files the kernel may read.
+    pub extra_ro: Vec<PathBuf>,
+    /// Working directory (read-write) when the kernel config names no cwd;
+    /// when neither does, the session directory is the working directory.
+    pub workdir: Option<PathBuf>,
+    /// cgroup limits applied unless the kernel config sets its own.
+    pub limits: CgroupLimits,
+    /// Per-process limits.
+    pub rlimits: Rlimits,
+    /// Layers to leave out (`landlock`, `seccomp`, `netns`, ...), for a
+    /// workload a layer breaks, or to see mode `enforce` refuse: they are
+    /// reported as missing, "disabled by the profile".
+    #[serde(default)]
+    pub disable: Vec<String>,
+}
+
+impl Default for SandboxProfile {
+    fn default() -> Self {
+        SandboxProfile {
+            mode: SandboxMode::Auto,
+            network: false,
+            extra_rw: Vec::new(),
+            extra_ro: Vec::new(),
+            workdir: None,
+            limits: CgroupLimits {
+                memory_bytes: Some(4 << 30),
+                pids_max: Some(512),
+                cpu_cores: None,
+            },
+            rlimits: Rlimits::default(),
+            disable: Vec::new(),
+        }
+    }
+}
+
+impl SandboxProfile {
+    /// No sandbox at all.
+    pub fn off() -> Self {
+        SandboxProfile {
+            mode: SandboxMode::Off,
+            ..Default::default()
+        }
+    }
+
+    /// The defaults with another mode.
+    pub fn with_mode(mode: SandboxMode) -> Self {
+        SandboxProfile {
+            mode,
+            ..Default::default()
+        }
+    }
+}
+
+/// Read-only system directories every kernel gets (not `/sys/fs/cgroup`:
+/// it names every other kernel's group, and so its session). `/etc` holds
+/// `/etc/shadow` and friends: Landlock cannot carve a file out of an allowed
+/// directory, so the init hides them in its mount namespace instead
+/// ([`MASKED_FILES`]).
+pub const SYSTEM_RO: &[&str] = &[
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/etc",
+    "/proc",
+    "/sys/devices/system/cpu",
+];
+
+/// Device files every kernel may read and write.
+pub const DEVICES_RW: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/shm",
+];
+
+/// Files the init covers with `/dev/null` in its mount namespace.
+pub const MASKED_FILES: &[&str] = &[
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+];
+
+/// What the kernel init applies, resolved by the host (serialised as the
+/// value of the init's `--sandbox` argument).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InitSpec {
+    /// `auto` or `enforce`.
+    pub mode: SandboxMode,
+    /// Keep the host's network.
+    pub network: bool,
+    /// Read-only (and executable) paths.
+    pub ro: Vec<PathBuf>,
+    /// Read-write paths.
+    pub rw: Vec<PathBuf>,
+    /// Directory the worker starts in.
+    pub workdir: Option<PathBuf>,
+    /// Per-process limits.
+    pub rlimits: Rlimits,
+    /// Layers left out by the profile.
+    #[serde(default)]
+    pub disable: Vec<String>,
+    /// matplotlib's font cache built by the host: copied into the private
+    /// `/tmp` (matplotlib wants a writable `MPLCONFIGDIR`) and named by
+    /// `MPLCONFIGDIR`.
+    #[serde(default)]
+    pub mpl_cache: Option<PathBuf>,
+}
+
+/// Where a sandboxed kernel's `MPLCONFIGDIR` is, in its private `/tmp`.
+pub const PRIVATE_MPL_DIR: &str = "/tmp/.cellhost-matplotlib";
+
+impl InitSpec {
+    /// The profile leaves layer `name` out.
+    pub fn disabled(&self, name: &str) -> bool {
+        self.disable.iter().any(|d| d == name)
+    }
+}
+
+/// The init argument that carries an [`InitSpec`].
+pub const SANDBOX_ARG: &str = "--sandbox";
+
+/// Directories an interpreter needs to read: the prefix of its real
+/// executable (`<prefix>/bin/python3.x` → `<prefix>`) and the virtual
+/// environment holding `pyvenv.cfg`, if `python` is in one. An executable
+/// outside a `bin` directory gives no prefix.
+pub fn interpreter_dirs(python: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let bin_parent = |p: &Path| {
+        let bin = p.parent()?;
+        (bin.file_name()? == "bin").then(|| bin.parent().map(Path::to_path_buf))?
+    };
+    if let Some(venv) = bin_parent(python)
+        && venv.join("pyvenv.cfg").is_file()
+    {
+        out.push(venv);
+    }
+    if let Ok(real) = std::fs::canonicalize(python)
+        && let Some(prefix) = bin_parent(&real)
+        && !matches!(prefix.to_str(), Some("/" | "/tmp" | "/home" | "/root"))
+    {
+        out.push(prefix);
+    }
+    out.dedup();
+    out
+}
+
+/// One confinement layer as applied to a kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerStatus {
+    /// `env`, `rlimits`, `userns`, `pidns`, `netns`, `ipcns`, `utsns`,
+    /// `mountns`, `cgroupns`, `landlock`, `capabilities`, `seccomp`, `cgroup`.
+    pub name: String,
+    /// In force for the worker.
+    pub enforced: bool,
+    /// What was applied, or why not.
+    pub detail: String,
+    /// Not required by `enforce` (not applicable, or turned off by the
+    /// profile, e.g. the network namespace when network is on).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+impl LayerStatus {
+    /// An enforced layer.
+    pub fn on(name: &str, detail: impl Into<String>) -> Self {
+        LayerStatus {
+            name: name.into(),
+            enforced: true,
+            detail: detail.into(),
+            optional: false,
+        }
+    }
+
+    /// A missing layer.
+    pub fn missing(name: &str, detail: impl Into<String>) -> Self {
+        LayerStatus {
+            name: name.into(),
+            enforced: false,
+            detail: detail.into(),
+            optional: false,
+        }
+    }
+
+    /// A layer that does not apply here.
+    pub fn skipped(name: &str, detail: impl Into<String>) -> Self {
+        LayerStatus {
+            name: name.into(),
+            enforced: false,
+            detail: detail.into(),
+            optional: true,
+        }
+    }
+}
+
+/// What confines one kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SandboxStatus {
+    /// The profile's mode.
+    pub mode: SandboxMode,
+    /// Layers in the order applied.
+    pub layers: Vec<LayerStatus>,
+}
+
+impl SandboxStatus {
+    /// The status of a kernel started with mode `off`.
+    pub fn off() -> Self {
+        SandboxStatus {
+            mode: SandboxMode::Off,
+            layers: Vec::new(),
+        }
+    }
+
+    /// Required layers that are not in force.
+    pub fn missing(&self) -> impl Iterator<Item = &LayerStatus> {
+        self.layers.iter().filter(|l| !l.enforced && !l.optional)
+    }
+
+    /// The layer named `name`.
+    pub fn layer(&self, name: &str) -> Option<&LayerStatus> {
+        self.layers.iter().find(|l| l.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print() {
+        for m in [SandboxMode::Off, SandboxMode::Auto, SandboxMode::Enforce] {
+            assert_eq!(m.as_str().parse::<SandboxMode>(), Ok(m));
+        }
+        assert!("strict".parse::<SandboxMode>().is_err());
+        assert_eq!(SandboxProfile::default().mode, SandboxMode::Auto);
+    }
+
+    #[test]
+    fn init_spec_round_trips_as_json() {
+        let spec = InitSpec {
+            mode: SandboxMode::Enforce,
+            network: false,
+            ro: vec!["/usr".into()],
+            rw: vec!["/tmp/x".into()],
+            workdir: Some("/tmp/x".into()),
+            rlimits: Rlimits::default(),
+            disable: vec!["seccomp".into()],
+            mpl_cache: None,
+        };
+        let text = serde_json::to_string(&spec).expect("json");
+        assert_eq!(serde_json::from_str::<InitSpec>(&text).expect("parse"), spec);
+    }
+
+    #[test]
+    fn interpreter_dirs_are_prefix_and_venv_only() {
+        let d = std::env::temp_dir().join(format!("cellhost-interp-{}", std::process::id()));
+        let bin = d.join("venv/bin");
+        std::fs::create_dir_all(&bin).expect("mkdir");
+        std::fs::write(d.join("venv/pyvenv.cfg"), "home = /usr/bin\n").expect("cfg");
+        std::fs::write(bin.join("python"), "").expect("python");
+        std::fs::write(d.join("fake-python"), "").expect("fake");
+        let dirs = interpreter_dirs(&bin.join("python"));
+        assert!(dirs.contains(&d.join("venv")), "{dirs:?}");
+        assert!(interpreter_dirs(&d.join("fake-python")).is_empty());
+        assert_eq!(
+            interpreter_dirs(Path::new("/usr/bin/python3"))
+                .first()
+                .map(PathBuf::as_path),
+            Some(Path::new("/usr"))
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn missing_skips_optional_layers() {
+        let s = SandboxStatus {
+            mode: SandboxMode::Auto,
+            layers: vec![
+                LayerStatus::on("seccomp", "x"),
+                LayerStatus::skipped("userns", "root"),
+                LayerStatus::missing("landlock", "no"),
+            ],
+        };
+        let names: Vec<_> = s.missing().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["landlock"]);
+    }
+}

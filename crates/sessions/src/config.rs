@@ -1,0 +1,552 @@
+//! The configuration: one TOML file plus `CELLHOST_*` environment
+//! overrides for every default of DESIGN.md, and where each value came from.
+//!
+//! ```toml
+//! python = "/opt/venvs/ds/bin/python"
+//! cell_timeout_s = 120
+//! max_live_kernels = 8
+//!
+//! [tools.search]
+//! command = ["/usr/local/bin/search", "--json"]
+//! timeout_s = 20
+//! description = "Search the docs"
+//! ```
+//!
+//! Precedence: environment (`CELLHOST_` + the key in upper case, e.g.
+//! `CELLHOST_CELL_TIMEOUT_S=60`) over the file over the default. The file is
+//! `--config PATH`, else `CELLHOST_CONFIG`, else
+//! `$XDG_CONFIG_HOME/cellhost/config.toml` (or `~/.config/…`) when it
+//! exists. `CELLHOST_TOOLS` holds `[tools]` entries in TOML
+//! (`search = { command = ["x"] }`) and replaces the file's tools.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cellhost_kernel::KernelConfig;
+use serde::Serialize;
+
+use crate::journal::Durability;
+use crate::tools::ToolSpec;
+
+/// Where a value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", content = "from", rename_all = "snake_case")]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// The config file.
+    File(PathBuf),
+    /// An environment variable.
+    Env(String),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Default => write!(f, "default"),
+            Source::File(p) => write!(f, "file {}", p.display()),
+            Source::Env(v) => write!(f, "env {v}"),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Int,
+    Float,
+    Bool,
+    Str,
+}
+
+/// (key, kind, default as TOML, meaning)
+const SETTINGS: &[(&str, Kind, &str, &str)] = &[
+    (
+        "python",
+        Kind::Str,
+        "\"\"",
+        "interpreter (empty: python3 on PATH)",
+    ),
+    (
+        "stdout_inline_bytes",
+        Kind::Int,
+        "50000",
+        "inline stdout per cell",
+    ),
+    (
+        "stderr_inline_bytes",
+        Kind::Int,
+        "10000",
+        "inline stderr per cell",
+    ),
+    (
+        "head_fraction",
+        Kind::Float,
+        "0.4",
+        "share of the inline bytes kept at the head",
+    ),
+    (
+        "spill_bytes",
+        Kind::Int,
+        "50000000",
+        "spill file cap per stream and cell",
+    ),
+    ("cell_timeout_s", Kind::Float, "300.0", "cell deadline (0 = none)"),
+    (
+        "interrupt_grace_s",
+        Kind::Float,
+        "2.0",
+        "interrupt grace before the kill",
+    ),
+    ("tool_budget", Kind::Int, "50", "host calls per cell"),
+    ("max_live_kernels", Kind::Int, "16", "live kernels (LRU cap)"),
+    (
+        "idle_timeout_s",
+        Kind::Float,
+        "1800.0",
+        "idle time before a kernel is reaped",
+    ),
+    (
+        "pool_size",
+        Kind::Int,
+        "2",
+        "warm kernels for the default configuration",
+    ),
+    (
+        "staging_max_age_days",
+        Kind::Float,
+        "7.0",
+        "age of dead hosts' staging dirs to sweep",
+    ),
+    ("sandbox_mode", Kind::Str, "\"auto\"", "off, auto or enforce"),
+    ("network", Kind::Bool, "false", "network inside the sandbox"),
+    ("journal", Kind::Bool, "true", "keep the SQLite journal"),
+    (
+        "journal_sync",
+        Kind::Str,
+        "\"normal\"",
+        "normal (survives a process kill) or full (fsync per cell)",
+    ),
+];
+
+/// Errors of the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config {path}: {source}")]
+    Read {
+        /// File.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value is wrong.
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+/// One effective value.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    /// The value.
+    pub value: toml::Value,
+    /// Where it came from.
+    pub source: Source,
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// The file read, if any.
+    pub file: Option<PathBuf>,
+    /// Every setting by key.
+    pub values: BTreeMap<String, Entry>,
+    /// Declared tools.
+    pub tools: BTreeMap<String, ToolSpec>,
+    /// Where the tools came from.
+    pub tools_source: Source,
+}
+
+fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
+    let bad = |what: &str| {
+        ConfigError::Invalid(format!(
+            "CELLHOST_{}={raw:?}: expected {what}",
+            key.to_uppercase()
+        ))
+    };
+    Ok(match kind {
+        Kind::Int => toml::Value::Integer(raw.trim().parse().map_err(|_| bad("an integer"))?),
+        Kind::Float => toml::Value::Float(raw.trim().parse().map_err(|_| bad("a number"))?),
+        Kind::Bool => toml::Value::Boolean(match raw.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" => false,
+            _ => return Err(bad("true or false")),
+        }),
+        Kind::Str => toml::Value::String(raw.to_string()),
+    })
+}
+
+fn check_kind(key: &str, kind: Kind, v: toml::Value, path: &Path) -> Result<toml::Value, ConfigError> {
+    let ok = match (kind, &v) {
+        (Kind::Int, toml::Value::Integer(_))
+        | (Kind::Bool, toml::Value::Boolean(_))
+        | (Kind::Str, toml::Value::String(_)) => true,
+        (Kind::Float, toml::Value::Float(_)) => true,
+        (Kind::Float, toml::Value::Integer(i)) => return Ok(toml::Value::Float(*i as f64)),
+        _ => false,
+    };
+    if ok {
+        Ok(v)
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "{}: `{key}` has the wrong type ({})",
+            path.display(),
+            v.type_str()
+        )))
+    }
+}
+
+/// The default config file path, if it exists.
+pub fn default_config_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    let p = base.join("cellhost").join("config.toml");
+    p.is_file().then_some(p)
+}
+
+fn parse_tools(table: toml::Table, origin: &str) -> Result<BTreeMap<String, ToolSpec>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for (name, v) in table {
+        let spec: ToolSpec = v
+            .try_into()
+            .map_err(|e| ConfigError::Invalid(format!("{origin}: [tools.{name}]: {e}")))?;
+        if spec.command.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "{origin}: [tools.{name}]: `command` is empty"
+            )));
+        }
+        if !(spec.timeout_s > 0.0 && spec.timeout_s.is_finite()) {
+            return Err(ConfigError::Invalid(format!(
+                "{origin}: [tools.{name}]: `timeout_s` must be > 0"
+            )));
+        }
+        out.insert(name, spec);
+    }
+    Ok(out)
+}
+
+impl Config {
+    /// Loads `explicit`, else `CELLHOST_CONFIG`, else the default file if
+    /// it exists, then applies `CELLHOST_*` from `env`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an unreadable file, unknown keys or bad values.
+    pub fn load(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        Self::load_with(explicit, |k| std::env::var(k).ok())
+    }
+
+    /// As [`Config::load`] with an explicit environment (for tests).
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn load_with(
+        explicit: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let file = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| {
+                env("CELLHOST_CONFIG")
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from)
+            })
+            .or_else(default_config_path);
+        let mut table = toml::Table::new();
+        if let Some(p) = &file {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.display().to_string(),
+                source,
+            })?;
+            table = text
+                .parse::<toml::Table>()
+                .map_err(|e| ConfigError::Invalid(format!("{}: {e}", p.display())))?;
+        }
+        let file_tools = match table.remove("tools") {
+            Some(toml::Value::Table(t)) => Some(t),
+            Some(_) => {
+                return Err(ConfigError::Invalid(
+                    "`tools` must be a table of [tools.NAME]".into(),
+                ));
+            }
+            None => None,
+        };
+        let mut values = BTreeMap::new();
+        for (key, kind, default, _) in SETTINGS {
+            let envk = format!("CELLHOST_{}", key.to_uppercase());
+            let in_file = table.remove(*key);
+            let entry = if let Some(raw) = env(&envk) {
+                Entry {
+                    value: parse_env(key, *kind, &raw)?,
+                    source: Source::Env(envk),
+                }
+            } else if let (Some(v), Some(p)) = (in_file, &file) {
+                Entry {
+                    value: check_kind(key, *kind, v, p)?,
+                    source: Source::File(p.clone()),
+                }
+            } else {
+                let v: toml::Table = format!("v = {default}")
+                    .parse()
+                    .map_err(|e| ConfigError::Invalid(format!("default of {key}: {e}")))?;
+                Entry {
+                    value: v.get("v").cloned().unwrap_or(toml::Value::Boolean(false)),
+                    source: Source::Default,
+                }
+            };
+            values.insert(key.to_string(), entry);
+        }
+        if let Some((k, _)) = table.iter().next() {
+            let known: Vec<&str> = SETTINGS.iter().map(|s| s.0).collect();
+            return Err(ConfigError::Invalid(format!(
+                "{}: unknown key `{k}` (known: {}, [tools.NAME])",
+                file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                known.join(", ")
+            )));
+        }
+        let (tools, tools_source) = if let Some(raw) = env("CELLHOST_TOOLS").filter(|s| !s.trim().is_empty())
+        {
+            let t: toml::Table = raw
+                .parse()
+                .map_err(|e| ConfigError::Invalid(format!("CELLHOST_TOOLS: {e}")))?;
+            (
+                parse_tools(t, "CELLHOST_TOOLS")?,
+                Source::Env("CELLHOST_TOOLS".into()),
+            )
+        } else if let (Some(t), Some(p)) = (file_tools, &file) {
+            (parse_tools(t, &p.display().to_string())?, Source::File(p.clone()))
+        } else {
+            (BTreeMap::new(), Source::Default)
+        };
+        let cfg = Config {
+            file,
+            values,
+            tools,
+            tools_source,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for k in [
+            "stdout_inline_bytes",
+            "stderr_inline_bytes",
+            "spill_bytes",
+            "tool_budget",
+            "max_live_kernels",
+            "pool_size",
+        ] {
+            if self.int(k) < 0 {
+                return Err(ConfigError::Invalid(format!("{k} must be >= 0")));
+            }
+        }
+        for k in [
+            "cell_timeout_s",
+            "interrupt_grace_s",
+            "idle_timeout_s",
+            "staging_max_age_days",
+            "head_fraction",
+        ] {
+            let v = self.float(k);
+            if !v.is_finite() || v < 0.0 {
+                return Err(ConfigError::Invalid(format!("{k} must be a number >= 0")));
+            }
+        }
+        if self.int("max_live_kernels") == 0 {
+            return Err(ConfigError::Invalid("max_live_kernels must be at least 1".into()));
+        }
+        if !["off", "auto", "enforce"].contains(&self.string("sandbox_mode").as_str()) {
+            return Err(ConfigError::Invalid(
+                "sandbox_mode must be off, auto or enforce".into(),
+            ));
+        }
+        if !["normal", "full"].contains(&self.string("journal_sync").as_str()) {
+            return Err(ConfigError::Invalid("journal_sync must be normal or full".into()));
+        }
+        Ok(())
+    }
+
+    /// An integer setting (0 if unknown).
+    pub fn int(&self, key: &str) -> i64 {
+        self.values
+            .get(key)
+            .and_then(|e| e.value.as_integer())
+            .unwrap_or(0)
+    }
+
+    /// A number setting.
+    pub fn float(&self, key: &str) -> f64 {
+        self.values
+            .get(key)
+            .and_then(|e| e.value.as_float())
+            .unwrap_or(0.0)
+    }
+
+    /// A boolean setting.
+    pub fn bool(&self, key: &str) -> bool {
+        self.values
+            .get(key)
+            .and_then(|e| e.value.as_bool())
+            .unwrap_or(false)
+    }
+
+    /// A string setting.
+    pub fn string(&self, key: &str) -> String {
+        self.values
+            .get(key)
+            .and_then(|e| e.value.as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// The interpreter, if one is configured.
+    pub fn python(&self) -> Option<PathBuf> {
+        Some(self.string("python"))
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    }
+
+    /// The journal's durability.
+    pub fn durability(&self) -> Durability {
+        if self.string("journal_sync") == "full" {
+            Durability::Full
+        } else {
+            Durability::Normal
+        }
+    }
+
+    fn secs(&self, key: &str) -> Duration {
+        Duration::from_secs_f64(self.float(key).max(0.0))
+    }
+
+    /// The cell timeout (`None`: no deadline).
+    pub fn cell_timeout(&self) -> Option<Duration> {
+        Some(self.secs("cell_timeout_s")).filter(|d| !d.is_zero())
+    }
+
+    /// Applies the kernel settings (limits, timeouts, budget, tools) to `cfg`.
+    pub fn apply_to_kernel(&self, cfg: &mut KernelConfig) {
+        cfg.stdout_limits.inline_bytes = self.int("stdout_inline_bytes") as usize;
+        cfg.stderr_limits.inline_bytes = self.int("stderr_inline_bytes") as usize;
+        for l in [&mut cfg.stdout_limits, &mut cfg.stderr_limits] {
+            l.head_fraction = self.float("head_fraction");
+            l.spill_bytes = self.int("spill_bytes") as u64;
+        }
+        cfg.cell_timeout = self.cell_timeout();
+        cfg.interrupt_grace = self.secs("interrupt_grace_s");
+        cfg.tool_budget = self.int("tool_budget") as u32;
+        if let Ok(mode) = self.string("sandbox_mode").parse() {
+            cfg.sandbox.mode = mode;
+        }
+        cfg.sandbox.network = self.bool("network");
+        if !self.tools.is_empty() {
+            cfg.tool_host = Some(std::sync::Arc::new(crate::tools::CommandTools::new(
+                self.tools.clone(),
+            )));
+        }
+    }
+
+    /// Applies the registry settings (cap, idle timeout, pool, staging age).
+    pub fn apply_to_registry(&self, rc: &mut crate::registry::RegistryConfig) {
+        rc.max_live = self.int("max_live_kernels") as usize;
+        rc.idle_timeout = self.secs("idle_timeout_s");
+        rc.pool_size = self.int("pool_size") as usize;
+        rc.staging_max_age = Duration::from_secs_f64(self.float("staging_max_age_days") * 86400.0);
+        rc.default_profile = self.string("sandbox_mode");
+    }
+
+    /// `key = value  # source` lines, then the tools.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        match &self.file {
+            Some(p) => out.push_str(&format!("# config file: {}\n", p.display())),
+            None => out.push_str("# config file: none\n"),
+        }
+        for (key, _, _, doc) in SETTINGS {
+            if let Some(e) = self.values.get(*key) {
+                out.push_str(&format!("{key} = {}  # {} ({doc})\n", e.value, e.source));
+            }
+        }
+        if self.tools.is_empty() {
+            out.push_str(&format!("# tools: none ({})\n", self.tools_source));
+        }
+        for (name, t) in &self.tools {
+            out.push_str(&format!("\n[tools.{name}]  # {}\n", self.tools_source));
+            out.push_str(&format!(
+                "command = {}\ntimeout_s = {}\ndescription = {}\n",
+                toml::Value::Array(t.command.iter().map(|c| toml::Value::String(c.clone())).collect()),
+                t.timeout_s,
+                toml::Value::String(t.description.clone())
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precedence_env_over_file_over_default() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "cell_timeout_s = 60\nmax_live_kernels = 4\n[tools.grep]\ncommand = [\"grep\", \"-r\"]\ntimeout_s = 5\n",
+        )
+        .expect("write");
+        let env = |k: &str| match k {
+            "CELLHOST_MAX_LIVE_KERNELS" => Some("8".to_string()),
+            _ => None,
+        };
+        let c = Config::load_with(Some(&p), env).expect("load");
+        assert_eq!(c.float("cell_timeout_s"), 60.0);
+        assert_eq!(c.values["cell_timeout_s"].source, Source::File(p.clone()));
+        assert_eq!(c.int("max_live_kernels"), 8);
+        assert_eq!(
+            c.values["max_live_kernels"].source,
+            Source::Env("CELLHOST_MAX_LIVE_KERNELS".into())
+        );
+        assert_eq!(c.int("tool_budget"), 50);
+        assert_eq!(c.values["tool_budget"].source, Source::Default);
+        assert_eq!(c.tools["grep"].command, vec!["grep", "-r"]);
+        let text = c.render();
+        assert!(
+            text.contains("max_live_kernels = 8  # env CELLHOST_MAX_LIVE_KERNELS"),
+            "{text}"
+        );
+        assert!(text.contains("[tools.grep]"), "{text}");
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "cel_timeout_s = 1\n").expect("write");
+        let e = Config::load_with(Some(&p), |_| None).expect_err("unknown");
+        assert!(e.to_string().contains("cel_timeout_s"), "{e}");
+        std::fs::write(&p, "tool_budget = \"x\"\n").expect("write");
+        assert!(Config::load_with(Some(&p), |_| None).is_err());
+        let e = Config::load_with(None, |k| (k == "CELLHOST_POOL_SIZE").then(|| "two".into()))
+            .expect_err("bad env");
+        assert!(e.to_string().contains("CELLHOST_POOL_SIZE"), "{e}");
+        let c = Config::load_with(None, |k| {
+            (k == "CELLHOST_TOOLS").then(|| "echo = { command = [\"cat\"] }".into())
+        })
+        .expect("tools env");
+        assert_eq!(c.tools["echo"].timeout_s, 30.0);
+    }
+}

@@ -1,0 +1,739 @@
+//! The session journal: SQLite in WAL mode, written by one dedicated thread.
+//!
+//! Tables: `sessions`, `kernels` (one row per generation: pid, start, end and
+//! why), `cells` (code, status, timings, redacted output head + tail,
+//! displays' files, tool calls, origin, audit context, files opened) and
+//! `tool_calls` (one row per host call).
+//!
+//! Durability: `journal_mode=WAL` with `synchronous=NORMAL`. A commit is a
+//! `write()` of the transaction's frames to the `-wal` file; once it
+//! returned, the data is in the operating system's page cache and survives
+//! the death of the *process* (SIGKILL, panic, OOM kill), which is the
+//! failure the journal must survive. Only a crash of the whole machine can
+//! lose the last few commits, and WAL never corrupts the database either
+//! way. `synchronous=FULL` would add an `fsync` per cell (milliseconds on a
+//! loaded disk) for power-loss durability; [`Durability::Full`] selects it.
+//!
+//! Every write goes through a channel to the writer thread, so no async task
+//! blocks on SQLite. A cell is written as `running` when it starts (fire and
+//! forget: the channel keeps the order), and its settled row is committed
+//! *before* [`Journal::cell_settled`] returns, so a caller never holds a
+//! result that the journal lacks. Rows still `running` when a journal is
+//! opened belong to a host that died: they are marked `lost`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cellhost_kernel::CellResult;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// Bytes of stdout/stderr kept at each end (head and tail) of a cell's row.
+pub const OUTPUT_KEEP: usize = 4096;
+
+/// Errors of the journal.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// SQLite failed.
+    #[error("journal {path}: {source}")]
+    Sqlite {
+        /// Database file.
+        path: String,
+        /// The error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The writer thread is gone (the journal was closed).
+    #[error("journal {0}: closed")]
+    Closed(String),
+    /// I/O around the database file.
+    #[error("journal {path}: {source}")]
+    Io {
+        /// Database file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How hard a commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// `synchronous=NORMAL`: survives a process kill (the default).
+    #[default]
+    Normal,
+    /// `synchronous=FULL`: an fsync per commit, survives power loss.
+    Full,
+}
+
+/// What is known of a cell when it starts.
+#[derive(Debug, Clone, Default)]
+pub struct CellStart {
+    /// Cell id (the kernel's).
+    pub id: String,
+    /// Owner of the session.
+    pub owner: String,
+    /// Session name.
+    pub session: String,
+    /// Kernel generation running it.
+    pub generation: u64,
+    /// Source code.
+    pub code: String,
+    /// Who asked for it (`cli:run`, `mcp`, `restore`, …).
+    pub origin: String,
+    /// Caller-provided audit context (a JSON object), if any.
+    pub context: Option<Value>,
+}
+
+/// A journaled cell, as `cellhost history` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellRow {
+    /// Cell id.
+    pub id: String,
+    /// Owner.
+    pub owner: String,
+    /// Session.
+    pub session: String,
+    /// Kernel generation.
+    pub generation: u64,
+    /// Jupyter execution count (0 while running or lost).
+    pub execution_count: u64,
+    /// Source code.
+    pub code: String,
+    /// `running`, `ok`, `error`, `timeout`, `interrupted`, `crashed`, `lost`.
+    pub status: String,
+    /// Start, ms since the epoch.
+    pub started_ms: i64,
+    /// End, ms since the epoch.
+    pub ended_ms: Option<i64>,
+    /// Wall time the kernel reported.
+    pub duration_ms: Option<i64>,
+    /// First bytes of stdout (redacted).
+    pub stdout_head: String,
+    /// Last bytes of stdout when it was longer than head + tail.
+    pub stdout_tail: String,
+    /// First bytes of stderr.
+    pub stderr_head: String,
+    /// Last bytes of stderr.
+    pub stderr_tail: String,
+    /// Files of the displays (figures).
+    pub display_files: Vec<String>,
+    /// Host calls (the result's `tool_calls`).
+    pub tool_calls: Value,
+    /// The caller's origin.
+    pub origin: String,
+    /// The caller's audit context.
+    pub context: Option<Value>,
+    /// Files opened for reading.
+    pub files_read: Vec<String>,
+    /// Files opened for writing.
+    pub files_written: Vec<String>,
+    /// More files were opened than kept.
+    pub files_truncated: bool,
+    /// `ename: evalue` of an error.
+    pub error: Option<String>,
+}
+
+/// A kernel generation of a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelRow {
+    /// Generation.
+    pub generation: u64,
+    /// Worker pid.
+    pub pid: u32,
+    /// Start, ms since the epoch.
+    pub started_ms: i64,
+    /// End, ms since the epoch.
+    pub ended_ms: Option<i64>,
+    /// Why it ended.
+    pub end_reason: Option<String>,
+}
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// The journal handle; cheap to share behind an `Arc`.
+pub struct Journal {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    path: PathBuf,
+    lost_at_open: u64,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+  owner TEXT NOT NULL, session TEXT NOT NULL,
+  created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
+  python TEXT, cwd TEXT, tools TEXT, profile TEXT,
+  PRIMARY KEY (owner, session));
+CREATE TABLE IF NOT EXISTS kernels (
+  owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
+  pid INTEGER, started_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT,
+  PRIMARY KEY (owner, session, generation));
+CREATE TABLE IF NOT EXISTS cells (
+  id TEXT PRIMARY KEY, owner TEXT NOT NULL, session TEXT NOT NULL,
+  generation INTEGER NOT NULL, execution_count INTEGER NOT NULL DEFAULT 0,
+  code TEXT NOT NULL, status TEXT NOT NULL,
+  started_ms INTEGER NOT NULL, ended_ms INTEGER, duration_ms INTEGER,
+  stdout_head TEXT NOT NULL DEFAULT '', stdout_tail TEXT NOT NULL DEFAULT '',
+  stderr_head TEXT NOT NULL DEFAULT '', stderr_tail TEXT NOT NULL DEFAULT '',
+  display_files TEXT NOT NULL DEFAULT '[]', tool_calls TEXT NOT NULL DEFAULT '[]',
+  origin TEXT NOT NULL DEFAULT '', context TEXT,
+  files_read TEXT NOT NULL DEFAULT '[]', files_written TEXT NOT NULL DEFAULT '[]',
+  files_truncated INTEGER NOT NULL DEFAULT 0, error TEXT);
+CREATE INDEX IF NOT EXISTS cells_by_session ON cells (owner, session, started_ms);
+CREATE TABLE IF NOT EXISTS tool_calls (
+  cell_id TEXT NOT NULL, seq INTEGER NOT NULL, tool TEXT NOT NULL,
+  args_preview TEXT NOT NULL, duration_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
+  error TEXT, PRIMARY KEY (cell_id, seq));
+";
+
+fn open_conn(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(
+        None,
+        "synchronous",
+        match durability {
+            Durability::Normal => "NORMAL",
+            Durability::Full => "FULL",
+        },
+    )?;
+    Ok(conn)
+}
+
+/// Head and tail of `s`, each at most [`OUTPUT_KEEP`] bytes; the tail is
+/// empty when the whole text fits in the head and the tail.
+pub fn head_tail(s: &str) -> (String, String) {
+    if s.len() <= 2 * OUTPUT_KEEP {
+        return (s.to_string(), String::new());
+    }
+    let mut h = OUTPUT_KEEP;
+    while !s.is_char_boundary(h) {
+        h -= 1;
+    }
+    let mut t = s.len() - OUTPUT_KEEP;
+    while !s.is_char_boundary(t) {
+        t += 1;
+    }
+    (s[..h].to_string(), s[t..].to_string())
+}
+
+impl Journal {
+    /// Opens (or creates) the journal at `path`, marks cells a dead host left
+    /// `running` as `lost` and kernels it left open as ended.
+    ///
+    /// # Errors
+    /// [`JournalError`] when the file cannot be created or read as SQLite.
+    pub fn open(path: impl Into<PathBuf>, durability: Durability) -> Result<Journal, JournalError> {
+        let path = path.into();
+        let pstr = path.display().to_string();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| JournalError::Io {
+                path: pstr.clone(),
+                source,
+            })?;
+        }
+        let sq = |source| JournalError::Sqlite {
+            path: pstr.clone(),
+            source,
+        };
+        let conn = open_conn(&path, durability).map_err(sq)?;
+        conn.execute_batch(SCHEMA).map_err(sq)?;
+        let now = now_ms();
+        let lost = conn
+            .execute(
+                "UPDATE cells SET status='lost', ended_ms=?1 WHERE status='running'",
+                params![now],
+            )
+            .map_err(sq)? as u64;
+        conn.execute(
+            "UPDATE kernels SET ended_ms=?1, end_reason='the host ended without closing it' WHERE ended_ms IS NULL",
+            params![now],
+        )
+        .map_err(sq)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("cellhost-journal".into())
+            .spawn(move || {
+                let mut conn = conn;
+                while let Ok(job) = rx.recv() {
+                    job(&mut conn);
+                }
+                let _ = conn.pragma_update(None, "wal_checkpoint", "TRUNCATE");
+            })
+            .map_err(|source| JournalError::Io {
+                path: pstr.clone(),
+                source,
+            })?;
+        Ok(Journal {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            path,
+            lost_at_open: lost,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Cells found `running` (and marked `lost`) when the journal was opened.
+    pub fn lost_at_open(&self) -> u64 {
+        self.lost_at_open
+    }
+
+    fn send(&self, job: Job) -> Result<(), JournalError> {
+        let guard = self
+            .tx
+            .lock()
+            .map_err(|_| JournalError::Closed(self.path.display().to_string()))?;
+        guard
+            .as_ref()
+            .and_then(|tx| tx.send(job).ok())
+            .ok_or_else(|| JournalError::Closed(self.path.display().to_string()))
+    }
+
+    /// Runs `f` on the writer thread and waits for its answer.
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, JournalError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Box::new(move |c| {
+            let _ = reply.send(f(c));
+        }))?;
+        let pstr = self.path.display().to_string();
+        match rx.await {
+            Ok(r) => r.map_err(|source| JournalError::Sqlite { path: pstr, source }),
+            Err(_) => Err(JournalError::Closed(pstr)),
+        }
+    }
+
+    fn fire(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<()> + Send + 'static,
+    ) {
+        let path = self.path.display().to_string();
+        let r = self.send(Box::new(move |c| {
+            if let Err(e) = f(c) {
+                tracing::warn!("journal {path}: {what}: {e}");
+            }
+        }));
+        if let Err(e) = r {
+            tracing::warn!("{e}");
+        }
+    }
+
+    /// Records that a session exists (or was used again).
+    pub fn session_used(
+        &self,
+        owner: &str,
+        session: &str,
+        python: &str,
+        cwd: &str,
+        tools: &str,
+        profile: &str,
+    ) {
+        let a = [owner, session, python, cwd, tools, profile].map(str::to_string);
+        self.fire("session", move |c| {
+            let now = now_ms();
+            c.execute(
+                "INSERT INTO sessions (owner, session, created_ms, last_used_ms, python, cwd, tools, profile)
+                 VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7)
+                 ON CONFLICT (owner, session) DO UPDATE SET last_used_ms=?3, python=?4, cwd=?5, tools=?6, profile=?7",
+                params![a[0], a[1], now, a[2], a[3], a[4], a[5]],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// Records a new kernel generation.
+    pub fn kernel_started(&self, owner: &str, session: &str, generation: u64, pid: u32) {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.fire("kernel start", move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO kernels (owner, session, generation, pid, started_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![o, s, generation as i64, pid, now_ms()],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// Records the end of a kernel generation and why.
+    pub fn kernel_ended(&self, owner: &str, session: &str, generation: u64, reason: &str) {
+        let (o, s, r) = (owner.to_string(), session.to_string(), reason.to_string());
+        self.fire("kernel end", move |c| {
+            c.execute(
+                "UPDATE kernels SET ended_ms=?4, end_reason=?5 WHERE owner=?1 AND session=?2 AND generation=?3 AND ended_ms IS NULL",
+                params![o, s, generation as i64, now_ms(), r],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// Writes a cell as `running` (ordered before its settled row).
+    pub fn cell_started(&self, cell: CellStart) {
+        self.fire("cell start", move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO cells (id, owner, session, generation, code, status, started_ms, origin, context)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'running', ?6, ?7, ?8)",
+                params![
+                    cell.id,
+                    cell.owner,
+                    cell.session,
+                    cell.generation as i64,
+                    cell.code,
+                    now_ms(),
+                    cell.origin,
+                    cell.context.map(|v| v.to_string()),
+                ],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// Writes a settled cell and waits until it is committed.
+    ///
+    /// # Errors
+    /// [`JournalError`] if the row could not be written.
+    pub async fn cell_settled(&self, start: &CellStart, r: &CellResult) -> Result<(), JournalError> {
+        let start = start.clone();
+        let (oh, ot) = head_tail(&r.stdout);
+        let (eh, et) = head_tail(&r.stderr);
+        let displays: Vec<String> = r
+            .displays
+            .iter()
+            .flat_map(|d| d.data.values())
+            .chain(r.result.iter().flat_map(|b| b.values()))
+            .filter_map(|v| v.get("path").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        let tool_calls = serde_json::to_value(&r.tool_calls).unwrap_or(Value::Null);
+        let files = r.files.clone().unwrap_or_default();
+        let error = r.error.as_ref().map(|e| format!("{}: {}", e.ename, e.evalue));
+        let calls = r.tool_calls.clone();
+        let id = r.cell_id.clone();
+        let status = r.status.as_str();
+        let (ec, dur) = (r.execution_count as i64, r.duration_ms as i64);
+        let generation = r.kernel.generation as i64;
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "INSERT INTO cells (id, owner, session, generation, execution_count, code, status, started_ms,
+                   ended_ms, duration_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, display_files,
+                   tool_calls, origin, context, files_read, files_written, files_truncated, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+                 ON CONFLICT (id) DO UPDATE SET generation=?4, execution_count=?5, status=?7, ended_ms=?8,
+                   duration_ms=?9, stdout_head=?10, stdout_tail=?11, stderr_head=?12, stderr_tail=?13,
+                   display_files=?14, tool_calls=?15, files_read=?18, files_written=?19, files_truncated=?20, error=?21",
+                params![
+                    id,
+                    start.owner,
+                    start.session,
+                    generation,
+                    ec,
+                    start.code,
+                    status,
+                    now_ms(),
+                    dur,
+                    oh,
+                    ot,
+                    eh,
+                    et,
+                    serde_json::to_string(&displays).unwrap_or_default(),
+                    tool_calls.to_string(),
+                    start.origin,
+                    start.context.map(|v| v.to_string()),
+                    serde_json::to_string(&files.read).unwrap_or_default(),
+                    serde_json::to_string(&files.write).unwrap_or_default(),
+                    files.truncated,
+                    error,
+                ],
+            )?;
+            for (i, t) in calls.iter().enumerate() {
+                tx.execute(
+                    "INSERT OR REPLACE INTO tool_calls (cell_id, seq, tool, args_preview, duration_ms, outcome, error)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![id, i as i64, t.name, t.args_preview, t.duration_ms as i64, t.outcome, t.error],
+                )?;
+            }
+            tx.commit()
+        })
+        .await
+    }
+
+    /// Marks a cell that never produced a result (its kernel failed to
+    /// start or died before it ran) with `status`.
+    pub async fn cell_failed(&self, id: &str, status: &str, message: &str) -> Result<(), JournalError> {
+        let (id, status, message) = (id.to_string(), status.to_string(), message.to_string());
+        self.call(move |c| {
+            c.execute(
+                "UPDATE cells SET status=?2, ended_ms=?3, error=?4 WHERE id=?1",
+                params![id, status, now_ms(), message],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The highest kernel generation the journal knows for a session (0 if
+    /// none), so a new host continues the numbering.
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn max_generation(&self, owner: &str, session: &str) -> Result<u64, JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| {
+            c.query_row(
+                "SELECT MAX(g) FROM (SELECT MAX(generation) AS g FROM kernels WHERE owner=?1 AND session=?2
+                 UNION ALL SELECT MAX(generation) FROM cells WHERE owner=?1 AND session=?2)",
+                params![o, s],
+                |r| r.get::<_, Option<i64>>(0),
+            )
+            .map(|g| g.unwrap_or(0).max(0) as u64)
+        })
+        .await
+    }
+
+    /// Waits until every write sent so far is committed.
+    ///
+    /// # Errors
+    /// [`JournalError::Closed`].
+    pub async fn flush(&self) -> Result<(), JournalError> {
+        self.call(|_| Ok(())).await
+    }
+
+    /// Stops the writer thread after the queued writes and checkpoints the
+    /// WAL into the database file. Later writes are dropped with a warning.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+
+    /// The cells of a session, oldest first (on the writer thread, so it
+    /// sees every write sent before).
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn history(&self, owner: &str, session: &str) -> Result<Vec<CellRow>, JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| query_cells(c, &o, &s)).await
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn json_list(s: String) -> Vec<String> {
+    serde_json::from_str(&s).unwrap_or_default()
+}
+
+fn query_cells(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Vec<CellRow>> {
+    let mut st = c.prepare(
+        "SELECT id, owner, session, generation, execution_count, code, status, started_ms, ended_ms, duration_ms,
+                stdout_head, stdout_tail, stderr_head, stderr_tail, display_files, tool_calls, origin, context,
+                files_read, files_written, files_truncated, error
+         FROM cells WHERE owner=?1 AND session=?2 ORDER BY started_ms, rowid",
+    )?;
+    let rows = st.query_map(params![owner, session], |r| {
+        Ok(CellRow {
+            id: r.get(0)?,
+            owner: r.get(1)?,
+            session: r.get(2)?,
+            generation: r.get::<_, i64>(3)? as u64,
+            execution_count: r.get::<_, i64>(4)? as u64,
+            code: r.get(5)?,
+            status: r.get(6)?,
+            started_ms: r.get(7)?,
+            ended_ms: r.get(8)?,
+            duration_ms: r.get(9)?,
+            stdout_head: r.get(10)?,
+            stdout_tail: r.get(11)?,
+            stderr_head: r.get(12)?,
+            stderr_tail: r.get(13)?,
+            display_files: json_list(r.get(14)?),
+            tool_calls: serde_json::from_str(&r.get::<_, String>(15)?).unwrap_or(Value::Null),
+            origin: r.get(16)?,
+            context: r
+                .get::<_, Option<String>>(17)?
+                .and_then(|s| serde_json::from_str(&s).ok()),
+            files_read: json_list(r.get(18)?),
+            files_written: json_list(r.get(19)?),
+            files_truncated: r.get(20)?,
+            error: r.get(21)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Vec<KernelRow>> {
+    let mut st = c.prepare(
+        "SELECT generation, pid, started_ms, ended_ms, end_reason FROM kernels
+         WHERE owner=?1 AND session=?2 ORDER BY generation",
+    )?;
+    let rows = st.query_map(params![owner, session], |r| {
+        Ok(KernelRow {
+            generation: r.get::<_, i64>(0)? as u64,
+            pid: r.get::<_, Option<u32>>(1)?.unwrap_or(0),
+            started_ms: r.get(2)?,
+            ended_ms: r.get(3)?,
+            end_reason: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// A read-only view of a journal file (for `cellhost history` and tests),
+/// independent of any writer.
+pub struct JournalReader {
+    conn: Connection,
+    path: String,
+}
+
+impl JournalReader {
+    /// Opens `path` for reading.
+    ///
+    /// # Errors
+    /// [`JournalError`] when it is missing or not a journal.
+    pub fn open(path: &Path) -> Result<JournalReader, JournalError> {
+        let pstr = path.display().to_string();
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(
+            |source| JournalError::Sqlite {
+                path: pstr.clone(),
+                source,
+            },
+        )?;
+        let _ = conn.busy_timeout(std::time::Duration::from_secs(5));
+        Ok(JournalReader { conn, path: pstr })
+    }
+
+    fn sq(&self, source: rusqlite::Error) -> JournalError {
+        JournalError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Cells of a session, oldest first.
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn cells(&self, owner: &str, session: &str) -> Result<Vec<CellRow>, JournalError> {
+        query_cells(&self.conn, owner, session).map_err(|e| self.sq(e))
+    }
+
+    /// Kernel generations of a session.
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn kernels(&self, owner: &str, session: &str) -> Result<Vec<KernelRow>, JournalError> {
+        query_kernels(&self.conn, owner, session).map_err(|e| self.sq(e))
+    }
+
+    /// The session exists in the journal.
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn has_session(&self, owner: &str, session: &str) -> Result<bool, JournalError> {
+        self.conn
+            .query_row(
+                "SELECT 1 FROM sessions WHERE owner=?1 AND session=?2",
+                params![owner, session],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|o| o.is_some())
+            .map_err(|e| self.sq(e))
+    }
+
+    /// `PRAGMA integrity_check`'s answer (`ok` when sound).
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn integrity_check(&self) -> Result<String, JournalError> {
+        self.conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .map_err(|e| self.sq(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_tail_bounds_and_char_boundaries() {
+        let short = "abc";
+        assert_eq!(head_tail(short), ("abc".into(), String::new()));
+        let long = "é".repeat(10_000);
+        let (h, t) = head_tail(&long);
+        assert!(h.len() <= OUTPUT_KEEP && t.len() <= OUTPUT_KEEP);
+        assert!(h.len() >= OUTPUT_KEEP - 1 && t.len() >= OUTPUT_KEEP - 1);
+    }
+
+    #[tokio::test]
+    async fn running_cells_become_lost_on_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j.sqlite3");
+        {
+            let j = Journal::open(&path, Durability::Normal).expect("open");
+            j.session_used("o", "s", "py", "", "", "default");
+            j.kernel_started("o", "s", 1, 42);
+            j.cell_started(CellStart {
+                id: "c1".into(),
+                owner: "o".into(),
+                session: "s".into(),
+                generation: 1,
+                code: "x = 1".into(),
+                origin: "test".into(),
+                context: Some(serde_json::json!({"who": "t"})),
+            });
+            j.flush().await.expect("flush");
+            // Dropped without settling: like a host that died.
+        }
+        let j = Journal::open(&path, Durability::Normal).expect("reopen");
+        assert_eq!(j.lost_at_open(), 1);
+        let cells = j.history("o", "s").await.expect("history");
+        assert_eq!(cells.len(), 1);
+        assert_eq!(cells[0].status, "lost");
+        assert_eq!(cells[0].context, Some(serde_json::json!({"who": "t"})));
+        j.close();
+        let r = JournalReader::open(&path).expect("reader");
+        let k = r.kernels("o", "s").expect("kernels");
+        assert_eq!(k.len(), 1);
+        assert!(k[0].end_reason.is_some());
+        assert_eq!(r.integrity_check().expect("check"), "ok");
+    }
+}

@@ -1,0 +1,18 @@
+//! Sessions over kernels: a registry of kernels keyed by owner and session,
+//! their lifecycle (LRU cap, idle reaper, pinned children, shutdown), a warm
+//! pool of prespawned kernels, host tools run as external commands, the
+//! SQLite journal, and the configuration file.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod journal;
+pub mod pool;
+pub mod registry;
+pub mod tools;
+
+pub use config::{Config, ConfigError, Source};
+pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
+pub use registry::{
+    Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
+};
+pub use tools::{CommandTools, ToolSpec};

@@ -1,0 +1,971 @@
+//! The registry: kernels keyed by (owner, session, interpreter, cwd, tool
+//! set, sandbox profile), their lifecycle and the journal of every cell.
+//!
+//! - A [`Key`]'s session outlives its kernels: each new kernel is a new
+//!   generation, and the first result after a lost kernel says
+//!   `state_reset` and why.
+//! - Concurrent first calls for one key spawn exactly one kernel: the slot's
+//!   spawn lock is held while a kernel starts, and a kernel still starting
+//!   is not "dead" (the others wait for it).
+//! - At most `max_live` kernels live; making room evicts the least recently
+//!   used kernel that is idle, unattached (no call in flight) and unpinned.
+//! - An idle reaper runs on its own timer task (it needs no call to arrive).
+//! - Kernels of delegated children ([`Registry::child_key`]) are pinned and
+//!   disposed with the child ([`Registry::dispose`]).
+//! - [`Registry::shutdown`] kills and reaps every kernel and flushes the
+//!   journal.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::{CellResult, ExecOptions, Kernel, KernelConfig, KernelError, ToolHost};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+use crate::journal::{CellStart, Journal};
+use crate::pool::{Pool, SessionTools};
+
+/// Errors of the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The kernel failed.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// Every live kernel is attached, busy or pinned: none can be evicted.
+    #[error(
+        "all {max} live kernels are busy, attached or pinned; none can be evicted to start another (raise max_live_kernels or dispose sessions)"
+    )]
+    Full {
+        /// The cap.
+        max: usize,
+    },
+    /// A restore could not be done.
+    #[error("restore: {0}")]
+    Restore(String),
+    /// The registry was shut down.
+    #[error("the session registry is shut down")]
+    ShutDown,
+}
+
+/// What identifies a kernel. Owners never see each other's kernels: the
+/// owner is part of every key and every lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// Who owns the session (a user, an agent, an API token).
+    pub owner: String,
+    /// Session name within the owner.
+    pub session: String,
+    /// Interpreter.
+    pub python: PathBuf,
+    /// Working directory (`None`: the host's).
+    pub cwd: Option<PathBuf>,
+    /// Tools the session may call, sorted (`None`: every configured tool).
+    pub tools: Option<Vec<String>>,
+    /// Sandbox profile name.
+    pub profile: String,
+}
+
+impl Key {
+    /// The same key with another working directory.
+    pub fn with_cwd(mut self, cwd: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// The same key limited to `tools`.
+    pub fn with_tools(mut self, mut tools: Vec<String>) -> Self {
+        tools.sort();
+        tools.dedup();
+        self.tools = Some(tools);
+        self
+    }
+
+    fn tools_label(&self) -> String {
+        self.tools.as_ref().map_or_else(|| "*".into(), |t| t.join(","))
+    }
+}
+
+/// Settings of a registry (DESIGN.md defaults in [`RegistryConfig::new`]).
+#[derive(Clone)]
+pub struct RegistryConfig {
+    /// The state directory: staging directories go under `root/staging`.
+    pub root: PathBuf,
+    /// Configuration every kernel starts from (interpreter, limits,
+    /// timeouts, environment, tools).
+    pub template: KernelConfig,
+    /// Live kernels at most (16).
+    pub max_live: usize,
+    /// Idle time after which a kernel is reaped (1800 s).
+    pub idle_timeout: Duration,
+    /// How often the reaper looks (default: a quarter of the idle timeout,
+    /// at most 60 s).
+    pub reaper_interval: Option<Duration>,
+    /// Prespawned kernels for the default configuration (2; 0 = no pool).
+    pub pool_size: usize,
+    /// Staging directories of dead hosts older than this are swept (7 days).
+    pub staging_max_age: Duration,
+    /// Sandbox profile of keys made by [`Registry::key`].
+    pub default_profile: String,
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("root", &self.root)
+            .field("max_live", &self.max_live)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RegistryConfig {
+    /// Defaults of DESIGN.md around `template`, state under `root`.
+    pub fn new(root: impl Into<PathBuf>, template: KernelConfig) -> Self {
+        RegistryConfig {
+            root: root.into(),
+            template,
+            max_live: 16,
+            idle_timeout: Duration::from_secs(1800),
+            reaper_interval: None,
+            pool_size: 2,
+            staging_max_age: Duration::from_secs(7 * 24 * 3600),
+            default_profile: "default".into(),
+        }
+    }
+}
+
+/// What [`Registry::restore`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RestoreReport {
+    /// The journaled generation that was replayed.
+    pub from_generation: u64,
+    /// The new kernel's generation.
+    pub generation: u64,
+    /// Cells replayed successfully, in order.
+    pub replayed: Vec<String>,
+    /// Cells not replayed (or whose replay failed), and why.
+    pub skipped: Vec<RestoreSkip>,
+}
+
+/// A cell [`Registry::restore`] did not replay.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RestoreSkip {
+    /// Cell id.
+    pub cell: String,
+    /// Its journaled status.
+    pub status: String,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// Who asks for a cell and why (journaled with it).
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// `cli:run`, `mcp`, `http`, `restore`, `library`, …
+    pub origin: String,
+    /// Caller-provided audit context (a JSON object).
+    pub context: Option<Value>,
+}
+
+impl Origin {
+    /// An origin without context.
+    pub fn new(origin: impl Into<String>) -> Self {
+        Origin {
+            origin: origin.into(),
+            context: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct SlotInner {
+    kernel: Option<Kernel>,
+    generation: u64,
+    pending_reset: Option<String>,
+    last_used: Option<Instant>,
+    spawning: bool,
+}
+
+struct Slot {
+    key: Key,
+    spawn_lock: tokio::sync::Mutex<()>,
+    inner: Mutex<SlotInner>,
+    attached: AtomicUsize,
+    pinned: AtomicBool,
+    parent: Option<Key>,
+}
+
+impl Slot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Counters for tests and benches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    /// Kernels of sessions alive now.
+    pub live: usize,
+    /// Kernels waiting in the warm pool.
+    pub pooled: usize,
+    /// Kernels spawned for sessions (not taken from the pool).
+    pub spawned: u64,
+    /// Kernels taken from the pool.
+    pub from_pool: u64,
+    /// Kernels evicted by the LRU cap.
+    pub evicted: u64,
+    /// Kernels reaped for idleness.
+    pub reaped: u64,
+}
+
+/// The registry. Create with [`Registry::start`] inside a Tokio runtime.
+pub struct Registry {
+    cfg: RegistryConfig,
+    journal: Option<Arc<Journal>>,
+    slots: Mutex<HashMap<Key, Arc<Slot>>>,
+    staging: PathBuf,
+    pool: Option<Arc<Pool>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    closed: AtomicBool,
+    spawned: AtomicU64,
+    from_pool: AtomicU64,
+    evicted: AtomicU64,
+    reaped: AtomicU64,
+    /// Serializes "is there room?" decisions.
+    room: Mutex<()>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("cfg", &self.cfg)
+            .field("staging", &self.staging)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Characters safe in a directory name.
+fn sanitize(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(60)
+        .collect();
+    if out.is_empty() {
+        out.push('_');
+    }
+    out
+}
+
+fn pid_alive(pid: i32) -> bool {
+    pid > 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes staging directories under `staging_root` whose host is gone and
+/// that were last modified more than `max_age` ago; returns how many.
+pub fn sweep_staging(staging_root: &Path, max_age: Duration, keep: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(staging_root) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in rd.flatten() {
+        let p = e.path();
+        if p == keep || !p.is_dir() {
+            continue;
+        }
+        let host_pid = std::fs::read_to_string(p.join("host.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        if host_pid.is_some_and(pid_alive) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= max_age);
+        if old && std::fs::remove_dir_all(&p).is_ok() {
+            n += 1;
+        }
+    }
+    n
+}
+
+impl Registry {
+    /// Starts a registry: sweeps stale staging directories, creates this
+    /// host's, starts the idle reaper and fills the warm pool.
+    ///
+    /// # Errors
+    /// I/O errors creating the staging directory.
+    pub async fn start(cfg: RegistryConfig, journal: Option<Arc<Journal>>) -> std::io::Result<Arc<Registry>> {
+        let staging_root = cfg.root.join("staging");
+        let stamp = crate::journal::now_ms();
+        let staging = staging_root.join(format!("{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&staging)?;
+        std::fs::write(staging.join("host.pid"), std::process::id().to_string())?;
+        let swept = sweep_staging(&staging_root, cfg.staging_max_age, &staging);
+        if swept > 0 {
+            tracing::info!("swept {swept} staging directories of dead hosts");
+        }
+        let pool = (cfg.pool_size > 0).then(|| {
+            Arc::new(Pool::new(
+                cfg.template.clone(),
+                staging.join("pool"),
+                cfg.pool_size,
+            ))
+        });
+        let reg = Arc::new(Registry {
+            cfg,
+            journal,
+            slots: Mutex::new(HashMap::new()),
+            staging,
+            pool,
+            tasks: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            spawned: AtomicU64::new(0),
+            from_pool: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            reaped: AtomicU64::new(0),
+            room: Mutex::new(()),
+        });
+        let mut tasks = Vec::new();
+        if let Some(pool) = &reg.pool {
+            tasks.push(pool.clone().start_refill());
+        }
+        tasks.push(Self::start_reaper(Arc::downgrade(&reg), reg.reaper_interval()));
+        if let Ok(mut t) = reg.tasks.lock() {
+            t.extend(tasks);
+        }
+        Ok(reg)
+    }
+
+    fn reaper_interval(&self) -> Duration {
+        self.cfg.reaper_interval.unwrap_or_else(|| {
+            (self.cfg.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(60))
+        })
+    }
+
+    fn start_reaper(weak: Weak<Registry>, every: Duration) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(reg) = weak.upgrade() else { break };
+                if reg.closed.load(Ordering::SeqCst) {
+                    break;
+                }
+                reg.reap_idle().await;
+            }
+        })
+    }
+
+    /// This host's staging directory (kernels' files live under it).
+    pub fn staging_dir(&self) -> &Path {
+        &self.staging
+    }
+
+    /// The journal, if any.
+    pub fn journal(&self) -> Option<&Arc<Journal>> {
+        self.journal.as_ref()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.cfg
+    }
+
+    /// A key for `session` of `owner` with the default interpreter, cwd,
+    /// tools and profile.
+    pub fn key(&self, owner: &str, session: &str) -> Key {
+        Key {
+            owner: owner.to_string(),
+            session: session.to_string(),
+            python: self.cfg.template.python.clone(),
+            cwd: self.cfg.template.cwd.clone(),
+            tools: None,
+            profile: self.cfg.default_profile.clone(),
+        }
+    }
+
+    /// The key of a delegated child of `parent`: same owner and
+    /// configuration, session `parent/child`, pinned (never evicted nor
+    /// reaped) until [`Registry::dispose`] of the child.
+    pub fn child_key(&self, parent: &Key, child: &str) -> Key {
+        let mut k = parent.clone();
+        k.session = format!("{}/{}", parent.session, child);
+        let slot = self.slot(&k, Some(parent.clone()));
+        slot.pinned.store(true, Ordering::SeqCst);
+        k
+    }
+
+    /// Pins or unpins a session's kernels.
+    pub fn set_pinned(&self, key: &Key, pinned: bool) {
+        self.slot(key, None).pinned.store(pinned, Ordering::SeqCst);
+    }
+
+    fn slot(&self, key: &Key, parent: Option<Key>) -> Arc<Slot> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    key: key.clone(),
+                    spawn_lock: tokio::sync::Mutex::new(()),
+                    inner: Mutex::new(SlotInner::default()),
+                    attached: AtomicUsize::new(0),
+                    pinned: AtomicBool::new(false),
+                    parent,
+                })
+            })
+            .clone()
+    }
+
+    fn all_slots(&self) -> Vec<Arc<Slot>> {
+        self.slots
+            .lock()
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RegistryStats {
+        let live = self
+            .all_slots()
+            .iter()
+            .filter(|s| s.lock().kernel.as_ref().is_some_and(Kernel::is_alive))
+            .count();
+        RegistryStats {
+            live,
+            pooled: self.pool.as_ref().map_or(0, |p| p.len()),
+            spawned: self.spawned.load(Ordering::Relaxed),
+            from_pool: self.from_pool.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+            reaped: self.reaped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sessions of `owner` that have a live kernel (never another owner's).
+    pub fn sessions_of(&self, owner: &str) -> Vec<(Key, u64)> {
+        let mut v: Vec<(Key, u64)> = self
+            .all_slots()
+            .iter()
+            .filter(|s| s.key.owner == owner)
+            .filter_map(|s| {
+                let g = s.lock();
+                g.kernel
+                    .as_ref()
+                    .filter(|k| k.is_alive())
+                    .map(|_| (s.key.clone(), g.generation))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The live kernel of a key, if any (for interrupt, inspect, …).
+    pub fn kernel(&self, key: &Key) -> Option<Kernel> {
+        let slots = self.slots.lock().ok()?;
+        let slot = slots.get(key)?;
+        let g = slot.lock();
+        g.kernel.clone().filter(Kernel::is_alive)
+    }
+
+    /// Is the key's configuration the one the warm pool holds?
+    fn poolable(&self, key: &Key) -> bool {
+        key.python == self.cfg.template.python
+            && key.cwd == self.cfg.template.cwd
+            && key.tools.is_none()
+            && key.profile == self.cfg.default_profile
+    }
+
+    fn kernel_config(&self, key: &Key, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
+        let mut cfg = self.cfg.template.clone();
+        cfg.python = key.python.clone();
+        cfg.cwd = key.cwd.clone();
+        cfg.session = key.session.clone();
+        cfg.generation = generation;
+        // A profile named like a sandbox mode (`off`, `auto`, `enforce`)
+        // selects it; other names keep the template's sandbox.
+        if let Ok(mode) = key.profile.parse() {
+            cfg.sandbox.mode = mode;
+        }
+        cfg.session_dir = self
+            .staging
+            .join(sanitize(&key.owner))
+            .join(format!("{}-g{generation}", sanitize(&key.session)));
+        let tools = cfg
+            .tool_host
+            .take()
+            .map(|inner| Arc::new(SessionTools::new(inner, key.tools.clone(), key.session.clone())));
+        cfg.tool_host = tools.clone().map(|t| t as Arc<dyn ToolHost>);
+        (cfg, tools)
+    }
+
+    /// The live kernel of `key`, starting one (a new generation; from the
+    /// warm pool when the key's configuration is the pool's) if there is
+    /// none. The caller must hold an attachment.
+    async fn ensure(&self, slot: &Arc<Slot>) -> Result<(Kernel, u64), RegistryError> {
+        let _spawn = slot.spawn_lock.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(RegistryError::ShutDown);
+        }
+        let generation = {
+            let mut g = slot.lock();
+            if let Some(k) = &g.kernel {
+                if k.is_alive() {
+                    return Ok((k.clone(), g.generation));
+                }
+                let why = k.exit_reason().unwrap_or_else(|| "the kernel died".into());
+                let gen_ = g.generation;
+                g.pending_reset
+                    .get_or_insert(format!("the previous kernel (generation {gen_}) {why}"));
+                g.kernel = None;
+                if let Some(j) = &self.journal {
+                    j.kernel_ended(&slot.key.owner, &slot.key.session, gen_, &why);
+                }
+            }
+            g.spawning = true;
+            g.generation
+        };
+        let generation = match (&self.journal, generation) {
+            // A session this host has not run yet continues the journal's
+            // numbering (an earlier host may have run generations of it).
+            (Some(j), 0) => {
+                j.max_generation(&slot.key.owner, &slot.key.session)
+                    .await
+                    .unwrap_or(0)
+                    + 1
+            }
+            _ => generation + 1,
+        };
+        let result = self.start_kernel(slot, generation).await;
+        let mut g = slot.lock();
+        g.spawning = false;
+        let k = result?;
+        g.kernel = Some(k.clone());
+        g.generation = generation;
+        g.last_used = Some(Instant::now());
+        if let Some(j) = &self.journal {
+            let key = &slot.key;
+            j.session_used(
+                &key.owner,
+                &key.session,
+                &key.python.display().to_string(),
+                &key.cwd
+                    .as_ref()
+                    .map(|c| c.display().to_string())
+                    .unwrap_or_default(),
+                &key.tools_label(),
+                &key.profile,
+            );
+            j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
+        }
+        Ok((k, generation))
+    }
+
+    async fn start_kernel(&self, slot: &Arc<Slot>, generation: u64) -> Result<Kernel, RegistryError> {
+        let victim = self.make_room(slot)?;
+        if let Some((k, vslot)) = victim {
+            k.kill().await;
+            let _ = vslot;
+        }
+        if self.poolable(&slot.key)
+            && let Some(pool) = &self.pool
+            && let Some((k, tools)) = pool.take()
+        {
+            if let Some(t) = tools {
+                t.set_session(&slot.key.session);
+            }
+            self.from_pool.fetch_add(1, Ordering::Relaxed);
+            return Ok(k);
+        }
+        let (cfg, _tools) = self.kernel_config(&slot.key, generation);
+        let k = Kernel::spawn(cfg).await?;
+        self.spawned.fetch_add(1, Ordering::Relaxed);
+        Ok(k)
+    }
+
+    /// Under the room lock: counts live and starting kernels; at the cap,
+    /// picks the least recently used evictable one and detaches it (the
+    /// caller kills it).
+    #[allow(clippy::type_complexity)]
+    fn make_room(&self, me: &Arc<Slot>) -> Result<Option<(Kernel, Arc<Slot>)>, RegistryError> {
+        let _room = self.room.lock().unwrap_or_else(|e| e.into_inner());
+        let slots = self.all_slots();
+        let mut live = 0usize;
+        let mut best: Option<(Instant, Arc<Slot>)> = None;
+        for s in &slots {
+            let g = s.lock();
+            let alive = g.kernel.as_ref().is_some_and(Kernel::is_alive);
+            if alive || (g.spawning && !Arc::ptr_eq(s, me)) {
+                live += 1;
+            }
+            let evictable = alive
+                && !Arc::ptr_eq(s, me)
+                && s.attached.load(Ordering::SeqCst) == 0
+                && !s.pinned.load(Ordering::SeqCst)
+                && !g.kernel.as_ref().is_some_and(Kernel::is_busy);
+            if evictable {
+                let t = g.last_used.unwrap_or_else(Instant::now);
+                if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
+                    best = Some((t, s.clone()));
+                }
+            }
+        }
+        if live < self.cfg.max_live {
+            return Ok(None);
+        }
+        let Some((_, victim)) = best else {
+            return Err(RegistryError::Full {
+                max: self.cfg.max_live,
+            });
+        };
+        let mut g = victim.lock();
+        let Some(k) = g.kernel.take() else {
+            return Ok(None);
+        };
+        let why = format!(
+            "was evicted to make room (at most {} live kernels; it was the least recently used idle one)",
+            self.cfg.max_live
+        );
+        g.pending_reset = Some(format!("the previous kernel (generation {}) {why}", g.generation));
+        if let Some(j) = &self.journal {
+            j.kernel_ended(
+                &victim.key.owner,
+                &victim.key.session,
+                g.generation,
+                "evicted (LRU cap)",
+            );
+        }
+        drop(g);
+        self.evicted.fetch_add(1, Ordering::Relaxed);
+        Ok(Some((k, victim)))
+    }
+
+    /// Kills kernels idle for longer than the idle timeout (never attached
+    /// or pinned ones, nor busy ones).
+    pub async fn reap_idle(&self) {
+        let now = Instant::now();
+        let mut victims = Vec::new();
+        for s in self.all_slots() {
+            if s.attached.load(Ordering::SeqCst) > 0 || s.pinned.load(Ordering::SeqCst) {
+                continue;
+            }
+            let mut g = s.lock();
+            let idle = g
+                .last_used
+                .is_some_and(|t| now.duration_since(t) >= self.cfg.idle_timeout);
+            if !idle || g.kernel.as_ref().is_none_or(Kernel::is_busy) {
+                continue;
+            }
+            if let Some(k) = g.kernel.take() {
+                let why = format!("was reaped after {} s idle", self.cfg.idle_timeout.as_secs_f64());
+                g.pending_reset = Some(format!("the previous kernel (generation {}) {why}", g.generation));
+                if let Some(j) = &self.journal {
+                    j.kernel_ended(&s.key.owner, &s.key.session, g.generation, "idle timeout");
+                }
+                victims.push(k);
+            }
+        }
+        self.reaped.fetch_add(victims.len() as u64, Ordering::Relaxed);
+        for k in victims {
+            k.kill().await;
+        }
+    }
+
+    /// Runs a cell in `key`'s session: journaled as `running` when it
+    /// starts, committed when it settles (before this returns).
+    ///
+    /// # Errors
+    /// [`RegistryError`]: the kernel could not start, no room, shut down,
+    /// or the kernel died before the cell ran.
+    pub async fn execute(
+        &self,
+        key: &Key,
+        code: &str,
+        options: ExecOptions,
+        origin: &Origin,
+    ) -> Result<CellResult, RegistryError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(RegistryError::ShutDown);
+        }
+        let slot = self.slot(key, None);
+        let _attach = Attach::new(&slot);
+        let (mut kernel, mut generation) = self.ensure(&slot).await?;
+        let handle = match kernel.submit(code, options.clone()) {
+            // The kernel died between the check and the submit (an idle
+            // worker killed from outside): one fresh generation, once.
+            Err(KernelError::Dead { .. }) => {
+                (kernel, generation) = self.ensure(&slot).await?;
+                kernel.submit(code, options)?
+            }
+            other => other?,
+        };
+        let start = CellStart {
+            id: handle.id().to_string(),
+            owner: key.owner.clone(),
+            session: key.session.clone(),
+            generation,
+            code: code.to_string(),
+            origin: origin.origin.clone(),
+            context: origin.context.clone(),
+        };
+        if let Some(j) = &self.journal {
+            j.cell_started(start.clone());
+        }
+        let waited = handle.wait().await;
+        let mut r = match waited {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(j) = &self.journal
+                    && let Err(je) = j.cell_failed(&start.id, "failed", &e.to_string()).await
+                {
+                    tracing::warn!("{je}");
+                }
+                return Err(e.into());
+            }
+        };
+        r.kernel.session = key.session.clone();
+        r.kernel.generation = generation;
+        {
+            let mut g = slot.lock();
+            g.last_used = Some(Instant::now());
+            if g.generation == generation
+                && let Some(why) = g.pending_reset.take()
+            {
+                r.kernel.state_reset = true;
+                r.kernel.reset_reason = Some(why);
+            }
+            if !kernel.is_alive() && g.generation == generation {
+                let why = match (&r.interrupt, &r.crash) {
+                    (Some(i), _) if i.escalated => format!(
+                        "the previous kernel (generation {generation}) was killed during cell {}: {}",
+                        r.cell_id,
+                        i.reason
+                            .as_deref()
+                            .unwrap_or("an interrupt did not stop the cell")
+                    ),
+                    (_, Some(c)) => format!("the previous kernel (generation {generation}): {}", c.message),
+                    _ => format!("the previous kernel (generation {generation}) died"),
+                };
+                g.pending_reset = Some(why);
+            }
+        }
+        if let Some(j) = &self.journal
+            && let Err(e) = j.cell_settled(&start, &r).await
+        {
+            tracing::warn!("cell {} not journaled: {e}", r.cell_id);
+        }
+        Ok(r)
+    }
+
+    /// Makes sure `key` has a live kernel (for benches and warm-up) and
+    /// returns it with its generation.
+    ///
+    /// # Errors
+    /// As [`Registry::execute`].
+    pub async fn acquire(&self, key: &Key) -> Result<(Kernel, u64), RegistryError> {
+        let slot = self.slot(key, None);
+        let _attach = Attach::new(&slot);
+        self.ensure(&slot).await
+    }
+
+    /// Rebuilds a session from the journal: kills its kernel if one lives
+    /// (`force`) and replays the successful cells of its last journaled
+    /// generation, in order, into a new kernel (origin `restore`, context
+    /// `{"replay_of": ID}`). Opt-in: nothing calls it on its own.
+    ///
+    /// # Errors
+    /// [`RegistryError::Restore`] without a journal, without cells to
+    /// replay, or with a live kernel and no `force`; kernel errors.
+    pub async fn restore(&self, key: &Key, force: bool) -> Result<RestoreReport, RegistryError> {
+        let Some(j) = &self.journal else {
+            return Err(RegistryError::Restore("no journal is kept".into()));
+        };
+        let cells = j
+            .history(&key.owner, &key.session)
+            .await
+            .map_err(|e| RegistryError::Restore(e.to_string()))?;
+        let Some(last) = cells.iter().map(|c| c.generation).max() else {
+            return Err(RegistryError::Restore(format!(
+                "session {} has no journaled cells",
+                key.session
+            )));
+        };
+        if let Some(k) = self.kernel(key) {
+            if !force {
+                return Err(RegistryError::Restore(format!(
+                    "session {} has a live kernel (pid {}); nothing to restore",
+                    key.session,
+                    k.info().pid
+                )));
+            }
+            let slot = self.slot(key, None);
+            let taken = {
+                let mut g = slot.lock();
+                let gen_ = g.generation;
+                g.kernel.take().map(|k| (k, gen_))
+            };
+            if let Some((k, gen_)) = taken {
+                j.kernel_ended(&key.owner, &key.session, gen_, "replaced by restore");
+                k.kill().await;
+            }
+        }
+        let mut report = RestoreReport {
+            from_generation: last,
+            ..RestoreReport::default()
+        };
+        for c in cells.iter().filter(|c| c.generation == last) {
+            if c.status != "ok" {
+                report.skipped.push(RestoreSkip {
+                    cell: c.id.clone(),
+                    status: c.status.clone(),
+                    reason: format!("its status was {}", c.status),
+                });
+                continue;
+            }
+            let origin = Origin {
+                origin: "restore".into(),
+                context: Some(serde_json::json!({"replay_of": c.id})),
+            };
+            let r = self
+                .execute(key, &c.code, ExecOptions::default(), &origin)
+                .await?;
+            report.generation = r.kernel.generation;
+            if r.status == cellhost_kernel::CellStatus::Ok {
+                report.replayed.push(c.id.clone());
+            } else {
+                report.skipped.push(RestoreSkip {
+                    cell: c.id.clone(),
+                    status: c.status.clone(),
+                    reason: format!("its replay ended {}", r.status.as_str()),
+                });
+            }
+        }
+        Ok(report)
+    }
+
+    /// Kills the key's kernel and forgets the session (and its delegated
+    /// children's).
+    pub async fn dispose(&self, key: &Key) {
+        let mut victims = Vec::new();
+        {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let doomed: Vec<Key> = slots
+                .iter()
+                .filter(|(k, s)| *k == key || is_descendant(s, key, &slots))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in doomed {
+                if let Some(s) = slots.remove(&k) {
+                    victims.push(s);
+                }
+            }
+        }
+        self.kill_slots(victims, "disposed").await;
+    }
+
+    /// Kills every kernel of `owner` and forgets its sessions.
+    pub async fn dispose_owner(&self, owner: &str) {
+        let victims: Vec<Arc<Slot>> = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<Key> = slots.keys().filter(|k| k.owner == owner).cloned().collect();
+            keys.iter().filter_map(|k| slots.remove(k)).collect()
+        };
+        self.kill_slots(victims, "owner disposed").await;
+    }
+
+    async fn kill_slots(&self, slots: Vec<Arc<Slot>>, why: &str) {
+        let mut kills = Vec::new();
+        for s in slots {
+            let mut g = s.lock();
+            if let Some(k) = g.kernel.take() {
+                if let Some(j) = &self.journal {
+                    j.kernel_ended(&s.key.owner, &s.key.session, g.generation, why);
+                }
+                kills.push(k);
+            }
+        }
+        let futs: Vec<_> = kills
+            .into_iter()
+            .map(|k| tokio::spawn(async move { k.kill().await }))
+            .collect();
+        for f in futs {
+            let _ = f.await;
+        }
+    }
+
+    /// Stops the reaper and the pool, kills and reaps every kernel (pooled
+    /// ones too) and flushes the journal. Later calls fail with
+    /// [`RegistryError::ShutDown`].
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        if let Ok(mut t) = self.tasks.lock() {
+            for h in t.drain(..) {
+                h.abort();
+            }
+        }
+        let slots: Vec<Arc<Slot>> = {
+            let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            s.drain().map(|(_, v)| v).collect()
+        };
+        // Wait for kernels still starting, so none is left behind.
+        for s in &slots {
+            let _g = s.spawn_lock.lock().await;
+        }
+        self.kill_slots(slots, "host shutdown").await;
+        if let Some(p) = &self.pool {
+            p.shutdown().await;
+        }
+        if let Some(j) = &self.journal
+            && let Err(e) = j.flush().await
+        {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+fn is_descendant(s: &Arc<Slot>, ancestor: &Key, slots: &HashMap<Key, Arc<Slot>>) -> bool {
+    let mut p = s.parent.clone();
+    let mut hops = 0;
+    while let Some(k) = p {
+        if &k == ancestor {
+            return true;
+        }
+        hops += 1;
+        if hops > 64 {
+            return false;
+        }
+        p = slots.get(&k).and_then(|s| s.parent.clone());
+    }
+    false
+}
+
+/// Marks a slot attached while a call is in flight.
+struct Attach(Arc<Slot>);
+
+impl Attach {
+    fn new(slot: &Arc<Slot>) -> Self {
+        slot.attached.fetch_add(1, Ordering::SeqCst);
+        Attach(slot.clone())
+    }
+}
+
+impl Drop for Attach {
+    fn drop(&mut self) {
+        self.0.attached.fetch_sub(1, Ordering::SeqCst);
+        self.0.lock().last_used = Some(Instant::now());
+    }
+}
