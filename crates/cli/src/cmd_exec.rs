@@ -22,6 +22,11 @@ pub struct ExecArgs {
     /// Print the CellResult as JSON instead of the output.
     #[arg(long)]
     json: bool,
+    /// Run the cell in this named session of the per-user daemon (started
+    /// on first use): its state persists across `exec` invocations until
+    /// `cellhost kill NAME` or the daemon's idle exit.
+    #[arg(long, value_name = "NAME")]
+    session: Option<String>,
     /// The code to run; `-` reads it from stdin.
     #[arg(value_name = "CODE")]
     code: String,
@@ -46,6 +51,9 @@ pub fn run(args: ExecArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
+    if let Some(session) = args.session {
+        return crate::cmd_sessions::exec(&args.kernel, session, code, args.timeout, args.json);
+    }
     let rt = match common::runtime() {
         Ok(rt) => rt,
         Err(e) => {

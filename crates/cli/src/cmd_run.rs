@@ -107,6 +107,7 @@ pub fn run(args: RunArgs) -> u8 {
         if let Some(dir) = std::fs::canonicalize(&args.input)
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf))
+            .filter(|d| common::workdir_allowed(d))
         {
             cfg.cwd = Some(dir);
         }

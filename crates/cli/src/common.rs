@@ -35,6 +35,11 @@ pub fn set_config_path(path: Option<PathBuf>) {
     let _ = CONFIG_PATH.set(path);
 }
 
+/// The `--config PATH` given, if any.
+pub fn config_path() -> Option<PathBuf> {
+    CONFIG_PATH.get().cloned().flatten()
+}
+
 /// The effective configuration: `--config`, else `CELLHOST_CONFIG`, else
 /// the default file, with `CELLHOST_*` overrides.
 pub fn config() -> Result<Config, String> {
@@ -94,7 +99,9 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     // Cells resolve relative paths against the directory cellhost was run
     // from (`run` uses the notebook's directory), as Jupyter does; the
     // sandbox makes that directory readable and writable for the kernel.
-    cfg.cwd = std::env::current_dir().ok();
+    // Never the home directory itself or a directory holding it: then the
+    // kernel starts in its session directory and home stays out of reach.
+    cfg.cwd = std::env::current_dir().ok().filter(|d| workdir_allowed(d));
     for spec in &args.env {
         let (name, value) = match spec.split_once('=') {
             Some((n, v)) => (n.to_string(), v.to_string()),
@@ -117,6 +124,15 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     Ok(cfg)
 }
 
+/// A directory the CLI may hand to a kernel as its read-write working
+/// directory: not `$HOME` and not one of its ancestors (`/`, `/home`).
+pub fn workdir_allowed(dir: &Path) -> bool {
+    match std::env::var_os("HOME").map(std::path::PathBuf::from) {
+        Some(home) if home.is_absolute() => !home.starts_with(dir),
+        _ => dir != Path::new("/"),
+    }
+}
+
 fn set_env(cfg: &mut KernelConfig, name: String, value: String) {
     cfg.env.retain(|(k, _)| k.to_str() != Some(name.as_str()));
     cfg.env.push((name.into(), value.into()));
@@ -128,4 +144,22 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .worker_threads(2)
         .enable_all()
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_and_its_ancestors_are_never_a_kernel_workdir() {
+        assert!(!workdir_allowed(Path::new("/")));
+        if let Some(home) = std::env::var_os("HOME")
+            .map(std::path::PathBuf::from)
+            .filter(|h| h.is_absolute())
+        {
+            assert!(!workdir_allowed(&home));
+            assert!(workdir_allowed(&home.join("project")));
+        }
+        assert!(workdir_allowed(Path::new("/srv/data/project")));
+    }
 }

@@ -6,13 +6,17 @@
 
 mod bench;
 mod cmd_config;
+mod cmd_daemon;
 mod cmd_doctor;
 mod cmd_exec;
 mod cmd_history;
+mod cmd_mcp;
 mod cmd_output;
 mod cmd_repl;
 mod cmd_restore;
 mod cmd_run;
+mod cmd_serve;
+mod cmd_sessions;
 mod common;
 mod render;
 
@@ -49,6 +53,19 @@ enum Cmd {
     History(cmd_history::HistoryArgs),
     /// Rebuild a session by replaying its successful cells into a new kernel.
     Restore(cmd_restore::RestoreArgs),
+    /// Serve the MCP tools (execute_code, interrupt, restart, list_variables,
+    /// read_output, list_sessions) on stdin/stdout; logs go to stderr.
+    Mcp(cmd_mcp::McpArgs),
+    /// Serve the HTTP API (and MCP at /mcp) behind bearer tokens.
+    Serve(cmd_serve::ServeArgs),
+    /// The per-user daemon behind `exec --session` (`run`, `stop`, `status`).
+    Daemon(cmd_daemon::DaemonArgs),
+    /// List the daemon's sessions (`exec --session NAME`).
+    Sessions(cmd_sessions::SessionsArgs),
+    /// Kill a daemon session's kernel and forget the session.
+    Kill(cmd_sessions::NameArgs),
+    /// Interrupt the running cell of a daemon session.
+    Interrupt(cmd_sessions::NameArgs),
     /// Check which sandbox layers this machine enforces, by a real self-test
     /// (exit 0 when everything mode `enforce` needs is available).
     Doctor(cmd_doctor::DoctorArgs),
@@ -114,11 +131,17 @@ fn main() -> ExitCode {
         Cmd::Repl(a) => cmd_repl::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Doctor(a) => cmd_doctor::run(a),
+        Cmd::Serve(a) => cmd_serve::run(a),
+        Cmd::Daemon(a) => cmd_daemon::run(a),
+        Cmd::Sessions(a) => cmd_sessions::sessions(a),
+        Cmd::Kill(a) => cmd_sessions::kill(a),
+        Cmd::Interrupt(a) => cmd_sessions::interrupt(a),
         Cmd::BenchHost { python, n } => bench::host_for_bench(&python, n),
         Cmd::Output(a) => cmd_output::run(a),
         Cmd::Config(a) => cmd_config::run(a),
         Cmd::History(a) => cmd_history::run(a),
         Cmd::Restore(a) => cmd_restore::run(a),
+        Cmd::Mcp(a) => cmd_mcp::run(a),
     };
     ExitCode::from(code)
 }

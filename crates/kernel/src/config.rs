@@ -29,7 +29,8 @@ pub struct KernelConfig {
     /// Generation number of this kernel within its session.
     pub generation: u64,
     /// Binary that implements the kernel init (`__cellhost-kernel-init`);
-    /// default: `CELLHOST_LAUNCHER`, else the running executable.
+    /// default: `CELLHOST_LAUNCHER`, else the running executable (through
+    /// `/proc/self/exe`, so a binary replaced on disk keeps working).
     pub launcher: Option<PathBuf>,
     /// Inline caps for stdout.
     pub stdout_limits: StreamLimits,
@@ -124,6 +125,13 @@ impl KernelConfig {
         }
         if let Some(p) = std::env::var_os("CELLHOST_LAUNCHER") {
             return Ok(PathBuf::from(p));
+        }
+        // `/proc/self/exe` still reaches this process's binary after the
+        // file was replaced on disk (a rebuild, an upgrade), where the path
+        // `current_exe()` names would be gone or a different program.
+        let proc_exe = PathBuf::from("/proc/self/exe");
+        if proc_exe.exists() {
+            return Ok(proc_exe);
         }
         std::env::current_exe()
             .map_err(|e| KernelError::io(&self.label(), "locating the kernel init binary", e))

@@ -11,12 +11,16 @@
 //! POOL acquire latency of a session's kernel, cold spawn vs warm pool;
 //! JOURNAL per-cell cost of the SQLite journal (cells/s with and without);
 //! W5 host-call round trip (cell → host → cell) through a trivial tool;
-//! IDLE200 200 idle kernels: spawn time, host RSS and RSS per kernel.
+//! IDLE200 200 idle kernels: spawn time, host RSS and RSS per kernel;
+//! DAEMON and HTTP round trip of a trivial cell through the daemon CLI, the
+//! daemon socket and the HTTP API; HTTP50 50 concurrent HTTP clients of 100
+//! cells each (throughput, p99, lost or misattributed output).
 //! Peers (`--peers`): ipykernel driven by jupyter_client, a fresh
 //! `python -c` per cell, and nbclient, from the interpreter's environment.
 
 mod sessions;
 mod stats;
+mod surfaces;
 mod workloads;
 
 use std::fmt::Write as _;
@@ -30,7 +34,8 @@ pub use workloads::host_for_bench;
 /// Every workload this build measures, in run order (W3 first: it resets
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
-    "W3", "W1", "W2", "W2S", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200",
+    "W3", "W1", "W2", "W2S", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200", "DAEMON",
+    "HTTP", "HTTP50",
 ];
 
 /// Arguments of `bench`.
@@ -39,7 +44,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub kernel: KernelArgs,
     /// Comma-separated workloads (W1, W2, W3, W4, KILL, HOSTKILL, W7, POOL,
-    /// JOURNAL, W5, IDLE200), or `all`.
+    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
     /// Also measure the peers (needs ipykernel, jupyter_client, nbclient in

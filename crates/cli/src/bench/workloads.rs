@@ -48,6 +48,9 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "JOURNAL" => super::sessions::journal(ctx).await,
         "W5" => super::sessions::w5(ctx).await,
         "IDLE200" => super::sessions::idle200(ctx).await,
+        "DAEMON" => super::surfaces::daemon(ctx).await,
+        "HTTP" => super::surfaces::http(ctx).await,
+        "HTTP50" => super::surfaces::http50(ctx).await,
         _ => Err(format!("unknown workload {w}")),
     }
 }

@@ -1,0 +1,225 @@
+//! `cellhost daemon run|stop|status`: the per-user daemon that keeps
+//! `exec --session` sessions alive across invocations, and the client side
+//! used by `exec --session`, `sessions`, `kill` and `interrupt`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellhost_server::daemon::{self, Client, Reply, Request};
+use cellhost_sessions::{Journal, Registry, RegistryConfig};
+
+use crate::KernelArgs;
+use crate::common::{self, EXIT_USAGE};
+
+/// Arguments of `daemon`.
+#[derive(Debug, clap::Args)]
+pub struct DaemonArgs {
+    #[command(subcommand)]
+    cmd: DaemonCmd,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum DaemonCmd {
+    /// Run the daemon in the foreground (`exec --session` starts it
+    /// detached on first use).
+    Run {
+        #[command(flatten)]
+        kernel: KernelArgs,
+        /// Exit after this many seconds without a connection (default:
+        /// `CELLHOST_DAEMON_IDLE_S`, else 1800).
+        #[arg(long, value_name = "SECONDS")]
+        idle_timeout: Option<f64>,
+    },
+    /// Stop the daemon (every kernel is killed, the journal flushed).
+    Stop,
+    /// Say whether the daemon runs, and where its socket is.
+    Status,
+}
+
+/// The daemon's directory: `$XDG_RUNTIME_DIR/cellhost`, else
+/// `STATE_DIR/run`.
+pub fn dir() -> PathBuf {
+    daemon::runtime_dir(&common::state_dir())
+}
+
+fn idle_default() -> Duration {
+    std::env::var("CELLHOST_DAEMON_IDLE_S")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(daemon::DEFAULT_IDLE)
+}
+
+/// Starts `cellhost daemon run` detached (own process group, output to
+/// `daemon.log` in the daemon's directory), forwarding the kernel options.
+fn spawn_daemon(kernel: &KernelArgs) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let d = dir();
+    std::fs::create_dir_all(&d)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let log_path = d.join("daemon.log");
+    // The log keeps the last daemons' lines; past 1 MiB it starts over.
+    let big = std::fs::metadata(&log_path).is_ok_and(|m| m.len() > 1 << 20);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(!big)
+        .write(true)
+        .truncate(big)
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(c) = common::config_path() {
+        cmd.arg("--config").arg(c);
+    }
+    cmd.args(["daemon", "run"]);
+    if let Some(p) = &kernel.python {
+        cmd.arg("--python").arg(p);
+    }
+    if let Some(m) = kernel.sandbox {
+        cmd.arg("--sandbox").arg(m.to_string());
+    }
+    for e in &kernel.env {
+        cmd.arg("--env").arg(e);
+    }
+    for e in &kernel.secret_env {
+        cmd.arg("--secret-env").arg(e);
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0);
+    cmd.spawn()
+}
+
+/// Connects to the daemon, starting it first if none answers.
+pub async fn connect(kernel: &KernelArgs) -> std::io::Result<Client> {
+    let d = dir();
+    let log = d.join("daemon.log");
+    Client::connect_or_start(&d, Duration::from_secs(30), Some(&log), || spawn_daemon(kernel)).await
+}
+
+/// Runs `daemon`.
+pub fn run(args: DaemonArgs) -> u8 {
+    match args.cmd {
+        DaemonCmd::Run { kernel, idle_timeout } => run_daemon(&kernel, idle_timeout),
+        DaemonCmd::Stop => client_call(Request::Stop),
+        DaemonCmd::Status => client_call(Request::Ping),
+    }
+}
+
+/// Sends one request to a running daemon (never starts one) and prints the
+/// reply; returns the exit code.
+fn client_call(req: Request) -> u8 {
+    let rt = match common::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(async move {
+        let mut c = match Client::connect(&dir()).await {
+            Ok(c) => c,
+            Err(_) => {
+                println!("no daemon is running ({})", daemon::socket_path(&dir()).display());
+                return 0;
+            }
+        };
+        match c.call(&req).await {
+            Ok(Reply::Ok { message }) => {
+                println!("daemon: {message}");
+                0
+            }
+            Ok(Reply::Error { message, usage }) => {
+                eprintln!("cellhost: {message}");
+                if usage { EXIT_USAGE } else { 1 }
+            }
+            Ok(other) => {
+                eprintln!("cellhost: unexpected reply {other:?}");
+                1
+            }
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                1
+            }
+        }
+    })
+}
+
+fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
+    let idle = match idle {
+        None => idle_default(),
+        Some(s) if s.is_finite() && s > 0.0 => match Duration::try_from_secs_f64(s) {
+            Ok(d) => d,
+            Err(_) => {
+                eprintln!("cellhost: --idle-timeout {s} is too large");
+                return EXIT_USAGE;
+            }
+        },
+        Some(s) => {
+            eprintln!("cellhost: --idle-timeout must be > 0, got {s}");
+            return EXIT_USAGE;
+        }
+    };
+    let config = match common::config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let template = match common::kernel_config(kernel, "daemon", &common::new_session_dir("daemon")) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let rt = match common::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(async move {
+        let journal = match Journal::open(common::journal_path(), config.durability()) {
+            Ok(j) => Some(Arc::new(j)),
+            Err(e) => {
+                eprintln!("cellhost: journal off: {e}");
+                None
+            }
+        };
+        let mut rc = RegistryConfig::new(common::state_dir(), template);
+        config.apply_to_registry(&mut rc);
+        let reg = match Registry::start(rc, journal).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
+        };
+        let d = dir();
+        eprintln!(
+            "cellhost daemon {} on {} (exits after {} s idle)",
+            std::process::id(),
+            daemon::socket_path(&d).display(),
+            idle.as_secs_f64()
+        );
+        match daemon::run(reg, &d, idle).await {
+            Ok(reason) => {
+                eprintln!("cellhost daemon {} stopped: {reason:?}", std::process::id());
+                0
+            }
+            Err(e) => {
+                eprintln!("cellhost daemon: {e}");
+                1
+            }
+        }
+    })
+}

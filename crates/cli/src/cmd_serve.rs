@@ -1,0 +1,169 @@
+//! `cellhost serve [--listen ADDR] [--token-file PATH]`: the HTTP API
+//! (REST + server-sent events, `/openapi.json`) and the MCP endpoint
+//! (streamable HTTP at `/mcp`), both behind bearer tokens.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellhost_server::http::{self, AppState};
+use cellhost_server::{DEFAULT_LISTEN, Tokens};
+use cellhost_sessions::{Journal, Registry, RegistryConfig};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::KernelArgs;
+use crate::common::{self, EXIT_USAGE};
+
+/// Arguments of `serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Address to listen on (loopback by default).
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Token file: `OWNER TOKEN [rw|ro]` lines, mode 0600. Default:
+    /// `STATE_DIR/server/tokens`, created with one token at first start.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+}
+
+/// Runs `serve`.
+pub fn run(args: ServeArgs) -> u8 {
+    let config = match common::config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let token_file = args
+        .token_file
+        .clone()
+        .unwrap_or_else(|| common::state_dir().join("server").join("tokens"));
+    let tokens = match Tokens::load_or_create(&token_file) {
+        Ok((t, created)) => {
+            if created {
+                eprintln!("cellhost: created a token in {}", token_file.display());
+            }
+            t
+        }
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let template = match common::kernel_config(&args.kernel, "serve", &common::new_session_dir("serve")) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    rt.block_on(async move {
+        let journal = match Journal::open(common::journal_path(), config.durability()) {
+            Ok(j) => Some(Arc::new(j)),
+            Err(e) => {
+                eprintln!("cellhost: journal off: {e}");
+                None
+            }
+        };
+        let mut rc = RegistryConfig::new(common::state_dir(), template);
+        config.apply_to_registry(&mut rc);
+        let reg = match Registry::start(rc, journal).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
+        };
+        let listener = match tokio::net::TcpListener::bind(args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("cellhost: cannot listen on {}: {e}", args.listen);
+                reg.shutdown().await;
+                return 1;
+            }
+        };
+        let addr = listener.local_addr().unwrap_or(args.listen);
+        let state = AppState::new(reg.clone(), tokens);
+        let mcp = axum_router_mcp(reg.clone());
+        let app = http::router(state.clone()).merge(http::protect(state, mcp));
+        eprintln!(
+            "cellhost: serving http://{addr}/v1 (OpenAPI at /openapi.json, MCP at /mcp); tokens in {}",
+            token_file.display()
+        );
+        let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(t), Ok(i)) => (t, i),
+            _ => {
+                eprintln!("cellhost: cannot listen for signals");
+                reg.shutdown().await;
+                return 1;
+            }
+        };
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stop2 = stop.clone();
+        let mut server = tokio::spawn(http::serve_router(listener, app, async move {
+            stop2.notified().await;
+        }));
+        let served = tokio::select! {
+            r = &mut server => r,
+            _ = term.recv() => {
+                stop.notify_one();
+                // Open event streams and MCP connections get 5 s to finish.
+                tokio::time::timeout(Duration::from_secs(5), &mut server)
+                    .await
+                    .unwrap_or(Ok(Ok(())))
+            }
+            _ = int.recv() => {
+                stop.notify_one();
+                tokio::time::timeout(Duration::from_secs(5), &mut server)
+                    .await
+                    .unwrap_or(Ok(Ok(())))
+            }
+        };
+        server.abort();
+        reg.shutdown().await;
+        match served {
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => {
+                eprintln!("cellhost: {e}");
+                1
+            }
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                1
+            }
+        }
+    })
+}
+
+/// The MCP endpoint. The bearer-token layer (`http::protect`) runs first and
+/// records the caller; this hands its owner to the MCP service, which ties
+/// each MCP session to the caller that opened it (a leaked `Mcp-Session-Id`
+/// is useless to anyone else).
+fn axum_router_mcp(reg: Arc<Registry>) -> cellhost_server::axum::Router {
+    use cellhost_server::axum::extract::Request;
+    use cellhost_server::axum::middleware::map_request;
+    async fn tag_caller(mut req: Request) -> Request {
+        if let Some(owner) = req
+            .extensions()
+            .get::<cellhost_server::auth::Caller>()
+            .map(|c| c.owner.clone())
+        {
+            req.extensions_mut().insert(cellhost_mcp::HttpCaller(owner));
+        }
+        req
+    }
+    cellhost_server::axum::Router::new()
+        .nest_service("/mcp", cellhost_mcp::streamable_http_service(reg))
+        .layer(map_request(tag_caller))
+}

@@ -1,0 +1,214 @@
+//! The shell workflow over the daemon: `cellhost exec --session NAME`,
+//! `cellhost sessions [--json]`, `cellhost kill NAME`,
+//! `cellhost interrupt NAME`.
+
+use std::time::Duration;
+
+use cellhost_kernel::LiveEvent;
+use cellhost_server::daemon::{Client, Reply, Request};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::KernelArgs;
+use crate::cmd_daemon;
+use crate::common::{self, EXIT_USAGE};
+use crate::render;
+
+/// Arguments of `sessions`.
+#[derive(Debug, clap::Args)]
+pub struct SessionsArgs {
+    /// Print the sessions as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `kill` and `interrupt`.
+#[derive(Debug, clap::Args)]
+pub struct NameArgs {
+    /// Session name (as given to `exec --session`).
+    #[arg(value_name = "NAME")]
+    name: String,
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match common::runtime() {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("cellhost: cannot start the runtime: {e}");
+            None
+        }
+    }
+}
+
+fn error_code(message: &str, usage: bool) -> u8 {
+    eprintln!("cellhost: {message}");
+    if usage { EXIT_USAGE } else { 1 }
+}
+
+/// Runs `exec --session NAME`: the cell runs in the daemon's session
+/// (started on first use), so state persists across invocations. Exit code
+/// by status, as `exec`.
+pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Option<f64>, json: bool) -> u8 {
+    // An explicit interpreter is resolved here (the daemon may run in
+    // another directory and with another PATH).
+    let python = match &kernel.python {
+        None => None,
+        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
+            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
+            Err(e) => return error_code(&e.to_string(), true),
+        },
+    };
+    let Some(rt) = runtime() else { return 1 };
+    rt.block_on(async move {
+        let sigint = signal(SignalKind::interrupt()).ok();
+        let mut c = match cmd_daemon::connect(kernel).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cellhost: cannot reach the daemon: {e}");
+                return 1;
+            }
+        };
+        let req = Request::Exec {
+            session: session.clone(),
+            code,
+            timeout_s,
+            live: !json,
+            python,
+            sandbox: kernel.sandbox.map(|m| m.to_string()),
+        };
+        if let Err(e) = c.send(&req).await {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+        // Ctrl-C interrupts the session's cell (through a second connection).
+        let watcher = tokio::spawn(async move {
+            let Some(mut sigint) = sigint else { return };
+            while sigint.recv().await.is_some() {
+                if let Ok(mut c2) = Client::connect(&cmd_daemon::dir()).await {
+                    let _ = c2
+                        .call(&Request::Interrupt {
+                            session: session.clone(),
+                        })
+                        .await;
+                }
+            }
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let printer = tokio::spawn(render::print_live(rx));
+        let outcome = loop {
+            match c.next().await {
+                Ok(Some(Reply::Stream { name, text })) => {
+                    let ev = if name == "stderr" {
+                        LiveEvent::Stderr(text)
+                    } else {
+                        LiveEvent::Stdout(text)
+                    };
+                    let _ = tx.send(ev);
+                }
+                Ok(Some(Reply::Display { .. })) => {}
+                Ok(Some(Reply::Result { result })) => break Ok(result),
+                Ok(Some(Reply::Error { message, usage })) => break Err((message, usage)),
+                Ok(Some(other)) => break Err((format!("unexpected reply {other:?}"), false)),
+                Ok(None) => break Err(("the daemon closed the connection".into(), false)),
+                Err(e) => break Err((e.to_string(), false)),
+            }
+        };
+        drop(tx);
+        watcher.abort();
+        let printed = printer.await.unwrap_or_default();
+        match outcome {
+            Ok(r) => {
+                if json {
+                    match serde_json::to_string_pretty(&r) {
+                        Ok(s) => println!("{s}"),
+                        Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),
+                    }
+                } else {
+                    render::print_rest(&printed, &r);
+                    render::print_result(&r, true);
+                }
+                r.status.exit_code() as u8
+            }
+            Err((m, usage)) => error_code(&m, usage),
+        }
+    })
+}
+
+/// Runs `sessions`: the daemon's sessions with a live kernel.
+pub fn sessions(args: SessionsArgs) -> u8 {
+    let Some(rt) = runtime() else { return 1 };
+    rt.block_on(async move {
+        let list = match Client::connect(&cmd_daemon::dir()).await {
+            Err(_) => Vec::new(),
+            Ok(mut c) => match c.call(&Request::Sessions).await {
+                Ok(Reply::Sessions { sessions }) => sessions,
+                Ok(Reply::Error { message, usage }) => return error_code(&message, usage),
+                Ok(other) => return error_code(&format!("unexpected reply {other:?}"), false),
+                Err(e) => return error_code(&e.to_string(), false),
+            },
+        };
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+        } else if list.is_empty() {
+            println!("no sessions");
+        } else {
+            println!("{:<24} {:>4} {:>8} {:<5} python", "session", "gen", "pid", "busy");
+            for s in &list {
+                println!(
+                    "{:<24} {:>4} {:>8} {:<5} {}",
+                    s.name,
+                    s.generation,
+                    s.pid,
+                    if s.busy { "yes" } else { "no" },
+                    s.python.display()
+                );
+            }
+        }
+        0
+    })
+}
+
+fn named(req: Request) -> u8 {
+    let Some(rt) = runtime() else { return 1 };
+    rt.block_on(async move {
+        let mut c = match Client::connect(&cmd_daemon::dir()).await {
+            Ok(c) => c,
+            Err(_) => return error_code("no daemon is running, so no such session", true),
+        };
+        match tokio::time::timeout(Duration::from_secs(30), c.call(&req)).await {
+            Ok(Ok(Reply::Ok { message })) => {
+                println!("{message}");
+                0
+            }
+            Ok(Ok(Reply::Interrupt { outcome })) => {
+                if outcome.delivered {
+                    println!(
+                        "interrupted {}",
+                        outcome.cell.as_deref().unwrap_or("the running cell")
+                    );
+                    0
+                } else {
+                    println!(
+                        "not delivered: {}",
+                        outcome.reason.as_deref().unwrap_or("no cell is running")
+                    );
+                    1
+                }
+            }
+            Ok(Ok(Reply::Error { message, usage })) => error_code(&message, usage),
+            Ok(Ok(other)) => error_code(&format!("unexpected reply {other:?}"), false),
+            Ok(Err(e)) => error_code(&e.to_string(), false),
+            Err(_) => error_code("the daemon did not answer within 30 s", false),
+        }
+    })
+}
+
+/// Runs `kill NAME`.
+pub fn kill(args: NameArgs) -> u8 {
+    named(Request::Kill { session: args.name })
+}
+
+/// Runs `interrupt NAME`.
+pub fn interrupt(args: NameArgs) -> u8 {
+    named(Request::Interrupt { session: args.name })
+}

@@ -1,0 +1,716 @@
+//! The MCP server of cellhost, built on the official Rust SDK (`rmcp`).
+//!
+//! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
+//! `read_output`, `list_sessions`. One MCP connection (stdio) or one MCP
+//! session (streamable HTTP) is one *owner* of the [`Registry`]: it sees
+//! only its own sessions, and its kernels are disposed when it ends.
+//!
+//! - [`serve_stdio`] serves one connection on standard input/output
+//!   (`cellhost mcp`).
+//! - [`streamable_http_service`] is a tower service for axum's
+//!   `Router::nest_service("/mcp", …)` (`cellhost serve`).
+//!
+//! Results are text for a language model (status first), the
+//! [`cellhost_kernel::CellResult`] as `structuredContent`, and every figure
+//! as `image` content. A running `execute_code` streams its live output as
+//! progress notifications (when the client sent a progress token), and an
+//! MCP cancellation of it interrupts the cell.
+#![forbid(unsafe_code)]
+
+pub mod render;
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cellhost_kernel::{ExecOptions, LiveEvent};
+use cellhost_sessions::{Key, Origin, Registry};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ProtocolVersion,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::json;
+
+/// Errors of the MCP server.
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    /// The client's `initialize` handshake failed.
+    #[error("MCP handshake failed: {0}")]
+    Initialize(String),
+    /// The server task ended abnormally.
+    #[error("MCP server task failed: {0}")]
+    Task(String),
+}
+
+/// Default session name when a tool call gives none.
+pub const DEFAULT_SESSION: &str = "default";
+
+/// Cells whose spill files an owner can page with `read_output` (oldest
+/// forgotten first).
+const SPILL_INDEX_CAP: usize = 4096;
+
+/// Default and largest `length` of one `read_output` page.
+const READ_DEFAULT: u64 = 65_536;
+const READ_MAX: u64 = 1024 * 1024;
+
+/// How often buffered live output goes out as a progress notification.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// Largest message of one progress notification (the tail is kept).
+const PROGRESS_MAX_BYTES: usize = 16 * 1024;
+
+const INSTRUCTIONS: &str = "cellhost runs Python code in persistent kernels. \
+Call execute_code with a cell of Python: variables, imports and open files persist \
+between calls in the same session (default session \"default\"; pass `session` to keep \
+several independent namespaces). The last expression's value is returned; matplotlib \
+figures come back as images. Output is cut to 50,000 bytes of stdout and 10,000 of stderr \
+(40% head, 60% tail); the full output can be paged with read_output. A cell stops at its \
+deadline (timeout_s, default 300 s): it is interrupted and, when the code can be stopped, \
+the variables survive. Use interrupt to stop a running cell, restart for a fresh kernel, \
+list_variables to see what a session holds, list_sessions to see your sessions.";
+
+/// Spill files of the cells this owner ran, by cell id and stream.
+#[derive(Default)]
+struct SpillIndex {
+    by_cell: HashMap<String, BTreeMap<String, PathBuf>>,
+    order: VecDeque<String>,
+}
+
+impl SpillIndex {
+    fn insert(&mut self, cell: &str, stream: &str, path: PathBuf) {
+        if !self.by_cell.contains_key(cell) {
+            self.order.push_back(cell.to_string());
+            while self.order.len() > SPILL_INDEX_CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_cell.remove(&old);
+                }
+            }
+        }
+        self.by_cell
+            .entry(cell.to_string())
+            .or_default()
+            .insert(stream.to_string(), path);
+    }
+
+    fn get(&self, cell: &str, stream: &str) -> Option<PathBuf> {
+        self.by_cell.get(cell)?.get(stream).cloned()
+    }
+}
+
+struct Inner {
+    registry: Arc<Registry>,
+    owner: String,
+    spills: Mutex<SpillIndex>,
+    /// One `execute_code` at a time per session: a cancellation then always
+    /// names the cell that is running (a queued call just stops waiting).
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Over HTTP: the authenticated caller the MCP session is bound to.
+    caller: Mutex<Option<String>>,
+}
+
+/// Who sent an HTTP request, as the HTTP layer's authentication established
+/// it (e.g. the owner of a bearer token). Insert it into the request's
+/// extensions before [`streamable_http_service`]: an MCP session is bound
+/// to the caller of its first tool call, and tool calls of any other caller
+/// are refused, so knowing a session id is not enough to use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCaller(pub String);
+
+impl Drop for Inner {
+    /// The connection (or HTTP session) is gone: end its kernels.
+    fn drop(&mut self) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let registry = self.registry.clone();
+            let owner = std::mem::take(&mut self.owner);
+            rt.spawn(async move { registry.dispose_owner(&owner).await });
+        }
+    }
+}
+
+/// The MCP server of one owner (one connection or one HTTP session).
+#[derive(Clone)]
+pub struct CellhostMcp {
+    inner: Arc<Inner>,
+    tool_router: ToolRouter<CellhostMcp>,
+}
+
+impl std::fmt::Debug for CellhostMcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CellhostMcp")
+            .field("owner", &self.inner.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parameters of `execute_code`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ExecuteCodeParams {
+    /// Python source of one cell. Top-level `await` works; the value of the
+    /// last expression is returned (a trailing `;` hides it).
+    pub code: String,
+    /// Session name (default "default"). Each session is its own namespace
+    /// and kernel; state persists between calls of the same session.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Deadline in seconds (default 300; 0 = none). At the deadline the cell
+    /// is interrupted; if it does not stop within 2 s the kernel is killed
+    /// and the session's variables are lost.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+    /// Start from a fresh kernel (all variables of the session are dropped)
+    /// before running the code.
+    #[serde(default)]
+    pub reset: Option<bool>,
+}
+
+/// Parameters naming a session.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SessionParams {
+    /// Session name (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+/// Parameters of `read_output`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ReadOutputParams {
+    /// The cell id given in a result ("cell id: ...", `cell_id` in the
+    /// structured content).
+    pub cell: String,
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    /// Byte offset to start at (default 0).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Bytes to read (default 65536, at most 1048576).
+    #[serde(default)]
+    pub length: Option<u64>,
+}
+
+/// Parameters of `list_sessions` (none).
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+pub struct NoParams {}
+
+fn text_result(text: impl Into<String>, structured: serde_json::Value) -> CallToolResult {
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text.into())]);
+    r.structured_content = Some(structured);
+    r
+}
+
+fn tool_error(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text.into())])
+}
+
+fn session_name(s: Option<String>) -> Result<String, ErrorData> {
+    let s = s.unwrap_or_else(|| DEFAULT_SESSION.to_string());
+    if s.is_empty() || s.len() > 100 || s.chars().any(char::is_control) {
+        return Err(ErrorData::invalid_params(
+            "session must be 1 to 100 characters without control characters",
+            None,
+        ));
+    }
+    Ok(s)
+}
+
+#[tool_router]
+impl CellhostMcp {
+    /// A server for `owner` over `registry`.
+    pub fn new(registry: Arc<Registry>, owner: impl Into<String>) -> Self {
+        CellhostMcp {
+            inner: Arc::new(Inner {
+                registry,
+                owner: owner.into(),
+                spills: Mutex::new(SpillIndex::default()),
+                turns: Mutex::new(HashMap::new()),
+                caller: Mutex::new(None),
+            }),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The owner this server acts for.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Binds the MCP session to its first HTTP caller; refuses others.
+    fn check_caller(&self, ctx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let Some(HttpCaller(caller)) = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<HttpCaller>())
+        else {
+            return Ok(());
+        };
+        let mut bound = self.inner.caller.lock().unwrap_or_else(|e| e.into_inner());
+        match bound.as_deref() {
+            None => {
+                *bound = Some(caller.clone());
+                Ok(())
+            }
+            Some(b) if b == caller => Ok(()),
+            Some(_) => Err(ErrorData::invalid_request(
+                "this MCP session belongs to another caller",
+                None,
+            )),
+        }
+    }
+
+    fn turn(&self, session: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.inner.turns.lock().unwrap_or_else(|e| e.into_inner());
+        turns.entry(session.to_string()).or_default().clone()
+    }
+
+    /// Interrupts the session's running cell for an MCP cancellation;
+    /// true when the signal was delivered.
+    async fn interrupt_for_cancel(&self, key: &Key, session: &str) -> bool {
+        let Some(k) = self.inner.registry.kernel(key) else {
+            return false;
+        };
+        let outcome = k.interrupt().await;
+        tracing::info!(
+            "MCP cancellation of a cell in session {session}: interrupt delivered {}",
+            outcome.delivered
+        );
+        outcome.delivered
+    }
+
+    fn key(&self, session: &str) -> Key {
+        self.inner.registry.key(&self.inner.owner, session)
+    }
+
+    /// Kills the key's live kernel (the next call starts a new generation).
+    async fn kill_kernel(&self, key: &Key) -> bool {
+        match self.inner.registry.kernel(key) {
+            Some(k) => {
+                k.kill().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    #[tool(
+        description = "Run a cell of Python code in a persistent kernel and return its output. \
+State persists: variables, imports, open files and the working directory survive between calls \
+of the same `session` (default \"default\"); other sessions are separate namespaces. \
+The result text starts with the status (ok, error, timeout, interrupted, crashed), then stdout, \
+stderr, the value of the last expression and the error with its traceback; matplotlib figures \
+(and other displayed images) are returned as image content. Output is limited to 50,000 bytes of \
+stdout and 10,000 bytes of stderr inline (40% head + 60% tail); when a stream is cut the text \
+says so and the full stream can be paged with read_output {cell, stream, offset, length}. \
+Deadline: timeout_s (default 300 s, 0 = none); at the deadline the cell is interrupted and the \
+variables are kept when the code can be stopped (otherwise the kernel is killed and the result \
+says state was lost). `reset: true` starts from a fresh kernel. Cancelling the call interrupts \
+the cell. Live output is sent as progress notifications when a progress token is given."
+    )]
+    async fn execute_code(
+        &self,
+        Parameters(p): Parameters<ExecuteCodeParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_name(p.session)?;
+        let timeout = match p.timeout_s {
+            None => None,
+            Some(t) if !t.is_finite() || t < 0.0 => {
+                return Err(ErrorData::invalid_params(
+                    format!("timeout_s must be a number of seconds >= 0, got {t}"),
+                    None,
+                ));
+            }
+            Some(0.0) => Some(Duration::ZERO),
+            Some(t) => Some(Duration::try_from_secs_f64(t).map_err(|_| {
+                ErrorData::invalid_params(format!("timeout_s {t} is too large (0 = none)"), None)
+            })?),
+        };
+        let key = self.key(&session);
+        let turn = self.turn(&session);
+        let _turn = tokio::select! {
+            g = turn.lock_owned() => g,
+            _ = ctx.ct.cancelled() => {
+                return Ok(tool_error("status: cancelled before the cell started (another cell of the session was running)"));
+            }
+        };
+        if p.reset == Some(true) {
+            self.kill_kernel(&key).await;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let options = ExecOptions {
+            timeout,
+            live: Some(tx),
+            ..ExecOptions::default()
+        };
+        let registry = self.inner.registry.clone();
+        let task_key = key.clone();
+        let code = p.code;
+        let mut task = tokio::spawn(async move {
+            registry
+                .execute(&task_key, &code, options, &Origin::new("mcp"))
+                .await
+        });
+        let token = ctx.meta.get_progress_token();
+        let mut pending = String::new();
+        let mut progress = 0u64;
+        let mut live_open = true;
+        let mut cancelled = false;
+        let mut interrupted = false;
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let joined = loop {
+            tokio::select! {
+                r = &mut task => break r,
+                ev = rx.recv(), if live_open => match ev {
+                    Some(LiveEvent::Stdout(t)) | Some(LiveEvent::Stderr(t)) => pending.push_str(&t),
+                    Some(LiveEvent::Display(d)) => {
+                        let kinds: Vec<&str> = d.data.keys().map(String::as_str).collect();
+                        pending.push_str(&format!("[display: {}]\n", kinds.join(", ")));
+                    }
+                    None => live_open = false,
+                },
+                _ = tick.tick() => {
+                    // A cancellation that came while the kernel was still
+                    // starting (or before the cell ran) is retried.
+                    if cancelled && !interrupted {
+                        interrupted = self.interrupt_for_cancel(&key, &session).await;
+                    }
+                    if let Some(token) = &token && !pending.is_empty() && !cancelled {
+                        progress += 1;
+                        let msg = tail(&std::mem::take(&mut pending), PROGRESS_MAX_BYTES);
+                        let n = ProgressNotificationParam::new(token.clone(), progress as f64)
+                            .with_message(msg);
+                        if let Err(e) = ctx.peer.notify_progress(n).await {
+                            tracing::debug!("progress notification not sent: {e}");
+                        }
+                    } else if token.is_none() {
+                        pending.clear();
+                    }
+                }
+                _ = ctx.ct.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    interrupted = self.interrupt_for_cancel(&key, &session).await;
+                }
+            }
+        };
+        let result = match joined {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Ok(tool_error(format!("status: failed to run the cell: {e}"))),
+            Err(e) => return Err(ErrorData::internal_error(format!("cell task failed: {e}"), None)),
+        };
+        if let Ok(mut spills) = self.inner.spills.lock() {
+            for (stream, t) in &result.truncated {
+                if let Some(p) = &t.spill_path {
+                    spills.insert(&result.cell_id, stream, p.clone());
+                }
+            }
+        }
+        Ok(render::cell_result(&result))
+    }
+
+    #[tool(
+        description = "Interrupt the cell running in a session (like Ctrl-C: KeyboardInterrupt in \
+the cell). Variables are kept when the code can be stopped; if it does not stop within 2 s the \
+kernel is killed and the session's state is lost. The interrupted execute_code call returns with \
+status interrupted."
+    )]
+    async fn interrupt(&self, Parameters(p): Parameters<SessionParams>) -> Result<CallToolResult, ErrorData> {
+        let session = session_name(p.session)?;
+        let Some(k) = self.inner.registry.kernel(&self.key(&session)) else {
+            return Ok(tool_error(format!(
+                "session \"{session}\" has no live kernel: nothing to interrupt"
+            )));
+        };
+        let outcome = k.interrupt().await;
+        let text = if outcome.delivered {
+            format!(
+                "interrupt delivered to session \"{session}\"{}",
+                outcome
+                    .cell
+                    .as_deref()
+                    .map(|c| format!(" (cell {c})"))
+                    .unwrap_or_default()
+            )
+        } else {
+            format!(
+                "interrupt not delivered to session \"{session}\": {}",
+                outcome.reason.as_deref().unwrap_or("no cell is running")
+            )
+        };
+        Ok(text_result(text, json!(outcome)))
+    }
+
+    #[tool(
+        description = "Restart a session's kernel: the running cell (if any) is stopped, every \
+variable and import of the session is dropped, and a fresh kernel (a new generation) is started."
+    )]
+    async fn restart(&self, Parameters(p): Parameters<SessionParams>) -> Result<CallToolResult, ErrorData> {
+        let session = session_name(p.session)?;
+        let key = self.key(&session);
+        let killed = self.kill_kernel(&key).await;
+        match self.inner.registry.acquire(&key).await {
+            Ok((k, generation)) => Ok(text_result(
+                format!(
+                    "session \"{session}\" restarted: {}kernel generation {generation} (pid {}); all earlier variables are gone",
+                    if killed { "old kernel killed, new " } else { "new " },
+                    k.info().pid
+                ),
+                json!({"session": session, "generation": generation, "pid": k.info().pid, "killed_previous": killed}),
+            )),
+            Err(e) => Ok(tool_error(format!(
+                "restart of session \"{session}\" failed: {e}"
+            ))),
+        }
+    }
+
+    #[tool(
+        description = "List the variables of a session's namespace: name, type, and where known \
+length, shape, dtype, size and a short preview. Only while no cell runs in that session."
+    )]
+    async fn list_variables(
+        &self,
+        Parameters(p): Parameters<SessionParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_name(p.session)?;
+        let Some(k) = self.inner.registry.kernel(&self.key(&session)) else {
+            return Ok(tool_error(format!(
+                "session \"{session}\" has no live kernel (no cell has run in it yet, or it was restarted or ended)"
+            )));
+        };
+        match k.inspect_variables(200).await {
+            Ok(v) => {
+                let mut text = format!("{} variables in session \"{session}\"", v.variables.len());
+                if v.truncated {
+                    text.push_str(" (more exist; the first 200 shown)");
+                }
+                text.push('\n');
+                for var in &v.variables {
+                    let name = var.get("name").and_then(|x| x.as_str()).unwrap_or("?");
+                    let ty = var.get("type").and_then(|x| x.as_str()).unwrap_or("?");
+                    text.push_str(&format!("{name}: {ty}"));
+                    for field in ["shape", "len", "dtype", "preview"] {
+                        if let Some(x) = var.get(field).filter(|x| !x.is_null()) {
+                            let shown = x.as_str().map_or_else(|| x.to_string(), str::to_string);
+                            text.push_str(&format!(", {field} {shown}"));
+                        }
+                    }
+                    text.push('\n');
+                }
+                Ok(text_result(text, json!(v)))
+            }
+            Err(e) => Ok(tool_error(format!(
+                "cannot list variables of session \"{session}\": {e}"
+            ))),
+        }
+    }
+
+    #[tool(
+        description = "Page through the full output of a cell whose stdout or stderr was cut in \
+the result. `cell` is the cell id of that result, `stream` is stdout or stderr, `offset` a byte \
+offset (default 0) and `length` the bytes to read (default 65536, at most 1048576). The answer \
+says the byte range returned and the next offset; only cells run through this connection can be read."
+    )]
+    async fn read_output(
+        &self,
+        Parameters(p): Parameters<ReadOutputParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if p.stream != "stdout" && p.stream != "stderr" {
+            return Err(ErrorData::invalid_params("stream must be stdout or stderr", None));
+        }
+        let path = self
+            .inner
+            .spills
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&p.cell, &p.stream));
+        let Some(path) = path else {
+            return Ok(tool_error(format!(
+                "no spilled {} for cell {} (only cells of this connection whose {} was truncated can be read)",
+                p.stream, p.cell, p.stream
+            )));
+        };
+        let offset = p.offset.unwrap_or(0);
+        let length = p.length.unwrap_or(READ_DEFAULT).min(READ_MAX);
+        match cellhost_kernel::read_spill(&path, offset, length) {
+            Ok(chunk) => {
+                let end = chunk.next_offset.unwrap_or(chunk.total_bytes);
+                let mut text = format!(
+                    "{} of cell {}: bytes {}..{end} of {}",
+                    p.stream, p.cell, chunk.offset, chunk.total_bytes
+                );
+                match chunk.next_offset {
+                    Some(n) => text.push_str(&format!("; next offset {n}\n")),
+                    None => text.push_str(" (end of output)\n"),
+                }
+                text.push_str(&chunk.text);
+                Ok(text_result(
+                    text,
+                    json!({"cell": p.cell, "stream": p.stream, "offset": chunk.offset,
+                           "next_offset": chunk.next_offset, "total_bytes": chunk.total_bytes,
+                           "text": chunk.text}),
+                ))
+            }
+            Err(e) => Ok(tool_error(format!("cannot read the output: {e}"))),
+        }
+    }
+
+    #[tool(
+        description = "List this connection's sessions that have a live kernel: name, kernel \
+generation, pid and whether a cell is running."
+    )]
+    async fn list_sessions(&self, Parameters(_p): Parameters<NoParams>) -> Result<CallToolResult, ErrorData> {
+        let reg = &self.inner.registry;
+        let mut rows = Vec::new();
+        let mut text = String::new();
+        for (key, generation) in reg.sessions_of(&self.inner.owner) {
+            let (pid, busy) = reg
+                .kernel(&key)
+                .map_or((0, false), |k| (k.info().pid, k.is_busy()));
+            text.push_str(&format!(
+                "{}: generation {generation}, pid {pid}, {}\n",
+                key.session,
+                if busy { "running a cell" } else { "idle" }
+            ));
+            rows.push(json!({"session": key.session, "generation": generation, "pid": pid, "busy": busy}));
+        }
+        if rows.is_empty() {
+            text.push_str("no live sessions (execute_code starts one)");
+        }
+        Ok(text_result(text, json!({"sessions": rows})))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CellhostMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("cellhost", env!("CARGO_PKG_VERSION")).with_title("cellhost"),
+            )
+            .with_protocol_version(ProtocolVersion::V_2025_11_25)
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    /// Versions with an `initialize` handshake only: one connection (or
+    /// HTTP session) is one owner, whose sessions persist across calls; the
+    /// sessionless 2026-07-28 revision has no such scope (clients fall back
+    /// to the handshake).
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        self.check_caller(&context)?;
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(tcc).await
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+    }
+}
+
+/// The last `max` bytes of `s`, cut at a character boundary.
+fn tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &s[start..])
+}
+
+/// A fresh, unguessable owner id for one MCP connection or session.
+pub fn new_owner_id() -> String {
+    let mut b = [0u8; 12];
+    let _ = getrandom::fill(&mut b);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("mcp-{hex}")
+}
+
+/// Serves one MCP connection on standard input and output as `owner`,
+/// until the client disconnects; then ends the owner's kernels. Logs go to
+/// standard error (standard output carries the protocol).
+///
+/// # Errors
+/// [`McpError::Initialize`] when the handshake fails, [`McpError::Task`]
+/// when the server task panics.
+pub async fn serve_stdio(registry: Arc<Registry>, owner: String) -> Result<(), McpError> {
+    let server = CellhostMcp::new(registry.clone(), owner.clone());
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| McpError::Initialize(e.to_string()))?;
+    let quit = running.waiting().await;
+    registry.dispose_owner(&owner).await;
+    quit.map(|_| ()).map_err(|e| McpError::Task(e.to_string()))
+}
+
+/// The streamable HTTP MCP service, for `axum::Router::nest_service("/mcp", …)`.
+/// Each MCP session (started by `initialize`, named by the `Mcp-Session-Id`
+/// header) gets its own owner id; its kernels end with the session. Only
+/// loopback `Host` headers are accepted (DNS-rebinding protection); put
+/// authentication in front of it.
+pub fn streamable_http_service(
+    registry: Arc<Registry>,
+) -> StreamableHttpService<CellhostMcp, LocalSessionManager> {
+    streamable_http_service_with(registry, StreamableHttpServerConfig::default())
+}
+
+/// [`streamable_http_service`] with an explicit transport configuration
+/// (allowed hosts, keep-alive, cancellation token, body limit).
+pub fn streamable_http_service_with(
+    registry: Arc<Registry>,
+    config: StreamableHttpServerConfig,
+) -> StreamableHttpService<CellhostMcp, LocalSessionManager> {
+    StreamableHttpService::new(
+        move || Ok(CellhostMcp::new(registry.clone(), new_owner_id())),
+        LocalSessionManager::default().into(),
+        config.with_legacy_session_mode(true),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_cuts_at_char_boundary() {
+        assert_eq!(tail("abc", 10), "abc");
+        let t = tail("ééééé", 3);
+        assert!(t.starts_with('…'));
+        assert!(t.ends_with('é'));
+    }
+
+    #[test]
+    fn owner_ids_differ() {
+        assert_ne!(new_owner_id(), new_owner_id());
+        assert!(new_owner_id().starts_with("mcp-"));
+    }
+
+    #[test]
+    fn spill_index_is_bounded() {
+        let mut s = SpillIndex::default();
+        for i in 0..(SPILL_INDEX_CAP + 10) {
+            s.insert(&format!("c{i}"), "stdout", PathBuf::from("/x"));
+        }
+        assert!(s.get("c0", "stdout").is_none());
+        assert!(s.get(&format!("c{}", SPILL_INDEX_CAP + 9), "stdout").is_some());
+        assert!(s.get(&format!("c{}", SPILL_INDEX_CAP + 9), "stderr").is_none());
+    }
+
+    #[test]
+    fn session_names_are_checked() {
+        assert_eq!(session_name(None).ok().as_deref(), Some("default"));
+        assert!(session_name(Some(String::new())).is_err());
+        assert!(session_name(Some("a\nb".into())).is_err());
+    }
+}

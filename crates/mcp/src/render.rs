@@ -1,0 +1,237 @@
+//! A [`CellResult`] as MCP tool content: text written for a language model
+//! (status first), the result JSON as `structuredContent`, figures as
+//! `image` content.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use base64::Engine;
+use cellhost_kernel::{CellResult, CellStatus, MimeBundle};
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::Value;
+
+/// Largest image sent inline as `image` content (bigger ones are named by
+/// path only).
+pub const MAX_IMAGE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Image MIME types sent as `image` content.
+const IMAGE_TYPES: [&str; 2] = ["image/png", "image/jpeg"];
+
+/// The whole tool result of one cell.
+pub fn cell_result(r: &CellResult) -> CallToolResult {
+    let mut images = Vec::new();
+    let mut image_notes = Vec::new();
+    let bundles = r.displays.iter().map(|d| &d.data).chain(r.result.as_ref());
+    for bundle in bundles {
+        collect_images(bundle, &mut images, &mut image_notes);
+    }
+    let mut content = vec![ContentBlock::text(text(r, &image_notes))];
+    content.extend(images);
+    let mut out = if r.status == CellStatus::Ok {
+        CallToolResult::success(content)
+    } else {
+        CallToolResult::error(content)
+    };
+    out.structured_content = serde_json::to_value(r).ok();
+    out
+}
+
+fn collect_images(bundle: &MimeBundle, images: &mut Vec<ContentBlock>, notes: &mut Vec<String>) {
+    for mime in IMAGE_TYPES {
+        let Some(v) = bundle.get(mime) else { continue };
+        let Some(path) = v.get("path").and_then(Value::as_str) else {
+            continue;
+        };
+        match read_image(Path::new(path)) {
+            Ok(b64) => {
+                images.push(ContentBlock::image(b64, mime));
+                notes.push(format!("{mime} {path} (attached as image {})", images.len()));
+            }
+            Err(why) => notes.push(format!("{mime} {path} (not attached: {why})")),
+        }
+        break;
+    }
+}
+
+fn read_image(path: &Path) -> Result<String, String> {
+    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if len > MAX_IMAGE_BYTES {
+        return Err(format!("{len} bytes, more than {MAX_IMAGE_BYTES}"));
+    }
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// The text part: status line, then stdout, stderr, result, error,
+/// truncation notes with how to page, interrupt, crash, hint.
+pub fn text(r: &CellResult, image_notes: &[String]) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "status: {} (execution_count {}, {} ms, session \"{}\", kernel generation {})",
+        r.status.as_str(),
+        r.execution_count,
+        r.duration_ms,
+        r.kernel.session,
+        r.kernel.generation
+    );
+    s.push('\n');
+    if r.kernel.state_reset {
+        let why = r.kernel.reset_reason.as_deref().unwrap_or("a new kernel");
+        let _ = writeln!(
+            s,
+            "STATE RESET: variables of earlier cells are gone ({why}); re-run the cells that define them."
+        );
+    }
+    section(&mut s, "stdout", &r.stdout);
+    section(&mut s, "stderr", &r.stderr);
+    if let Some(res) = &r.result {
+        let shown = res
+            .get("text/plain")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                let kinds: Vec<&str> = res.keys().map(String::as_str).collect();
+                format!("(a value shown as {})", kinds.join(", "))
+            });
+        section(&mut s, "result", &shown);
+    }
+    if let Some(e) = &r.error {
+        let mut body = format!("{}: {}", e.ename, e.evalue);
+        if !e.traceback.is_empty() {
+            body.push('\n');
+            body.push_str(&e.traceback.join("\n"));
+        }
+        section(&mut s, "error", &body);
+    }
+    if !image_notes.is_empty() {
+        section(&mut s, "figures", &image_notes.join("\n"));
+    }
+    for (stream, t) in &r.truncated {
+        let _ = writeln!(
+            s,
+            "[{stream} truncated: {} of {} bytes shown, {} omitted from the middle.",
+            t.shown_bytes, t.total_bytes, t.omitted_bytes
+        );
+        if t.spill_path.is_some() {
+            let _ = writeln!(
+                s,
+                " The full {stream} ({} bytes) can be paged with the read_output tool: {{\"cell\": \"{}\", \"stream\": \"{stream}\", \"offset\": 0, \"length\": 65536}}; each answer gives the next offset.]",
+                t.spill_bytes, r.cell_id
+            );
+        } else {
+            s.push_str(" The full stream was not kept.]\n");
+        }
+    }
+    if let Some(i) = &r.interrupt {
+        let _ = writeln!(
+            s,
+            "[interrupt: delivered {}, kernel killed {}, variables kept {}{}]",
+            i.delivered,
+            i.escalated,
+            i.state_kept,
+            i.reason.as_deref().map(|x| format!("; {x}")).unwrap_or_default()
+        );
+    }
+    if let Some(c) = &r.crash {
+        let _ = writeln!(s, "[crash: {}]", c.message);
+    }
+    if let Some(bg) = &r.background_output
+        && !bg.is_empty()
+    {
+        section(
+            &mut s,
+            "background output (threads or children of earlier cells)",
+            &format!("{}{}", bg.stdout, bg.stderr),
+        );
+    }
+    if let Some(h) = &r.hint {
+        let _ = writeln!(s, "hint: {h}");
+    }
+    let _ = write!(s, "cell id: {}", r.cell_id);
+    s
+}
+
+fn section(s: &mut String, name: &str, body: &str) {
+    if body.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "--- {name} ---");
+    s.push_str(body);
+    if !body.ends_with('\n') {
+        s.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cellhost_kernel::{CellError, KernelRef, Truncation};
+
+    fn result() -> CellResult {
+        CellResult {
+            cell_id: "c-1".into(),
+            status: CellStatus::Error,
+            execution_count: 3,
+            stdout: "hello\n".into(),
+            stderr: String::new(),
+            result: None,
+            displays: Vec::new(),
+            error: Some(CellError {
+                ename: "ZeroDivisionError".into(),
+                evalue: "division by zero".into(),
+                traceback: vec!["Traceback (most recent call last):".into()],
+            }),
+            truncated: BTreeMap::from([(
+                "stdout".to_string(),
+                Truncation {
+                    total_bytes: 200_000,
+                    shown_bytes: 50_000,
+                    omitted_bytes: 150_000,
+                    spill_path: Some("/tmp/x.stdout".into()),
+                    spill_bytes: 200_000,
+                },
+            )]),
+            kernel: KernelRef {
+                session: "default".into(),
+                generation: 2,
+                pid: 1,
+                reused: true,
+                state_reset: true,
+                reset_reason: Some("the previous kernel died".into()),
+            },
+            interrupt: None,
+            crash: None,
+            duration_ms: 12,
+            usage: None,
+            tool_calls: Vec::new(),
+            background_output: None,
+            cwd: None,
+            hint: None,
+            files: None,
+        }
+    }
+
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn status_first_then_streams_error_and_paging() {
+        let r = result();
+        let t = text(&r, &[]);
+        assert!(t.starts_with("status: error (execution_count 3"), "{t}");
+        assert!(t.contains("STATE RESET"), "{t}");
+        let out = t.find("--- stdout ---").expect("stdout");
+        let err = t.find("--- error ---").expect("error");
+        assert!(out < err, "{t}");
+        assert!(t.contains("ZeroDivisionError: division by zero"), "{t}");
+        assert!(
+            t.contains(r#"read_output tool: {"cell": "c-1", "stream": "stdout", "offset": 0"#),
+            "{t}"
+        );
+        let call = cell_result(&r);
+        assert_eq!(call.is_error, Some(true));
+        let sc = call.structured_content.expect("structured");
+        assert_eq!(sc["status"], "error");
+        assert_eq!(sc["truncated"]["stdout"]["total_bytes"], 200_000);
+    }
+}

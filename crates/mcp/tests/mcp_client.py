@@ -1,0 +1,250 @@
+"""A real MCP client (the official Python SDK, `mcp` on PyPI) against cellhost's
+stdio MCP server: an analysis session on the penguins data.
+
+Usage: python mcp_client.py SERVER_BINARY [SERVER_ARG ...]   (stdio)
+       python mcp_client.py http://127.0.0.1:PORT/mcp          (streamable HTTP)
+
+Prints one line per check ("ok NAME" or "FAIL NAME: why") and exits 1 if any
+check failed. Run by crates/mcp/tests/python_client.rs.
+"""
+
+import base64
+import sys
+import time
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+FAILURES = []
+
+
+def check(name, cond, detail=""):
+    if cond:
+        print(f"ok {name}", flush=True)
+    else:
+        FAILURES.append(name)
+        print(f"FAIL {name}: {detail}", flush=True)
+
+
+def text_of(result):
+    return "\n".join(c.text for c in result.content if c.type == "text")
+
+
+async def run(command, args):
+    if command.startswith("http://") or command.startswith("https://"):
+        server = command
+    else:
+        server = StdioServerParameters(command=command, args=args)
+    async with Client(server, read_timeout_seconds=120) as client:
+        tools = await client.list_tools()
+        names = {t.name for t in tools.tools}
+        want = {"execute_code", "interrupt", "restart", "list_variables", "read_output", "list_sessions"}
+        check("tools listed", want <= names, f"got {sorted(names)}")
+        ex = next(t for t in tools.tools if t.name == "execute_code")
+        check(
+            "execute_code description states limits",
+            "50,000" in ex.description and "300" in ex.description and "read_output" in ex.description,
+            ex.description,
+        )
+
+        async def run_cell(code, **kw):
+            args = {"code": code}
+            args.update(kw)
+            return await client.call_tool("execute_code", args)
+
+        # --- state kept across calls --------------------------------------------
+        r = await run_cell(
+            "import pandas as pd\nfrom palmerpenguins import load_penguins\n"
+            "df = load_penguins()\ndf.shape"
+        )
+        t = text_of(r)
+        check("load penguins", t.startswith("status: ok") and "(344, 8)" in t, t)
+        check("structured content", (r.structured_content or {}).get("status") == "ok", r.structured_content)
+        check("not an error", not r.is_error, r.is_error)
+
+        r = await run_cell("means = df.groupby('species')['body_mass_g'].mean().round(1)\nprint(means)")
+        t = text_of(r)
+        check("state kept across calls", "Adelie" in t and "Gentoo" in t and "--- stdout ---" in t, t)
+
+        # --- a figure as image content ------------------------------------------
+        r = await run_cell(
+            "import matplotlib.pyplot as plt\n"
+            "fig, ax = plt.subplots()\n"
+            "for s, g in df.groupby('species'):\n"
+            "    ax.scatter(g.bill_length_mm, g.flipper_length_mm, label=s)\n"
+            "ax.legend()\nplt.show()"
+        )
+        images = [c for c in r.content if c.type == "image"]
+        check("figure returned as image", len(images) == 1, [c.type for c in r.content])
+        if images:
+            png = base64.b64decode(images[0].data)
+            check("image is a PNG", images[0].mime_type == "image/png" and png[:8] == b"\x89PNG\r\n\x1a\n",
+                  images[0].mime_type)
+        displays = (r.structured_content or {}).get("displays") or []
+        check("figure in structured displays", len(displays) == 1, displays)
+
+        # --- live output as progress notifications ------------------------------
+        messages = []
+
+        async def on_progress(progress, total, message):
+            messages.append(message or "")
+
+        r = await client.call_tool(
+            "execute_code",
+            {"code": "import time\nfor i in range(4):\n    print('tick', i, flush=True)\n    time.sleep(0.4)"},
+            progress_callback=on_progress,
+        )
+        check("progress notifications carry live output", any("tick" in m for m in messages), messages)
+        check("progress cell ok", text_of(r).startswith("status: ok"), text_of(r))
+
+        # --- an error -------------------------------------------------------------
+        r = await run_cell("df['no_such_column']")
+        t = text_of(r)
+        check("error reported", r.is_error and t.startswith("status: error") and "KeyError" in t, t)
+
+        # --- cancellation interrupts a sleeping cell; variables survive ---------
+        await run_cell("survivor = 42")
+        started = time.monotonic()
+        with anyio.move_on_after(3) as scope:
+            await run_cell("import time\ntime.sleep(120)")
+        check("call was cancelled", scope.cancelled_caught, "the sleeping cell returned")
+        r = await run_cell("survivor + 1")
+        elapsed = time.monotonic() - started
+        t = text_of(r)
+        check("cancellation interrupted the cell", elapsed < 30, f"{elapsed:.1f} s")
+        check("variable survives the cancellation", t.startswith("status: ok") and "43" in t, t)
+
+        # --- the interrupt tool stops a running cell of the session ---------------
+        box = {}
+
+        async def sleeper():
+            box["r"] = await run_cell("import time\ntime.sleep(120)")
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sleeper)
+            await anyio.sleep(1.5)
+            ir = await client.call_tool("interrupt", {"session": "default"})
+        elapsed = time.monotonic() - started
+        check("interrupt tool delivered", "interrupt delivered" in text_of(ir), text_of(ir))
+        t = text_of(box["r"])
+        check("interrupted cell says so", t.startswith("status: interrupted") and elapsed < 30, f"{elapsed:.1f} s: {t}")
+
+        # --- a timeout ------------------------------------------------------------
+        started = time.monotonic()
+        r = await run_cell("import time\ntime.sleep(60)", timeout_s=2)
+        elapsed = time.monotonic() - started
+        t = text_of(r)
+        sc = r.structured_content or {}
+        check("timeout status", t.startswith("status: timeout") and sc.get("status") == "timeout", t)
+        check("timeout in time", elapsed < 20, f"{elapsed:.1f} s")
+        check("timeout kept state", (sc.get("interrupt") or {}).get("state_kept") is True, sc.get("interrupt"))
+        r = await run_cell("survivor")
+        check("variable survives the timeout", "42" in text_of(r), text_of(r))
+
+        # --- truncated output and read_output ------------------------------------
+        r = await run_cell("print('x' * 200_000)\nprint('END')")
+        t = text_of(r)
+        sc = r.structured_content or {}
+        check("stdout truncated", "stdout truncated" in t and "read_output" in t, t[-600:])
+        cell = sc.get("cell_id")
+        total = ((sc.get("truncated") or {}).get("stdout") or {}).get("total_bytes")
+        page = await client.call_tool(
+            "read_output", {"cell": cell, "stream": "stdout", "offset": 199_990, "length": 100}
+        )
+        pt = text_of(page)
+        check("read_output pages the spill", "END" in pt and not page.is_error, pt)
+        check("spill has every byte", total == 200_005, total)
+        bad = await client.call_tool("read_output", {"cell": "c-nope", "stream": "stdout"})
+        check("read_output refuses unknown cells", bad.is_error, text_of(bad))
+
+        # --- variables, sessions, interrupt, restart ------------------------------
+        r = await client.call_tool("list_variables", {})
+        t = text_of(r)
+        check("list_variables", "df: pandas.DataFrame, shape [344,8]" in t and "survivor: int" in t, t)
+        await run_cell("y = 1", session="other")
+        r = await client.call_tool("list_sessions", {})
+        sessions = {s["session"] for s in (r.structured_content or {}).get("sessions", [])}
+        check("list_sessions", sessions == {"default", "other"}, sessions)
+        r = await client.call_tool("interrupt", {"session": "default"})
+        check("interrupt an idle session", "not delivered" in text_of(r) or "delivered" in text_of(r), text_of(r))
+        r = await client.call_tool("restart", {"session": "default"})
+        check("restart", "restarted" in text_of(r) and not r.is_error, text_of(r))
+        r = await run_cell("'survivor' in globals()")
+        t = text_of(r)
+        check("restart dropped the state", "False" in t and "STATE RESET" in t, t)
+        r = await run_cell("z = 5", session="other", reset=True)
+        r = await run_cell("'y' in globals()", session="other")
+        check("reset dropped the state", "False" in text_of(r), text_of(r))
+
+
+async def isolation(url):
+    """Two MCP sessions over HTTP are two owners: same session name, separate namespaces."""
+    async with Client(url, read_timeout_seconds=120) as a, Client(url, read_timeout_seconds=120) as b:
+        await a.call_tool("execute_code", {"code": "who = 'a'"})
+        await b.call_tool("execute_code", {"code": "who = 'b'"})
+        ra = await a.call_tool("execute_code", {"code": "who"})
+        rb = await b.call_tool("execute_code", {"code": "who"})
+        check("owners isolated (a)", "'a'" in text_of(ra), text_of(ra))
+        check("owners isolated (b)", "'b'" in text_of(rb), text_of(rb))
+        r = await a.call_tool("execute_code", {"code": "print('y' * 100_000)"})
+        cell = (r.structured_content or {}).get("cell_id")
+        other = await b.call_tool("read_output", {"cell": cell, "stream": "stdout"})
+        check("another owner's output is refused", other.is_error, text_of(other))
+
+
+def caller_binding(url):
+    """An MCP session is bound to its first authenticated caller (the test server
+    takes the caller from an `x-test-caller` header): a request of another
+    caller with the same Mcp-Session-Id is refused."""
+    import json
+
+    import httpx2
+
+    def post(body, caller, sid=None):
+        headers = {
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": "2025-06-18",
+            "x-test-caller": caller,
+        }
+        if sid:
+            headers["mcp-session-id"] = sid
+        r = httpx2.post(url, headers=headers, content=json.dumps(body), timeout=60)
+        msgs = []
+        for line in r.text.splitlines():
+            if line.startswith("data:") and line[5:].strip():
+                msgs.append(json.loads(line[5:]))
+        if not msgs and r.text.strip().startswith("{"):
+            msgs.append(json.loads(r.text))
+        return r, msgs
+
+    r, msgs = post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}}, "alice")
+    sid = r.headers.get("mcp-session-id")
+    check("raw initialize", r.status_code == 200 and sid, (r.status_code, r.text[:300]))
+    post({"jsonrpc": "2.0", "method": "notifications/initialized"}, "alice", sid)
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "list_sessions", "arguments": {}}}
+    r, msgs = post(call, "alice", sid)
+    check("first caller served", any("result" in m for m in msgs), (r.status_code, r.text[:300]))
+    call["id"] = 3
+    r, msgs = post(call, "mallory", sid)
+    refused = any("another caller" in json.dumps(m) for m in msgs)
+    check("another caller refused", refused and not any("result" in m for m in msgs), (r.status_code, r.text[:300]))
+
+
+def main():
+    command, args = sys.argv[1], sys.argv[2:]
+    anyio.run(run, command, args)
+    if command.startswith("http"):
+        anyio.run(isolation, command)
+        caller_binding(command)
+    if FAILURES:
+        print(f"{len(FAILURES)} checks failed: {FAILURES}", flush=True)
+        sys.exit(1)
+    print("all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+//! The official Python MCP SDK (`mcp` on PyPI) as a real client of
+//! cellhost's MCP server over stdio: `tests/mcp_client.py` runs an analysis
+//! session on the penguins data against the `cellhost-mcp-test` binary
+//! (the same `serve_stdio` as `cellhost mcp`), and against
+//! `streamable_http_service` nested at `/mcp` in an axum router (as
+//! `cellhost serve` mounts it): state kept across calls, a
+//! figure as image content, live output as progress notifications, a
+//! cancellation that interrupts a sleeping cell while a variable survives,
+//! a timeout, paging of spilled output, variables, sessions, restart.
+//!
+//! The interpreter is `CELLHOST_TEST_PYTHON` (scripts/test.sh sets it to the
+//! project venv), else `python3`. Without the `mcp`, `pandas`,
+//! `matplotlib` and `palmerpenguins` packages the test says so on stderr
+//! and passes without running.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::KernelConfig;
+use cellhost_sessions::{Registry, RegistryConfig};
+
+fn python() -> PathBuf {
+    std::env::var_os("CELLHOST_TEST_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+}
+
+fn has_modules(py: &PathBuf, mods: &str) -> bool {
+    Command::new(py)
+        .args(["-c", &format!("import {mods}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn have_packages(py: &PathBuf) -> bool {
+    if has_modules(py, "mcp, pandas, matplotlib, palmerpenguins") {
+        return true;
+    }
+    eprintln!(
+        "skipped: {} lacks mcp, pandas, matplotlib or palmerpenguins (set CELLHOST_TEST_PYTHON to the project venv)",
+        py.display()
+    );
+    false
+}
+
+#[test]
+fn python_sdk_client_over_stdio() {
+    let py = python();
+    if !have_packages(&py) {
+        return;
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let server = env!("CARGO_BIN_EXE_cellhost-mcp-test");
+    let py_arg = py.display().to_string();
+    let state_arg = state.path().display().to_string();
+    run_client(&py, &[server, "--python", &py_arg, "--state", &state_arg]);
+}
+
+#[test]
+fn python_sdk_client_over_streamable_http() {
+    let py = python();
+    if !have_packages(&py) {
+        return;
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (registry, url) = rt.block_on(async {
+        let mut cfg = KernelConfig::new(py.clone(), state.path().join("sessions"));
+        // The kernel init is a hidden subcommand of a binary that handles it.
+        cfg.launcher = Some(PathBuf::from(env!("CARGO_BIN_EXE_cellhost-mcp-test")));
+        let mut rc = RegistryConfig::new(state.path(), cfg);
+        rc.pool_size = 1;
+        let registry = Registry::start(rc, None).await.expect("registry");
+        // Stands in for the HTTP layer's authentication: the caller comes
+        // from a header here, from a bearer token in `cellhost serve`.
+        let app = axum::Router::new()
+            .nest_service("/mcp", cellhost_mcp::streamable_http_service(registry.clone()))
+            .layer(axum::middleware::from_fn(
+                |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+                    let caller = req
+                        .headers()
+                        .get("x-test-caller")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("anonymous")
+                        .to_string();
+                    req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
+                    next.run(req).await
+                },
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (registry, format!("http://127.0.0.1:{}/mcp", addr.port()))
+    });
+    let client = std::thread::spawn({
+        let py = py.clone();
+        move || {
+            let out = run_client(&py, &[&url]);
+            assert!(out.contains("ok owners isolated (b)"), "{out}");
+            assert!(out.contains("ok another caller refused"), "{out}");
+        }
+    });
+    let joined = client.join();
+    // The client ended its MCP session (DELETE): its owner's kernels end too.
+    let live = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while registry.stats().live > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        registry.stats().live
+    });
+    rt.block_on(registry.shutdown());
+    if let Err(panic) = joined {
+        std::panic::resume_unwind(panic);
+    }
+    assert_eq!(live, 0, "kernels of a closed MCP session are still alive");
+}
+
+/// Runs tests/mcp_client.py with `args` and fails with its output unless
+/// every check passed; returns its standard output.
+fn run_client(py: &PathBuf, args: &[&str]) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+    let mut child = Command::new(py)
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the Python client");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = out_reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    let tail: String = err
+        .lines()
+        .rev()
+        .take(60)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    match status {
+        Some(st) if st.success() => {
+            assert!(
+                out.contains("all checks passed"),
+                "stdout:\n{out}\nstderr:\n{tail}"
+            );
+            assert!(!out.contains("FAIL"), "stdout:\n{out}");
+            out
+        }
+        Some(st) => panic!("the Python MCP client failed ({st}):\n{out}\nstderr:\n{tail}"),
+        None => panic!("the Python MCP client did not finish within 300 s:\n{out}\nstderr:\n{tail}"),
+    }
+}

@@ -1,0 +1,568 @@
+//! The per-user daemon behind `cellhost exec --session NAME`: one
+//! [`Registry`] kept alive across separate CLI invocations, reached over a
+//! Unix socket (mode 0600, in a 0700 directory) with JSON lines: each
+//! connection sends [`Request`] lines and reads [`Reply`] lines. The daemon
+//! exits after an idle period with no connection open, or on `stop`,
+//! SIGTERM or SIGINT — always through [`Registry::shutdown`] (every kernel
+//! killed and reaped, the journal flushed).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::{CellResult, DisplayOutput, ExecOptions, InterruptOutcome, LiveEvent};
+use cellhost_sessions::{Origin, Registry};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{Notify, mpsc};
+
+/// The owner of every daemon session (the local user).
+pub const DAEMON_OWNER: &str = "local";
+
+/// Default idle period after which the daemon exits (30 min).
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(1800);
+
+/// Largest request line (the code of a cell included): 16 MiB.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// A request line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Is the daemon there? Answers [`Reply::Ok`] with its pid.
+    Ping,
+    /// Run a cell in `session` (started on first use); answers `stream` and
+    /// `display` replies while it runs (when `live`), then one `result`.
+    Exec {
+        /// Session name.
+        session: String,
+        /// The code.
+        code: String,
+        /// Deadline in seconds (0 = none; default: the daemon's).
+        #[serde(default)]
+        timeout_s: Option<f64>,
+        /// Send live output.
+        #[serde(default)]
+        live: bool,
+        /// Interpreter of the session (default: the daemon's); a session
+        /// is keyed by it, as by the sandbox mode.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the session (`off`, `auto`, `enforce`; default:
+        /// the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+    },
+    /// The sessions with a live kernel.
+    Sessions,
+    /// Kill a session's kernel and forget it.
+    Kill {
+        /// Session name.
+        session: String,
+    },
+    /// Interrupt a session's running cell.
+    Interrupt {
+        /// Session name.
+        session: String,
+    },
+    /// Shut the daemon down.
+    Stop,
+}
+
+/// A session as `cellhost sessions` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Name.
+    pub name: String,
+    /// Kernel generation.
+    pub generation: u64,
+    /// Worker pid.
+    pub pid: u32,
+    /// A cell is running or queued.
+    pub busy: bool,
+    /// Interpreter.
+    pub python: PathBuf,
+}
+
+/// A reply line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Reply {
+    /// Live output of the running cell.
+    Stream {
+        /// `stdout` or `stderr`.
+        name: String,
+        /// Text.
+        text: String,
+    },
+    /// A display of the running cell.
+    Display {
+        /// The display.
+        display: DisplayOutput,
+    },
+    /// The cell's result (last reply of an `exec`).
+    Result {
+        /// The result.
+        result: Box<CellResult>,
+    },
+    /// The sessions.
+    Sessions {
+        /// Sessions with a live kernel.
+        sessions: Vec<SessionInfo>,
+    },
+    /// What an interrupt did.
+    Interrupt {
+        /// The outcome.
+        outcome: InterruptOutcome,
+    },
+    /// Done.
+    Ok {
+        /// What was done.
+        message: String,
+    },
+    /// Failed.
+    Error {
+        /// Why.
+        message: String,
+        /// The request was malformed or named nothing (exit 2), rather than
+        /// a failure of the daemon or kernel (exit 1).
+        #[serde(default)]
+        usage: bool,
+    },
+}
+
+/// Where the daemon's files live: `$XDG_RUNTIME_DIR/cellhost` when that is
+/// set, else `STATE_DIR/run`.
+pub fn runtime_dir(state_dir: &Path) -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("cellhost"),
+        _ => state_dir.join("run"),
+    }
+}
+
+/// The socket in `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("daemon.sock")
+}
+
+struct Activity {
+    open: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn touch(&self) {
+        if let Ok(mut l) = self.last.lock() {
+            *l = Instant::now();
+        }
+    }
+    fn idle_for(&self) -> Duration {
+        self.last.lock().map(|l| l.elapsed()).unwrap_or_default()
+    }
+}
+
+struct OpenGuard(Arc<Activity>);
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Why the daemon stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// Idle past the idle period.
+    Idle,
+    /// A `stop` request.
+    Requested,
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// Another daemon holds the lock: this one never started.
+    AlreadyRunning,
+}
+
+/// Runs the daemon until it is idle for `idle`, asked to stop, or
+/// signalled; then shuts `registry` down and removes the socket.
+///
+/// # Errors
+/// I/O errors creating the directory, taking the lock or binding.
+pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io::Result<StopReason> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    // One daemon per directory: an exclusive lock held for its lifetime.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("daemon.lock"))?;
+    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        registry.shutdown().await;
+        return Ok(StopReason::AlreadyRunning);
+    }
+    std::fs::write(dir.join("daemon.pid"), std::process::id().to_string())?;
+    let sock = socket_path(dir);
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock)?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let activity = Arc::new(Activity {
+        open: AtomicUsize::new(0),
+        last: Mutex::new(Instant::now()),
+    });
+    let stop = Arc::new(Notify::new());
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let tick_every = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    let mut tick = tokio::time::interval(tick_every);
+    let reason = loop {
+        tokio::select! {
+            acc = listener.accept() => {
+                let Ok((stream, _)) = acc else { continue };
+                activity.open.fetch_add(1, Ordering::SeqCst);
+                activity.touch();
+                let guard = OpenGuard(activity.clone());
+                let reg = registry.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let _guard = guard;
+                    if let Err(e) = serve_conn(stream, reg, stop).await {
+                        tracing::debug!("daemon connection: {e}");
+                    }
+                });
+            }
+            _ = tick.tick() => {
+                if activity.open.load(Ordering::SeqCst) == 0 && activity.idle_for() >= idle {
+                    break StopReason::Idle;
+                }
+            }
+            _ = stop.notified() => break StopReason::Requested,
+            _ = term.recv() => break StopReason::Signal,
+            _ = int.recv() => break StopReason::Signal,
+        }
+    };
+    drop(listener);
+    let _ = std::fs::remove_file(&sock);
+    registry.shutdown().await;
+    let _ = std::fs::remove_file(dir.join("daemon.pid"));
+    drop(lock);
+    Ok(reason)
+}
+
+async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Reply) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(r).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    w.write_all(&line).await
+}
+
+fn usage_error(message: impl Into<String>) -> Reply {
+    Reply::Error {
+        message: message.into(),
+        usage: true,
+    }
+}
+
+async fn serve_conn(stream: UnixStream, reg: Arc<Registry>, stop: Arc<Notify>) -> std::io::Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = (&mut r)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if line.len() > MAX_LINE {
+            send(&mut w, &usage_error("request line too long")).await?;
+            return Ok(());
+        }
+        let req: Request = match serde_json::from_slice(&line) {
+            Ok(q) => q,
+            Err(e) => {
+                send(&mut w, &usage_error(format!("bad request: {e}"))).await?;
+                continue;
+            }
+        };
+        handle(req, &reg, &stop, &mut w).await?;
+    }
+}
+
+fn keys_named(reg: &Registry, session: &str) -> Vec<cellhost_sessions::Key> {
+    reg.sessions_of(DAEMON_OWNER)
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.session == session)
+        .collect()
+}
+
+async fn handle(
+    req: Request,
+    reg: &Arc<Registry>,
+    stop: &Notify,
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+) -> std::io::Result<()> {
+    match req {
+        Request::Ping => {
+            send(
+                w,
+                &Reply::Ok {
+                    message: format!("pid {}", std::process::id()),
+                },
+            )
+            .await
+        }
+        Request::Exec {
+            session,
+            code,
+            timeout_s,
+            live,
+            python,
+            sandbox,
+        } => {
+            let timeout = match timeout_s {
+                None => None,
+                Some(s) if !s.is_finite() || s < 0.0 => {
+                    return send(w, &usage_error(format!("timeout must be >= 0, got {s}"))).await;
+                }
+                Some(s) => match Duration::try_from_secs_f64(s) {
+                    Ok(d) => Some(d),
+                    Err(_) => return send(w, &usage_error("timeout too large")).await,
+                },
+            };
+            if session.is_empty() || session.len() > 128 {
+                return send(w, &usage_error("a session name is 1-128 characters")).await;
+            }
+            let mut key = reg.key(DAEMON_OWNER, &session);
+            if let Some(p) = python {
+                key.python = p;
+            }
+            if let Some(m) = sandbox {
+                if !matches!(m.as_str(), "off" | "auto" | "enforce") {
+                    return send(
+                        w,
+                        &usage_error(format!("sandbox mode must be off, auto or enforce, got {m:?}")),
+                    )
+                    .await;
+                }
+                key.profile = m;
+            }
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let opts = ExecOptions {
+                timeout,
+                live: live.then_some(tx),
+                ..Default::default()
+            };
+            let origin = Origin::new("cli:daemon");
+            let run = reg.execute(&key, &code, opts, &origin);
+            tokio::pin!(run);
+            let mut live_open = live;
+            let out = loop {
+                tokio::select! {
+                    ev = rx.recv(), if live_open => match ev {
+                        Some(ev) => send(w, &live_reply(ev)).await?,
+                        None => live_open = false,
+                    },
+                    r = &mut run => break r,
+                }
+            };
+            while let Ok(ev) = rx.try_recv() {
+                send(w, &live_reply(ev)).await?;
+            }
+            match out {
+                Ok(r) => send(w, &Reply::Result { result: Box::new(r) }).await,
+                Err(e) => {
+                    send(
+                        w,
+                        &Reply::Error {
+                            message: e.to_string(),
+                            usage: false,
+                        },
+                    )
+                    .await
+                }
+            }
+        }
+        Request::Sessions => {
+            let sessions = reg
+                .sessions_of(DAEMON_OWNER)
+                .into_iter()
+                .filter_map(|(k, generation)| {
+                    let kern = reg.kernel(&k)?;
+                    Some(SessionInfo {
+                        name: k.session.clone(),
+                        generation,
+                        pid: kern.info().pid,
+                        busy: kern.is_busy(),
+                        python: k.python.clone(),
+                    })
+                })
+                .collect();
+            send(w, &Reply::Sessions { sessions }).await
+        }
+        Request::Kill { session } => {
+            let keys = keys_named(reg, &session);
+            if keys.is_empty() {
+                return send(w, &usage_error(format!("no session named {session:?}"))).await;
+            }
+            for k in keys {
+                reg.dispose(&k).await;
+            }
+            send(
+                w,
+                &Reply::Ok {
+                    message: format!("killed session {session}"),
+                },
+            )
+            .await
+        }
+        Request::Interrupt { session } => {
+            let Some(k) = keys_named(reg, &session).into_iter().find_map(|k| reg.kernel(&k)) else {
+                return send(w, &usage_error(format!("no session named {session:?}"))).await;
+            };
+            let outcome = k.interrupt().await;
+            send(w, &Reply::Interrupt { outcome }).await
+        }
+        Request::Stop => {
+            send(
+                w,
+                &Reply::Ok {
+                    message: "stopping".into(),
+                },
+            )
+            .await?;
+            stop.notify_one();
+            Ok(())
+        }
+    }
+}
+
+fn live_reply(ev: LiveEvent) -> Reply {
+    match ev {
+        LiveEvent::Stdout(text) => Reply::Stream {
+            name: "stdout".into(),
+            text,
+        },
+        LiveEvent::Stderr(text) => Reply::Stream {
+            name: "stderr".into(),
+            text,
+        },
+        LiveEvent::Display(display) => Reply::Display { display },
+    }
+}
+
+/// A connection to a running daemon.
+#[derive(Debug)]
+pub struct Client {
+    r: BufReader<tokio::net::unix::OwnedReadHalf>,
+    w: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl Client {
+    /// Connects to the daemon whose socket is in `dir`.
+    ///
+    /// # Errors
+    /// No daemon listens there.
+    pub async fn connect(dir: &Path) -> std::io::Result<Client> {
+        let s = UnixStream::connect(socket_path(dir)).await?;
+        let (r, w) = s.into_split();
+        Ok(Client {
+            r: BufReader::new(r),
+            w,
+        })
+    }
+
+    /// Connects, starting the daemon with `spawn` when none answers, and
+    /// waiting up to `wait` for its socket. A daemon that exits with a
+    /// failure before opening its socket is reported at once, with the
+    /// end of `log` (its standard error) when given.
+    ///
+    /// # Errors
+    /// The daemon could not be started or did not answer in time.
+    pub async fn connect_or_start(
+        dir: &Path,
+        wait: Duration,
+        log: Option<&Path>,
+        spawn: impl FnOnce() -> std::io::Result<std::process::Child>,
+    ) -> std::io::Result<Client> {
+        if let Ok(c) = Client::connect(dir).await {
+            return Ok(c);
+        }
+        let mut child = Some(spawn()?);
+        let until = Instant::now() + wait;
+        loop {
+            match Client::connect(dir).await {
+                Ok(c) => return Ok(c),
+                Err(e) if Instant::now() >= until => {
+                    return Err(std::io::Error::other(format!(
+                        "the daemon did not open {} within {:?}: {e}",
+                        socket_path(dir).display(),
+                        wait
+                    )));
+                }
+                Err(_) => {
+                    if let Some(c) = child.as_mut()
+                        && let Ok(Some(status)) = c.try_wait()
+                    {
+                        child = None;
+                        // Exit 0 before listening: another daemon won the
+                        // race; keep waiting for its socket.
+                        if !status.success() {
+                            let tail = log
+                                .and_then(|p| std::fs::read_to_string(p).ok())
+                                .map(|t| {
+                                    let lines: Vec<&str> = t.lines().collect();
+                                    lines[lines.len().saturating_sub(5)..].join("\n")
+                                })
+                                .unwrap_or_default();
+                            return Err(std::io::Error::other(format!(
+                                "the daemon exited ({status}) before listening: {tail}"
+                            )));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    /// Sends a request.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub async fn send(&mut self, req: &Request) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        self.w.write_all(&line).await
+    }
+
+    /// The next reply (`None` when the daemon closed the connection).
+    ///
+    /// # Errors
+    /// I/O errors or a malformed reply.
+    pub async fn next(&mut self) -> std::io::Result<Option<Reply>> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line).await? == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str(&line)
+            .map(Some)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    /// Sends a request and returns its one reply.
+    ///
+    /// # Errors
+    /// I/O errors, or the daemon closed the connection.
+    pub async fn call(&mut self, req: &Request) -> std::io::Result<Reply> {
+        self.send(req).await?;
+        self.next()
+            .await?
+            .ok_or_else(|| std::io::Error::other("the daemon closed the connection"))
+    }
+}

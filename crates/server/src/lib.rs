@@ -1,0 +1,22 @@
+//! Agent interfaces of cellhost over one session [`Registry`]:
+//!
+//! - [`http`]: the HTTP API (axum): sessions, execute (JSON or server-sent
+//!   events), interrupt, restart, variables, spilled output, history; the
+//!   OpenAPI document ([`openapi`]); bearer tokens mapped to owners
+//!   ([`auth`]);
+//! - [`daemon`]: the per-user daemon behind `cellhost exec --session`, JSON
+//!   lines over a Unix socket (mode 0600), exiting after an idle period.
+//!
+//! [`Registry`]: cellhost_sessions::Registry
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod daemon;
+pub mod http;
+pub mod openapi;
+
+pub use auth::{Scope, Tokens};
+pub use http::{AppState, DEFAULT_LISTEN, MAX_BODY_BYTES, router};
+
+/// The axum version the API is built with (for nesting other services).
+pub use axum;

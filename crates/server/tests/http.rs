@@ -1,0 +1,562 @@
+//! The HTTP API against a real server on 127.0.0.1:0 with real kernels:
+//! sessions, execute (JSON and server-sent events), interrupt, restart,
+//! variables, spilled output, history, auth (401/403/404 across owners),
+//! the body limit and OpenAPI parity; plus `scripts/curl-smoke.sh`.
+//!
+//! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellhost_kernel::KernelConfig;
+use cellhost_server::auth::Scope;
+use cellhost_server::{AppState, Tokens};
+use cellhost_sessions::{Durability, Journal, Registry, RegistryConfig};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const ALICE: &str = "alice-token-0123456789abcdef";
+const BOB: &str = "bob-token-0123456789abcdef";
+const READER: &str = "reader-token-0123456789abcdef";
+
+fn python() -> PathBuf {
+    match std::env::var_os("CELLHOST_TEST_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => cellhost_kernel::resolve_python(None).expect("python3 for tests"),
+    }
+}
+
+struct Server {
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    _dir: TempDir,
+}
+
+impl Server {
+    async fn stop(self) {
+        self.registry.shutdown().await;
+    }
+}
+
+async fn start() -> Server {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut cfg = KernelConfig::new(python(), dir.path().join("unused"));
+    cfg.cwd = Some(dir.path().to_path_buf());
+    let mut rc = RegistryConfig::new(dir.path().join("state"), cfg);
+    rc.pool_size = 0;
+    let j = Arc::new(
+        Journal::open(dir.path().join("state/journal.sqlite3"), Durability::Normal).expect("journal"),
+    );
+    let registry = Registry::start(rc, Some(j)).await.expect("registry");
+    let mut tokens = Tokens::single("alice", ALICE, Scope::ReadWrite);
+    tokens.add("bob", BOB, Scope::ReadWrite);
+    tokens.add("alice", READER, Scope::ReadOnly);
+    let state = AppState::new(registry.clone(), tokens);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(cellhost_server::http::serve(
+        listener,
+        state,
+        std::future::pending(),
+    ));
+    Server {
+        addr,
+        registry,
+        _dir: dir,
+    }
+}
+
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn request_bytes(
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    if let Some(b) = body {
+        out.extend_from_slice(b);
+    }
+    out
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(std::str::from_utf8(&b[..i]).unwrap_or("0").trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = i + 2;
+        out.extend_from_slice(&b[start..(start + size).min(b.len())]);
+        b = &b[(start + size + 2).min(b.len())..];
+    }
+    out
+}
+
+fn parse(raw: &[u8]) -> Resp {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("header end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"))
+    {
+        body = dechunk(&body);
+    }
+    Resp {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).to_string(),
+    }
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Resp {
+    let b = body.map(|v| v.to_string().into_bytes());
+    call_raw(addr, method, path, token, b.as_deref(), &[]).await
+}
+
+async fn call_raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+    extra: &[(&str, &str)],
+) -> Resp {
+    let s = TcpStream::connect(addr).await.expect("connect");
+    // The server may answer (413) before reading a large body: write and
+    // read at once, so the answer is read before the server's close
+    // resets the connection, and ignore a failed write.
+    let (mut r, mut w) = s.into_split();
+    let req = request_bytes(method, path, token, body, extra);
+    let writer = tokio::spawn(async move {
+        let _ = w.write_all(&req).await;
+        w
+    });
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = writer.await;
+    parse(&raw)
+}
+
+async fn create(addr: SocketAddr, token: &str, name: &str) -> Resp {
+    call(
+        addr,
+        "POST",
+        "/v1/sessions",
+        Some(token),
+        Some(json!({"name": name})),
+    )
+    .await
+}
+
+async fn exec(addr: SocketAddr, token: &str, name: &str, code: &str) -> Resp {
+    call(
+        addr,
+        "POST",
+        &format!("/v1/sessions/{name}/execute"),
+        Some(token),
+        Some(json!({"code": code})),
+    )
+    .await
+}
+
+#[test]
+fn openapi_document_matches_the_router() {
+    let routes: BTreeSet<(String, String)> = cellhost_server::http::route_table()
+        .into_iter()
+        .map(|(m, p, _)| (m.as_str().to_lowercase(), p.to_string()))
+        .collect();
+    let doc = cellhost_server::openapi::document();
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, _) in item.as_object().expect("item") {
+            documented.insert((method.clone(), path.clone()));
+        }
+    }
+    let missing: Vec<_> = routes.difference(&documented).collect();
+    let extra: Vec<_> = documented.difference(&routes).collect();
+    assert!(missing.is_empty(), "routes not in openapi.json: {missing:?}");
+    assert!(
+        extra.is_empty(),
+        "openapi.json operations without a route: {extra:?}"
+    );
+    assert_eq!(doc["openapi"], "3.1.0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_execute_variables_history_restart_delete() {
+    let srv = start().await;
+    let a = srv.addr;
+    let doc = call(a, "GET", "/openapi.json", None, None).await;
+    assert_eq!(doc.status, 200);
+    assert_eq!(doc.json()["openapi"], "3.1.0");
+
+    let c = create(a, ALICE, "ana").await;
+    assert_eq!(c.status, 201, "{}", c.body);
+    assert_eq!(c.json()["alive"], true);
+    assert_eq!(create(a, ALICE, "ana").await.status, 409);
+    assert_eq!(create(a, ALICE, "bad name!").await.status, 400);
+
+    let r = exec(a, ALICE, "ana", "x = 21\nprint('hi')\nx * 2").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["stdout"], "hi\n");
+    assert_eq!(v["result"]["text/plain"], "42");
+    let r = exec(a, ALICE, "ana", "x + 1").await.json();
+    assert_eq!(r["result"]["text/plain"], "22", "state kept: {r}");
+    let r = exec(a, ALICE, "ana", "1/0").await.json();
+    assert_eq!(r["status"], "error");
+    assert_eq!(r["error"]["ename"], "ZeroDivisionError");
+
+    let vars = call(a, "GET", "/v1/sessions/ana/variables", Some(ALICE), None).await;
+    assert_eq!(vars.status, 200, "{}", vars.body);
+    assert!(vars.body.contains("\"x\""), "{}", vars.body);
+
+    let list = call(a, "GET", "/v1/sessions", Some(ALICE), None).await.json();
+    assert_eq!(list["sessions"][0]["name"], "ana");
+
+    let h = call(a, "GET", "/v1/sessions/ana/history", Some(ALICE), None).await;
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["cells"].as_array().map(Vec::len), Some(3), "{}", h.body);
+
+    let rs = call(a, "POST", "/v1/sessions/ana/restart", Some(ALICE), None).await;
+    assert_eq!(rs.status, 200, "{}", rs.body);
+    let r = exec(a, ALICE, "ana", "'x' in globals()").await.json();
+    assert_eq!(r["result"]["text/plain"], "False", "restart clears state: {r}");
+
+    // Big output: cut inline, pageable by the owner only.
+    let r = exec(a, ALICE, "ana", "print('y' * 200000)").await.json();
+    let cell = r["cell_id"].as_str().expect("cell").to_string();
+    assert!(
+        r["truncated"]["stdout"]["omitted_bytes"].as_u64().unwrap_or(0) > 0,
+        "{r}"
+    );
+    let page = call(
+        a,
+        "GET",
+        &format!("/v1/cells/{cell}/output/stdout?offset=100&length=1000"),
+        Some(ALICE),
+        None,
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let p = page.json();
+    assert_eq!(p["text"].as_str().map(str::len), Some(1000));
+    assert_eq!(p["next_offset"], 1100);
+    let foreign = call(
+        a,
+        "GET",
+        &format!("/v1/cells/{cell}/output/stdout"),
+        Some(BOB),
+        None,
+    )
+    .await;
+    assert_eq!(foreign.status, 404);
+
+    let d = call(a, "DELETE", "/v1/sessions/ana", Some(ALICE), None).await;
+    assert_eq!(d.status, 204);
+    assert_eq!(exec(a, ALICE, "ana", "1").await.status, 404);
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn auth_401_403_and_owner_isolation() {
+    let srv = start().await;
+    let a = srv.addr;
+    let none = call(a, "GET", "/v1/sessions", None, None).await;
+    assert_eq!(none.status, 401);
+    assert_eq!(none.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        call(a, "GET", "/v1/sessions", Some("wrong-token-0123456789"), None)
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        call_raw(
+            a,
+            "GET",
+            "/v1/sessions",
+            None,
+            None,
+            &[("Authorization", "Basic YTpi")]
+        )
+        .await
+        .status,
+        401
+    );
+
+    assert_eq!(create(a, ALICE, "mine").await.status, 201);
+    assert_eq!(exec(a, ALICE, "mine", "secret = 7").await.json()["status"], "ok");
+    // Read-only token of the same owner: GET works, anything else is 403.
+    assert_eq!(create(a, READER, "ro").await.status, 403);
+    assert_eq!(exec(a, READER, "mine", "1").await.status, 403);
+    assert_eq!(
+        call(a, "DELETE", "/v1/sessions/mine", Some(READER), None)
+            .await
+            .status,
+        403
+    );
+    let ro_list = call(a, "GET", "/v1/sessions", Some(READER), None).await;
+    assert_eq!(ro_list.status, 200);
+    assert_eq!(ro_list.json()["sessions"][0]["name"], "mine");
+    assert_eq!(
+        call(a, "GET", "/v1/sessions/mine/variables", Some(READER), None)
+            .await
+            .status,
+        200
+    );
+
+    // Another owner sees nothing of alice's session: 404 everywhere.
+    assert_eq!(exec(a, BOB, "mine", "print(secret)").await.status, 404);
+    for (m, p) in [
+        ("GET", "/v1/sessions/mine/variables"),
+        ("GET", "/v1/sessions/mine/history"),
+        ("POST", "/v1/sessions/mine/interrupt"),
+        ("POST", "/v1/sessions/mine/restart"),
+        ("DELETE", "/v1/sessions/mine"),
+    ] {
+        assert_eq!(call(a, m, p, Some(BOB), None).await.status, 404, "{m} {p}");
+    }
+    let bob_list = call(a, "GET", "/v1/sessions", Some(BOB), None).await.json();
+    assert_eq!(bob_list["sessions"], json!([]));
+    // Bob's own session of the same name is his own namespace.
+    assert_eq!(create(a, BOB, "mine").await.status, 201);
+    let r = exec(a, BOB, "mine", "'secret' in globals()").await.json();
+    assert_eq!(r["result"]["text/plain"], "False");
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn body_limit_413() {
+    let srv = start().await;
+    let a = srv.addr;
+    assert_eq!(create(a, ALICE, "big").await.status, 201);
+    let code = "x".repeat(cellhost_server::MAX_BODY_BYTES + 1024);
+    let body = json!({ "code": code }).to_string();
+    let r = call_raw(
+        a,
+        "POST",
+        "/v1/sessions/big/execute",
+        Some(ALICE),
+        Some(body.as_bytes()),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    // Just under the limit is accepted.
+    let code = format!("s = '{}'\nlen(s)", "y".repeat(1024 * 1024));
+    let r = exec(a, ALICE, "big", &code).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["result"]["text/plain"], "1048576");
+    srv.stop().await;
+}
+
+/// Reads server-sent events from a streaming execute until `result`.
+async fn read_events(s: &mut TcpStream, mut on_event: impl FnMut(&str, &Value)) -> Vec<(String, Value)> {
+    let mut raw = Vec::new();
+    let mut events = Vec::new();
+    let mut consumed = 0usize;
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf))
+            .await
+            .expect("events in time")
+            .expect("read");
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        // Work on the de-chunked text after the headers.
+        let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&dechunk(&raw[split + 4..])).to_string();
+        let blocks: Vec<&str> = text.split("\n\n").collect();
+        // The last block may be incomplete.
+        for block in &blocks[consumed..blocks.len().saturating_sub(1)] {
+            let mut name = "message".to_string();
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                }
+            }
+            if data.is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&data).unwrap_or(Value::String(data));
+            on_event(&name, &v);
+            events.push((name.clone(), v));
+            if name == "result" || name == "error" {
+                return events;
+            }
+        }
+        consumed = blocks.len().saturating_sub(1);
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sse_stream_and_interrupt() {
+    let srv = start().await;
+    let a = srv.addr;
+    assert_eq!(create(a, ALICE, "live").await.status, 201);
+    assert_eq!(
+        exec(a, ALICE, "live", "keep = 'kept'").await.json()["status"],
+        "ok"
+    );
+
+    // ?stream=true: stream chunks, a display, then the result.
+    let code = "import time, cellhost\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.05)\ncellhost.display('shown')\n'done'";
+    let body = json!({"code": code}).to_string();
+    let mut s = TcpStream::connect(a).await.expect("connect");
+    s.write_all(&request_bytes(
+        "POST",
+        "/v1/sessions/live/execute?stream=true",
+        Some(ALICE),
+        Some(body.as_bytes()),
+        &[],
+    ))
+    .await
+    .expect("write");
+    let events = read_events(&mut s, |_, _| {}).await;
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"stream"), "{events:?}");
+    assert!(names.contains(&"display"), "{events:?}");
+    assert_eq!(names.last(), Some(&"result"), "{events:?}");
+    let streamed: String = events
+        .iter()
+        .filter(|(n, _)| n == "stream")
+        .filter_map(|(_, v)| v["text"].as_str())
+        .collect();
+    assert!(
+        streamed.contains("tick 0") && streamed.contains("tick 2"),
+        "{streamed}"
+    );
+    let result = &events.last().expect("result").1;
+    assert_eq!(result["status"], "ok");
+    assert_eq!(result["result"]["text/plain"], "'done'");
+
+    // Accept: text/event-stream, and an interrupt while it sleeps.
+    let body = json!({"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)"}).to_string();
+    let mut s = TcpStream::connect(a).await.expect("connect");
+    s.write_all(&request_bytes(
+        "POST",
+        "/v1/sessions/live/execute",
+        Some(ALICE),
+        Some(body.as_bytes()),
+        &[("Accept", "text/event-stream")],
+    ))
+    .await
+    .expect("write");
+    let mut interrupted = false;
+    let mut pending: Option<tokio::task::JoinHandle<Resp>> = None;
+    let events = read_events(&mut s, |name, v| {
+        if name == "stream" && v["text"].as_str().is_some_and(|t| t.contains("sleeping")) && !interrupted {
+            interrupted = true;
+            pending = Some(tokio::spawn(async move {
+                call(a, "POST", "/v1/sessions/live/interrupt", Some(ALICE), None).await
+            }));
+        }
+    })
+    .await;
+    let ir = pending.expect("interrupt sent").await.expect("join");
+    assert_eq!(ir.status, 200);
+    assert_eq!(ir.json()["delivered"], true, "{}", ir.body);
+    let result = &events.last().expect("result").1;
+    assert_eq!(result["status"], "interrupted", "{result}");
+    let r = exec(a, ALICE, "live", "keep").await.json();
+    assert_eq!(
+        r["result"]["text/plain"], "'kept'",
+        "state survives the interrupt: {r}"
+    );
+    srv.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn curl_smoke_script() {
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("curl not installed: skipped");
+        return;
+    }
+    let srv = start().await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/curl-smoke.sh");
+    let out = tokio::process::Command::new("bash")
+        .arg(&script)
+        .env("CELLHOST_URL", format!("http://{}", srv.addr))
+        .env("CELLHOST_TOKEN", ALICE)
+        .output()
+        .await
+        .expect("run curl-smoke.sh");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "curl-smoke.sh failed:\n{text}");
+    assert!(text.contains("curl smoke: all passed"), "{text}");
+    srv.stop().await;
+}
