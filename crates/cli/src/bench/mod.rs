@@ -35,7 +35,7 @@ pub use workloads::host_for_bench;
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
     "W3", "W1", "W2", "W2S", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200", "DAEMON",
-    "HTTP", "HTTP50",
+    "HTTP", "HTTP50", "MCP", "MCP50",
 ];
 
 /// Arguments of `bench`.
@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub kernel: KernelArgs,
     /// Comma-separated workloads (W1, W2, W3, W4, KILL, HOSTKILL, W7, POOL,
-    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50), or `all`.
+    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
     /// Also measure the peers (needs ipykernel, jupyter_client, nbclient in

@@ -225,3 +225,170 @@ pub async fn http50(ctx: &mut Ctx<'_>) -> R {
     ctx.rows.push(r);
     Ok(())
 }
+
+/// One MCP client over stdio: a `cellhost mcp` child spoken to in
+/// newline-delimited JSON-RPC, as MCP clients do.
+struct McpStdio {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    next_id: u64,
+}
+
+impl McpStdio {
+    fn start(python: &std::path::Path, state: &std::path::Path) -> Result<Self, String> {
+        use std::process::Stdio;
+        let exe = std::env::current_exe().map_err(s)?;
+        let mut child = Command::new(exe)
+            .arg("mcp")
+            .arg("--python")
+            .arg(python)
+            .env("CELLHOST_STATE_DIR", state)
+            .env("CELLHOST_POOL_SIZE", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(s)?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = std::io::BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut c = McpStdio {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+        };
+        c.request(
+            "initialize",
+            serde_json::json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "cellhost-bench", "version": "1"}
+            }),
+        )?;
+        c.send(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))?;
+        Ok(c)
+    }
+
+    fn send(&mut self, v: &serde_json::Value) -> Result<(), String> {
+        use std::io::Write;
+        let mut line = v.to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).map_err(s)?;
+        self.stdin.flush().map_err(s)
+    }
+
+    /// Sends a request and returns its response, skipping notifications.
+    fn request(&mut self, method: &str, params: serde_json::Value) -> Result<serde_json::Value, String> {
+        use std::io::BufRead;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.stdout.read_line(&mut line).map_err(s)? == 0 {
+                return Err(format!("MCP server closed its stdout during {method}"));
+            }
+            let v: serde_json::Value = serde_json::from_str(&line).map_err(s)?;
+            if v.get("id").and_then(|i| i.as_u64()) == Some(id) {
+                if let Some(e) = v.get("error") {
+                    return Err(format!("{method}: {e}"));
+                }
+                return Ok(v["result"].clone());
+            }
+        }
+    }
+
+    /// `execute_code` and the structured CellResult's stdout.
+    fn execute(&mut self, code: &str) -> Result<String, String> {
+        let r = self.request(
+            "tools/call",
+            serde_json::json!({"name": "execute_code", "arguments": {"code": code, "session": "bench"}}),
+        )?;
+        Ok(r["structuredContent"]["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+}
+
+impl Drop for McpStdio {
+    fn drop(&mut self) {
+        // Closing stdin ends the session; the server then exits.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// MCP: round trip of `x += 1` through `cellhost mcp` over stdio.
+pub async fn mcp(ctx: &mut Ctx<'_>) -> R {
+    let n = ctx.args.cells;
+    let python = ctx.cfg.python.clone();
+    let state = ctx.dir.join("mcp-bench");
+    let lat = tokio::task::spawn_blocking(move || -> Result<Vec<f64>, String> {
+        let mut c = McpStdio::start(&python, &state)?;
+        c.execute("x = 0")?;
+        for _ in 0..20 {
+            c.execute("x += 1")?;
+        }
+        let mut lat = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            c.execute("x += 1")?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        Ok(lat)
+    })
+    .await
+    .map_err(s)??;
+    ctx.rows
+        .push(row("MCP stdio round trip `x += 1`", "cellhost mcp", &lat));
+    Ok(())
+}
+
+/// MCP50: 50 MCP stdio clients, each with its own server and session,
+/// 100 cells each; counts lost or misattributed output.
+pub async fn mcp50(ctx: &mut Ctx<'_>) -> R {
+    const CLIENTS: usize = 50;
+    const CELLS: usize = 100;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for ci in 0..CLIENTS {
+        let python = ctx.cfg.python.clone();
+        let state = ctx.dir.join(format!("mcp50-{ci}"));
+        tasks.push(tokio::task::spawn_blocking(
+            move || -> Result<(Vec<f64>, usize), String> {
+                let mut c = McpStdio::start(&python, &state)?;
+                let mut ms = Vec::with_capacity(CELLS);
+                let mut bad = 0;
+                for i in 0..CELLS {
+                    let tag = format!("client{ci}-cell{i}");
+                    let t = Instant::now();
+                    let out = c.execute(&format!("print({tag:?})"))?;
+                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                    if out != format!("{tag}\n") {
+                        bad += 1;
+                    }
+                }
+                Ok((ms, bad))
+            },
+        ));
+    }
+    let mut all = Vec::new();
+    let mut bad = 0;
+    for t in tasks {
+        let (ms, b) = t.await.map_err(s)??;
+        all.extend(ms);
+        bad += b;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let mut r = row("MCP50", "50 stdio clients × 100 cells, own servers", &all);
+    r.note = format!(
+        "{:.0} cells/s (server and kernel start-up included); {bad} of {} cells lost or misattributed",
+        all.len() as f64 / wall,
+        all.len()
+    );
+    ctx.rows.push(r);
+    Ok(())
+}

@@ -51,6 +51,8 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "DAEMON" => super::surfaces::daemon(ctx).await,
         "HTTP" => super::surfaces::http(ctx).await,
         "HTTP50" => super::surfaces::http50(ctx).await,
+        "MCP" => super::surfaces::mcp(ctx).await,
+        "MCP50" => super::surfaces::mcp50(ctx).await,
         _ => Err(format!("unknown workload {w}")),
     }
 }
