@@ -146,6 +146,15 @@ pub fn run(args: RunArgs) -> u8 {
             if cell.source.trim().is_empty() {
                 continue;
             }
+            // A Ctrl-C between two cells stops the run before the next one.
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                eprintln!(
+                    "cellhost: interrupted before cell {}/{total}; writing what ran",
+                    i + 1
+                );
+                exit = 130;
+                break;
+            }
             let t0 = Instant::now();
             let fut = registry.execute(&key, &cell.source, ExecOptions::default(), &origin);
             let result = progress.track(i + 1, total, started, fut).await;
@@ -371,7 +380,7 @@ fn stop_message(r: &CellResult, timeout: Option<Duration>) -> String {
             Some(reason) => format!("{what}: {reason}; the session's state is gone"),
             None => format!("{what}; the kernel was killed and the session's state is gone"),
         },
-        Some(i) if i.state_kept => format!("{what}; it was interrupted and the state is kept"),
+        Some(i) if i.state_kept => format!("{what}; the code stopped and the session's state is kept"),
         Some(i) => format!(
             "{what}; {}",
             i.reason.as_deref().unwrap_or("the interrupt was not delivered")

@@ -1482,3 +1482,85 @@ fn env_flag_passes_a_variable_through_the_allowlist() {
     let r = env.exec(&["--env", "CELLHOST_SURELY_UNSET_VAR", "print(1)"]);
     r.expect_code("--env of an unset variable is a usage error", 2);
 }
+
+// ---------------------------------------------------------------------------
+// Regressions from a new-user review
+
+/// `exec` without `--json` streams at most the head live, then the rest of
+/// the bounded view: a huge output never floods the terminal.
+#[test]
+fn exec_live_output_is_bounded_like_the_result() {
+    let env = Env::new();
+    let r = env.exec(&["import sys; sys.stdout.write('x' * 1_000_000); print(); print('end')"]);
+    r.expect_code("big output", 0);
+    assert!(
+        r.stdout.len() < 60_000,
+        "stdout is bounded: {} bytes",
+        r.stdout.len()
+    );
+    assert!(r.stdout.contains("omitted"), "the omission line is shown");
+    assert!(r.stdout.ends_with("end\n"), "the tail is shown");
+    assert!(r.stderr.contains("stdout cut:"), "{}", r.stderr);
+    let small = env.exec(&["for i in range(3): print(i)"]);
+    assert_eq!(small.stdout, "0\n1\n2\n", "small output is printed once, exactly");
+}
+
+/// Ctrl-C during `run` interrupts the cell, writes the notebook so far, and
+/// exits 130 (it used to kill the process and lose every executed cell).
+#[test]
+fn run_sigint_writes_what_ran_and_exits_130() {
+    let env = Env::new();
+    let input = env.work().join("slow.py");
+    std::fs::write(&input, "# %%\nx = 1\nprint('first done', flush=True)\n\n# %%\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)\n\n# %%\nprint('never')\n")
+        .expect("write script");
+    let run = Running::spawn(env.cmd("run", &["slow.py"]));
+    assert!(
+        run.stderr
+            .wait_for("cell 1/3 ok", 0, Duration::from_secs(60))
+            .is_some(),
+        "the first cell never finished; stderr: {}",
+        run.stderr.text()
+    );
+    // Whether the SIGINT lands while cell 2 runs, before its code starts,
+    // or between the cells, the run stops there.
+    send_signal(run.pid(), "INT");
+    let r = run.finish("run after SIGINT", Duration::from_secs(20));
+    r.expect_code("SIGINT", 130);
+    let nb = read_json(&env.work().join("slow.executed.ipynb"));
+    let cells = code_cells(&nb);
+    assert_eq!(cells[0]["execution_count"], 1);
+    assert!(cells[0]["outputs"].to_string().contains("first done"));
+    assert!(
+        cells[1]["outputs"] == json!([]) || cells[1]["outputs"].to_string().contains("CellInterrupted"),
+        "cell 2 is either not run or interrupted: {}",
+        cells[1]
+    );
+    assert_eq!(cells[2]["outputs"], json!([]));
+}
+
+/// Background output of earlier cells' threads is marked in the notebook,
+/// never merged into the later cell's stream (HK07 through `run`).
+#[test]
+fn run_marks_background_output_of_earlier_cells() {
+    let env = Env::new();
+    let input = env.work().join("bg.py");
+    std::fs::write(&input, "# %%\nimport threading, time\ndef ticker():\n    for i in range(3):\n        time.sleep(0.3)\n        print(f'tick {i}', flush=True)\nthreading.Thread(target=ticker, daemon=True).start()\nprint('A returned')\n\n# %%\nimport time\ntime.sleep(1.5)\nprint('B done')\n")
+        .expect("write script");
+    let r = env.run("run", &["bg.py"], None, LONG);
+    r.expect_code("run bg.py", 0);
+    let nb = read_json(&env.work().join("bg.executed.ipynb"));
+    let cells = code_cells(&nb);
+    let outs = cells[1]["outputs"].as_array().expect("outputs").clone();
+    let stream: Vec<&Value> = outs.iter().filter(|o| o["output_type"] == "stream").collect();
+    assert_eq!(stream.len(), 1, "{outs:?}");
+    assert_eq!(stream[0]["text"], json!(["B done\n"]));
+    let bg = outs
+        .iter()
+        .find(|o| o["output_type"] == "display_data")
+        .expect("background display");
+    assert_eq!(bg["metadata"]["cellhost"]["background"], "stdout");
+    let text = bg["data"]["text/plain"].to_string();
+    for i in 0..3 {
+        assert!(text.contains(&format!("tick {i}")), "{text}");
+    }
+}
