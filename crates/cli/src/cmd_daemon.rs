@@ -3,11 +3,9 @@
 //! used by `exec --session`, `sessions`, `kill` and `interrupt`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use cellhost_server::daemon::{self, Client, Reply, Request};
-use cellhost_sessions::{Journal, Registry, RegistryConfig};
 
 use crate::KernelArgs;
 use crate::common::{self, EXIT_USAGE};
@@ -166,13 +164,6 @@ fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let config = match common::config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return EXIT_USAGE;
-        }
-    };
     let template = match common::kernel_config(kernel, "daemon", &common::new_session_dir("daemon")) {
         Ok(c) => c,
         Err(e) => {
@@ -188,16 +179,7 @@ fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
         }
     };
     rt.block_on(async move {
-        let journal = match Journal::open(common::journal_path(), config.durability()) {
-            Ok(j) => Some(Arc::new(j)),
-            Err(e) => {
-                eprintln!("cellhost: journal off: {e}");
-                None
-            }
-        };
-        let mut rc = RegistryConfig::new(common::state_dir(), template);
-        config.apply_to_registry(&mut rc);
-        let reg = match Registry::start(rc, journal).await {
+        let reg = match common::start_registry(template, None).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");

@@ -2,10 +2,6 @@
 //! server on standard input and output (one connection = one owner, whose
 //! kernels end when the client disconnects). Logs go to standard error only.
 
-use std::sync::Arc;
-
-use cellhost_sessions::{Journal, Registry, RegistryConfig};
-
 use crate::KernelArgs;
 use crate::common::{self, EXIT_USAGE};
 
@@ -18,13 +14,6 @@ pub struct McpArgs {
 
 /// Runs `mcp` until the client disconnects; returns the exit code.
 pub fn run(args: McpArgs) -> u8 {
-    let config = match common::config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return EXIT_USAGE;
-        }
-    };
     let rt = match common::runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -41,20 +30,7 @@ pub fn run(args: McpArgs) -> u8 {
                 return EXIT_USAGE;
             }
         };
-        let journal = if config.bool("journal") {
-            match Journal::open(common::journal_path(), config.durability()) {
-                Ok(j) => Some(Arc::new(j)),
-                Err(e) => {
-                    eprintln!("cellhost: the journal is off for this server: {e}");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let mut rc = RegistryConfig::new(common::state_dir(), template);
-        config.apply_to_registry(&mut rc);
-        let registry = match Registry::start(rc, journal).await {
+        let registry = match common::start_registry(template, None).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: cannot start the session registry: {e}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use cellhost_kernel::{CellResult, CellStatus, ExecOptions};
 use cellhost_notebook::{Notebook, Output, default_output_path, merge_streams};
-use cellhost_sessions::{Journal, Origin, Registry, RegistryConfig};
+use cellhost_sessions::Origin;
 use serde_json::{Map, Value};
 
 use crate::KernelArgs;
@@ -112,8 +112,13 @@ pub fn run(args: RunArgs) -> u8 {
             cfg.cwd = Some(dir);
         }
         cfg.cell_timeout = timeout;
-        let Some(registry) = start_registry(cfg).await else {
-            return 1;
+        // One kernel is needed: no warm pool.
+        let registry = match common::start_registry(cfg, Some(0)).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
         };
         let key = registry.key(common::CLI_OWNER, &session_name);
         let origin = Origin {
@@ -220,40 +225,6 @@ pub fn run(args: RunArgs) -> u8 {
         );
         exit
     })
-}
-
-/// A registry for one run: no warm pool (one kernel is needed), the journal
-/// in the state directory (a journal that cannot be opened is reported and
-/// the run goes on without it).
-async fn start_registry(template: cellhost_kernel::KernelConfig) -> Option<std::sync::Arc<Registry>> {
-    let config = match common::config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return None;
-        }
-    };
-    let journal = if config.bool("journal") {
-        match Journal::open(common::journal_path(), config.durability()) {
-            Ok(j) => Some(std::sync::Arc::new(j)),
-            Err(e) => {
-                eprintln!("cellhost: the journal is off for this run: {e}");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let mut rc = RegistryConfig::new(common::state_dir(), template);
-    config.apply_to_registry(&mut rc);
-    rc.pool_size = 0;
-    match Registry::start(rc, journal).await {
-        Ok(r) => Some(r),
-        Err(e) => {
-            eprintln!("cellhost: cannot start the session registry: {e}");
-            None
-        }
-    }
 }
 
 /// Jupyter outputs for one result; images are read back from the session

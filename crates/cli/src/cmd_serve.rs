@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use cellhost_server::http::{self, AppState};
 use cellhost_server::{DEFAULT_LISTEN, Tokens};
-use cellhost_sessions::{Journal, Registry, RegistryConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::KernelArgs;
@@ -31,13 +30,6 @@ pub struct ServeArgs {
 
 /// Runs `serve`.
 pub fn run(args: ServeArgs) -> u8 {
-    let config = match common::config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return EXIT_USAGE;
-        }
-    };
     let token_file = args
         .token_file
         .clone()
@@ -69,16 +61,7 @@ pub fn run(args: ServeArgs) -> u8 {
         }
     };
     rt.block_on(async move {
-        let journal = match Journal::open(common::journal_path(), config.durability()) {
-            Ok(j) => Some(Arc::new(j)),
-            Err(e) => {
-                eprintln!("cellhost: journal off: {e}");
-                None
-            }
-        };
-        let mut rc = RegistryConfig::new(common::state_dir(), template);
-        config.apply_to_registry(&mut rc);
-        let reg = match Registry::start(rc, journal).await {
+        let reg = match common::start_registry(template, None).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");
@@ -150,7 +133,7 @@ pub fn run(args: ServeArgs) -> u8 {
 /// records the caller; this hands its owner to the MCP service, which ties
 /// each MCP session to the caller that opened it (a leaked `Mcp-Session-Id`
 /// is useless to anyone else).
-fn axum_router_mcp(reg: Arc<Registry>) -> cellhost_server::axum::Router {
+fn axum_router_mcp(reg: Arc<cellhost_sessions::Registry>) -> cellhost_server::axum::Router {
     use cellhost_server::axum::extract::Request;
     use cellhost_server::axum::middleware::map_request;
     async fn tag_caller(mut req: Request) -> Request {

@@ -124,6 +124,41 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     Ok(cfg)
 }
 
+/// The session registry of one CLI command: the effective configuration,
+/// the journal in the state directory when `journal = true` (a journal that
+/// cannot be opened is reported and the command goes on without it), and
+/// `pool_size` overriding the configured warm pool when given.
+///
+/// # Errors
+/// The configuration is invalid, or the registry cannot make its staging
+/// directory (the message says which).
+pub async fn start_registry(
+    template: KernelConfig,
+    pool_size: Option<usize>,
+) -> Result<std::sync::Arc<cellhost_sessions::Registry>, String> {
+    use cellhost_sessions::{Journal, Registry, RegistryConfig};
+    let config = config()?;
+    let journal = if config.bool("journal") {
+        match Journal::open(journal_path(), config.durability()) {
+            Ok(j) => Some(std::sync::Arc::new(j)),
+            Err(e) => {
+                eprintln!("cellhost: the journal is off: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut rc = RegistryConfig::new(state_dir(), template);
+    config.apply_to_registry(&mut rc);
+    if let Some(n) = pool_size {
+        rc.pool_size = n;
+    }
+    Registry::start(rc, journal)
+        .await
+        .map_err(|e| format!("cannot start the session registry: {e}"))
+}
+
 /// A directory the CLI may hand to a kernel as its read-write working
 /// directory: not `$HOME` and not one of its ancestors (`/`, `/home`).
 pub fn workdir_allowed(dir: &Path) -> bool {
