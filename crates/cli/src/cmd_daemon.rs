@@ -113,14 +113,7 @@ pub fn run(args: DaemonArgs) -> u8 {
 /// Sends one request to a running daemon (never starts one) and prints the
 /// reply; returns the exit code.
 fn client_call(req: Request) -> u8 {
-    let rt = match common::runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         let mut c = match Client::connect(&dir()).await {
             Ok(c) => c,
             Err(_) => {
@@ -171,14 +164,7 @@ fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let rt = match common::runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         let reg = match common::start_registry(template, None).await {
             Ok(r) => r,
             Err(e) => {

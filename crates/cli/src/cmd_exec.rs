@@ -54,14 +54,7 @@ pub fn run(args: ExecArgs) -> u8 {
     if let Some(session) = args.session {
         return crate::cmd_sessions::exec(&args.kernel, session, code, args.timeout, args.json);
     }
-    let rt = match common::runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: cannot start the runtime: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         // Listen for Ctrl-C before the kernel starts: a SIGINT that arrives
         // while the kernel is starting is recorded and interrupts the cell
         // once it is submitted, instead of killing this process by signal

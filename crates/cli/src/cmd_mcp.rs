@@ -14,14 +14,7 @@ pub struct McpArgs {
 
 /// Runs `mcp` until the client disconnects; returns the exit code.
 pub fn run(args: McpArgs) -> u8 {
-    let rt = match common::runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: cannot start the runtime: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         let dir = common::new_session_dir("mcp");
         let template = match common::kernel_config(&args.kernel, "default", &dir) {
             Ok(c) => c,

@@ -43,14 +43,7 @@ pub fn run(args: RestoreArgs) -> u8 {
             return 1;
         }
     };
-    let rt = match common::runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         let journal = match Journal::open(common::journal_path(), config.durability()) {
             Ok(j) => Arc::new(j),
             Err(e) => {

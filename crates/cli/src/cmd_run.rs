@@ -79,14 +79,7 @@ pub fn run(args: RunArgs) -> u8 {
         eprintln!("cellhost: cannot create {}: {e}", out_dir.display());
         return 1;
     }
-    let rt = match common::runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: cannot start the runtime: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         let session_name = args.session.clone().unwrap_or_else(|| {
             args.input
                 .file_stem()

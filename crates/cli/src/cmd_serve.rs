@@ -53,14 +53,7 @@ pub fn run(args: ServeArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
+    common::block_on(async move {
         let reg = match common::start_registry(template, None).await {
             Ok(r) => r,
             Err(e) => {

@@ -173,6 +173,18 @@ fn set_env(cfg: &mut KernelConfig, name: String, value: String) {
     cfg.env.push((name.into(), value.into()));
 }
 
+/// Runs a command's future on a fresh [`runtime`] and returns its exit
+/// code; 1 when the runtime cannot be started (the reason goes to stderr).
+pub fn block_on(fut: impl std::future::Future<Output = u8>) -> u8 {
+    match runtime() {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => {
+            eprintln!("cellhost: cannot start the runtime: {e}");
+            1
+        }
+    }
+}
+
 /// A multi-threaded runtime for one command.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()

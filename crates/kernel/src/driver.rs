@@ -34,7 +34,7 @@ use crate::marker::MarkerScanner;
 use crate::outputs;
 use crate::result::{
     BackgroundOutput, CellError, CellResult, CellStatus, CrashReport, DisplayOutput, InterruptReport,
-    KernelRef, Truncation, Usage,
+    KernelRef, Usage,
 };
 use crate::tools::{self, ToolCall, ToolCallRecord};
 
@@ -988,16 +988,7 @@ impl Driver {
                 }
                 texts[i] = fin.text;
                 if let Some(t) = fin.truncation {
-                    truncated.insert(
-                        name.to_string(),
-                        Truncation {
-                            total_bytes: t.total_bytes,
-                            shown_bytes: t.shown_bytes,
-                            omitted_bytes: t.omitted_bytes,
-                            spill_path: t.spill_path,
-                            spill_bytes: t.spill_bytes,
-                        },
-                    );
+                    truncated.insert(name.to_string(), t);
                 }
             }
         }

@@ -6,7 +6,6 @@
 //! traceback}`); the shape is DESIGN.md's "The result an agent sees".
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 pub use cellhost_protocol::frame::FilesOpened;
 use serde::{Deserialize, Serialize};
@@ -80,22 +79,9 @@ pub struct DisplayOutput {
     pub metadata: Map<String, Value>,
 }
 
-/// How one stream was cut to its inline size.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Truncation {
-    /// Bytes of the whole rendered, redacted stream.
-    pub total_bytes: u64,
-    /// Bytes returned inline (head + tail, without the omission line).
-    pub shown_bytes: u64,
-    /// `total_bytes - shown_bytes`.
-    pub omitted_bytes: u64,
-    /// File holding the full stream (up to the spill cap), if one was written.
-    pub spill_path: Option<PathBuf>,
-    /// Bytes written to the spill file (less than `total_bytes` when the
-    /// spill cap was reached).
-    #[serde(default)]
-    pub spill_bytes: u64,
-}
+/// How one stream was cut to its inline size (the capture crate's record,
+/// which also says why a spill file is missing or short).
+pub use cellhost_capture::Truncation;
 
 /// Which kernel ran the cell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

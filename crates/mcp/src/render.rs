@@ -190,6 +190,7 @@ mod tests {
                     omitted_bytes: 150_000,
                     spill_path: Some("/tmp/x.stdout".into()),
                     spill_bytes: 200_000,
+                    spill_error: None,
                 },
             )]),
             kernel: KernelRef {

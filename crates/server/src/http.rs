@@ -359,11 +359,8 @@ async fn execute(
     headers: HeaderMap,
     Json(body): Json<ExecuteBody>,
 ) -> Result<Response, ApiError> {
-    if !st.has_session(&caller.owner, &name) {
-        return Err(not_found(&name));
-    }
+    let key = owned_key(&st, &caller, &name)?;
     let timeout = timeout_of(body.timeout_s)?;
-    let key = st.registry.key(&caller.owner, &name);
     let origin = Origin::new("http");
     if !wants_stream(&q, &headers) {
         let opts = ExecOptions {
@@ -443,15 +440,21 @@ fn live_event(ev: LiveEvent) -> Event {
         .unwrap_or_else(|_| Event::default().event(v.0))
 }
 
+/// The registry key of `name` when it is one of the caller's sessions;
+/// another owner's session answers 404, exactly like a missing one.
+fn owned_key(st: &AppState, caller: &Caller, name: &str) -> Result<cellhost_sessions::Key, ApiError> {
+    if !st.has_session(&caller.owner, name) {
+        return Err(not_found(name));
+    }
+    Ok(st.registry.key(&caller.owner, name))
+}
+
 async fn interrupt(
     State(st): St,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !st.has_session(&caller.owner, &name) {
-        return Err(not_found(&name));
-    }
-    let key = st.registry.key(&caller.owner, &name);
+    let key = owned_key(&st, &caller, &name)?;
     let out = match st.registry.kernel(&key) {
         Some(k) => serde_json::to_value(k.interrupt().await).unwrap_or(Value::Null),
         None => json!({"delivered": false, "reason": "the session has no live kernel"}),
@@ -464,10 +467,7 @@ async fn restart(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !st.has_session(&caller.owner, &name) {
-        return Err(not_found(&name));
-    }
-    let key = st.registry.key(&caller.owner, &name);
+    let key = owned_key(&st, &caller, &name)?;
     st.registry.dispose(&key).await;
     st.registry.acquire(&key).await?;
     Ok(Json(session_json(&st, &caller.owner, &name)))
@@ -484,10 +484,7 @@ async fn variables(
     Path(name): Path<String>,
     Query(q): Query<VariablesQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    if !st.has_session(&caller.owner, &name) {
-        return Err(not_found(&name));
-    }
-    let key = st.registry.key(&caller.owner, &name);
+    let key = owned_key(&st, &caller, &name)?;
     let Some(k) = st.registry.kernel(&key) else {
         return Ok(Json(json!({"variables": [], "truncated": false, "alive": false})));
     };
@@ -503,9 +500,7 @@ async fn history(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !st.has_session(&caller.owner, &name) {
-        return Err(not_found(&name));
-    }
+    owned_key(&st, &caller, &name)?;
     let Some(j) = st.registry.journal() else {
         return Ok(Json(json!({"cells": [], "journal": false})));
     };
