@@ -10,7 +10,9 @@ use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
+
+use crate::init_proc::InitProc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -172,7 +174,7 @@ pub(crate) struct Driver {
     config: KernelConfig,
     info: KernelInfo,
     label: String,
-    child: Child,
+    child: InitProc,
     pidfd: AsyncFd<OwnedFd>,
     reader: FrameReader<OwnedReadHalf>,
     writer: FrameWriter<OwnedWriteHalf>,
@@ -221,7 +223,7 @@ impl Driver {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         config: KernelConfig,
-        child: Child,
+        child: InitProc,
         pidfd: AsyncFd<OwnedFd>,
         reader: FrameReader<OwnedReadHalf>,
         writer: FrameWriter<OwnedWriteHalf>,
@@ -1196,25 +1198,9 @@ impl Drop for Driver {
     fn drop(&mut self) {
         // Runtime shutdown or a panic: never leave the tree behind.
         if self.exit.is_none() {
-            kill_and_reap(&mut self.child);
+            self.child.kill_and_reap();
         }
     }
-}
-
-/// SIGTERM to the init (which kills and reaps its tree), then SIGKILL of
-/// whatever is left, then reap the init. Blocks for at most ~1.5 s.
-pub(crate) fn kill_and_reap(child: &mut Child) {
-    let init = child.id() as i32;
-    let _ = signal::kill(init, libc::SIGTERM);
-    for _ in 0..200 {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    signal::kill_descendants(init, 20);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 fn push_capture(a: &mut ActiveCell, stream: usize, bytes: &[u8]) {

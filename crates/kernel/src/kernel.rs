@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::KernelConfig;
 use crate::driver::{Command, Driver, QueuedCell, Shared};
 use crate::error::KernelError;
+use crate::init_proc::InitProc;
 use crate::result::{CellResult, DisplayOutput};
 use crate::{spawn, worker_files};
 use cellhost_sandbox::cgroup::{CgroupLimits, KernelCgroup};
@@ -172,83 +173,23 @@ impl Kernel {
     /// stderr), [`KernelError::StartupTimeout`], [`KernelError::ProtocolMismatch`],
     /// [`KernelError::Io`].
     pub async fn spawn(config: KernelConfig) -> Result<Kernel, KernelError> {
-        let label = config.label();
-        let worker_dir = worker_files::worker_path()
-            .map_err(|e| KernelError::io(&label, "writing the worker package", e))?;
-        std::fs::create_dir_all(&config.session_dir)
-            .map_err(|e| KernelError::io(&label, format!("creating {}", config.session_dir.display()), e))?;
+        let prep = Prepared::new(&config)?;
+        let label = prep.label.clone();
         let (host_end, worker_end) =
             std::os::unix::net::UnixStream::pair().map_err(|e| KernelError::io(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
         let args = vec![
             "-c".to_string(),
             BOOT.to_string(),
-            worker_dir.display().to_string(),
+            prep.worker_dir.display().to_string(),
         ];
-        let mode = config.sandbox.mode;
-        let sandboxed = mode != SandboxMode::Off;
-        let mut host_layers: Vec<LayerStatus> = Vec::new();
-        let mut limits = config.limits.clone();
-        let cgroup_off = sandboxed && config.sandbox.disable.iter().any(|d| d == "cgroup");
-        if sandboxed && !cgroup_off {
-            let d = &config.sandbox.limits;
-            limits.pids_max = limits.pids_max.or(d.pids_max);
-            limits.memory_bytes = limits.memory_bytes.or(d.memory_bytes);
-            limits.cpu_cores = limits.cpu_cores.or(d.cpu_cores);
-        }
-        let cgroup = if limits.is_empty() {
-            if cgroup_off {
-                host_layers.push(LayerStatus::missing("cgroup", "disabled by the sandbox profile"));
-            } else if sandboxed {
-                host_layers.push(LayerStatus::skipped("cgroup", "no limits configured"));
-            }
-            None
-        } else {
-            let name = format!(
-                "{}-g{}-{}",
-                sanitize(&config.session),
-                config.generation,
-                new_cell_id()
-            );
-            match KernelCgroup::create(&name, &limits) {
-                Ok(cg) => {
-                    if sandboxed {
-                        host_layers.push(LayerStatus::on("cgroup", describe_limits(&limits)));
-                    }
-                    Some(cg)
-                }
-                Err(e) if sandboxed && config.limits.is_empty() => {
-                    if mode == SandboxMode::Enforce {
-                        return Err(KernelError::SandboxUnavailable {
-                            kernel: label,
-                            layer: "cgroup".into(),
-                            reason: e.to_string(),
-                        });
-                    }
-                    host_layers.push(LayerStatus::missing("cgroup", e.to_string()));
-                    None
-                }
-                Err(e) => {
-                    return Err(KernelError::Spawn {
-                        python: config.python.display().to_string(),
-                        reason: format!("cannot set up the kernel's resource limits: {e}"),
-                    });
-                }
-            }
-        };
         let mut init_args: Vec<std::ffi::OsString> = Vec::new();
-        for f in cgroup.iter().flat_map(KernelCgroup::procs_files) {
+        for f in prep.cgroup.iter().flat_map(KernelCgroup::procs_files) {
             init_args.push("--cgroup-procs".into());
             init_args.push(f.into_os_string());
         }
-        let mpl_dir = if sandboxed {
-            worker_files::sandbox_assets(&config.python, worker_dir)
-        } else {
-            None
-        };
-        if sandboxed {
-            let spec = init_spec(&config, worker_dir, mpl_dir.as_deref());
-            let json = serde_json::to_string(&spec)
+        if let Some(spec) = &prep.spec {
+            let json = serde_json::to_string(spec)
                 .map_err(|e| KernelError::io(&label, "sandbox spec", std::io::Error::other(e)))?;
             init_args.push(SANDBOX_ARG.into());
             init_args.push(json.into());
@@ -261,38 +202,53 @@ impl Kernel {
             OwnedFd::from(worker_end),
         );
         cmd.env_clear();
-        cmd.envs(config.env.iter().map(|(k, v)| (k, v)));
-        let worker_config = serde_json::json!({
-            "tools": config.tool_names(),
-            "session_dir": config.session_dir,
-            "session": config.session,
-            "generation": config.generation,
-        });
-        cmd.env("CELLHOST_WORKER_CONFIG", worker_config.to_string());
-        cmd.env("MPLBACKEND", "module://cellhost_worker.mpl_backend");
-        if sandboxed {
-            // The private /tmp is the only temporary directory it can write.
-            cmd.env("TMPDIR", "/tmp");
-        }
+        cmd.envs(worker_env(&config, prep.spec.is_some()));
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
         }
-        let python_str = config.python.display().to_string();
         let mut child = spawn::spawn(cmd).await.map_err(|e| KernelError::Spawn {
-            python: python_str.clone(),
+            python: config.python.display().to_string(),
             reason: format!("cannot start the kernel init {}: {e}", launcher.display()),
         })?;
-        let init_pid = child.id();
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
-        let mut guard = ChildGuard(Some(child));
+        let init = InitProc::Child(child);
         let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+            let mut guard = InitGuard(Some(init));
+            guard.kill();
             return Err(KernelError::io(
                 &label,
                 "output pipes",
                 std::io::Error::other("missing"),
             ));
         };
+        Kernel::attach(config, prep, init, host_end, stdout, stderr).await
+    }
+
+    /// Completes a kernel whose init runs: the handshake (`sandbox`, then
+    /// `ready`), then the driver.
+    pub(crate) async fn attach(
+        config: KernelConfig,
+        prep: Prepared,
+        init: InitProc,
+        host_end: std::os::unix::net::UnixStream,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    ) -> Result<Kernel, KernelError> {
+        let Prepared {
+            label,
+            host_layers,
+            limits,
+            cgroup,
+            spec,
+            ..
+        } = prep;
+        let mode = config.sandbox.mode;
+        let sandboxed = spec.is_some();
+        let init_pid = init.id();
+        let forked = matches!(init, InitProc::Adopted { .. });
+        let mut guard = InitGuard(Some(init));
+        let python_str = config.python.display().to_string();
         let io_err = |ctx: &str, e: std::io::Error| KernelError::io(&label, ctx, e);
         let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(|e| io_err("stdout pipe", e))?;
         let stderr = pipe::Receiver::from_owned_fd(stderr).map_err(|e| io_err("stderr pipe", e))?;
@@ -448,7 +404,7 @@ impl Kernel {
         // namespace; the init's only child is authoritative.
         // In a sandbox the worker is pid 2 of its own pid namespace, below an
         // ns-init: find it by its namespace pid.
-        let host_pid = sandboxed
+        let host_pid = (sandboxed || forked)
             .then(|| cellhost_sandbox::procfs::host_pid_of(init_pid as i32, pid as i32))
             .flatten()
             .map(|p| p as u32)
@@ -469,8 +425,8 @@ impl Kernel {
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (tx, rx) = mpsc::unbounded_channel();
-        let Some(child) = guard.0.take() else {
-            return Err(io_err("child", std::io::Error::other("lost")));
+        let Some(init) = guard.0.take() else {
+            return Err(io_err("init", std::io::Error::other("lost")));
         };
         // The driver names the limits in effect (the profile's defaults
         // included) when it explains a kill.
@@ -480,7 +436,7 @@ impl Kernel {
         }
         let driver = Driver::new(
             config,
-            child,
+            init,
             pidfd,
             reader,
             writer,
@@ -754,6 +710,117 @@ impl CellHandle {
     }
 }
 
+/// What a kernel needs before its processes start: the worker package, the
+/// session directory, the cgroup with the limits in effect, and the sandbox
+/// spec (`None` with the sandbox off).
+pub(crate) struct Prepared {
+    pub(crate) label: String,
+    pub(crate) worker_dir: &'static std::path::Path,
+    pub(crate) host_layers: Vec<LayerStatus>,
+    pub(crate) limits: CgroupLimits,
+    pub(crate) cgroup: Option<KernelCgroup>,
+    pub(crate) spec: Option<InitSpec>,
+}
+
+impl Prepared {
+    /// # Errors
+    /// [`KernelError::Io`] (worker package, session directory),
+    /// [`KernelError::SandboxUnavailable`] (enforce without cgroups),
+    /// [`KernelError::Spawn`] (configured limits that cannot be set up).
+    pub(crate) fn new(config: &KernelConfig) -> Result<Prepared, KernelError> {
+        let label = config.label();
+        let worker_dir = worker_files::worker_path()
+            .map_err(|e| KernelError::io(&label, "writing the worker package", e))?;
+        std::fs::create_dir_all(&config.session_dir)
+            .map_err(|e| KernelError::io(&label, format!("creating {}", config.session_dir.display()), e))?;
+        let mode = config.sandbox.mode;
+        let sandboxed = mode != SandboxMode::Off;
+        let mut host_layers: Vec<LayerStatus> = Vec::new();
+        let mut limits = config.limits.clone();
+        let cgroup_off = sandboxed && config.sandbox.disable.iter().any(|d| d == "cgroup");
+        if sandboxed && !cgroup_off {
+            let d = &config.sandbox.limits;
+            limits.pids_max = limits.pids_max.or(d.pids_max);
+            limits.memory_bytes = limits.memory_bytes.or(d.memory_bytes);
+            limits.cpu_cores = limits.cpu_cores.or(d.cpu_cores);
+        }
+        let cgroup = if limits.is_empty() {
+            if cgroup_off {
+                host_layers.push(LayerStatus::missing("cgroup", "disabled by the sandbox profile"));
+            } else if sandboxed {
+                host_layers.push(LayerStatus::skipped("cgroup", "no limits configured"));
+            }
+            None
+        } else {
+            let name = format!(
+                "{}-g{}-{}",
+                sanitize(&config.session),
+                config.generation,
+                new_cell_id()
+            );
+            match KernelCgroup::create(&name, &limits) {
+                Ok(cg) => {
+                    if sandboxed {
+                        host_layers.push(LayerStatus::on("cgroup", describe_limits(&limits)));
+                    }
+                    Some(cg)
+                }
+                Err(e) if sandboxed && config.limits.is_empty() => {
+                    if mode == SandboxMode::Enforce {
+                        return Err(KernelError::SandboxUnavailable {
+                            kernel: label,
+                            layer: "cgroup".into(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    host_layers.push(LayerStatus::missing("cgroup", e.to_string()));
+                    None
+                }
+                Err(e) => {
+                    return Err(KernelError::Spawn {
+                        python: config.python.display().to_string(),
+                        reason: format!("cannot set up the kernel's resource limits: {e}"),
+                    });
+                }
+            }
+        };
+        let spec = sandboxed.then(|| {
+            let mpl_dir = worker_files::sandbox_assets(&config.python, worker_dir);
+            init_spec(config, worker_dir, mpl_dir.as_deref())
+        });
+        Ok(Prepared {
+            label,
+            worker_dir,
+            host_layers,
+            limits,
+            cgroup,
+            spec,
+        })
+    }
+}
+
+/// The worker's environment: the allowlisted variables, its configuration,
+/// and the matplotlib backend; with a sandbox, `TMPDIR=/tmp` (the private
+/// `/tmp` is the only temporary directory it can write).
+pub(crate) fn worker_env(
+    config: &KernelConfig,
+    sandboxed: bool,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut env = config.env.clone();
+    let worker_config = serde_json::json!({
+        "tools": config.tool_names(),
+        "session_dir": config.session_dir,
+        "session": config.session,
+        "generation": config.generation,
+    });
+    env.push(("CELLHOST_WORKER_CONFIG".into(), worker_config.to_string().into()));
+    env.push(("MPLBACKEND".into(), "module://cellhost_worker.mpl_backend".into()));
+    if sandboxed {
+        env.push(("TMPDIR".into(), "/tmp".into()));
+    }
+    env
+}
+
 fn describe_limits(l: &CgroupLimits) -> String {
     let mut v = Vec::new();
     if let Some(b) = l.memory_bytes {
@@ -801,27 +868,31 @@ fn init_spec(
 }
 
 /// Kills and reaps the init if the handshake fails.
-struct ChildGuard(Option<std::process::Child>);
+pub(crate) struct InitGuard(pub(crate) Option<InitProc>);
 
-impl ChildGuard {
+impl InitGuard {
     fn wait_briefly(&mut self) -> String {
-        let Some(child) = self.0.as_mut() else {
+        let Some(init) = self.0.as_mut() else {
             return "unknown".into();
         };
         for _ in 0..200 {
-            if let Ok(Some(st)) = child.try_wait() {
+            if let Ok(Some(st)) = init.try_wait() {
                 return crate::driver::describe_exit(st);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         "still running".into()
     }
+
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut init) = self.0.take() {
+            init.kill_and_reap();
+        }
+    }
 }
 
-impl Drop for ChildGuard {
+impl Drop for InitGuard {
     fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            crate::driver::kill_and_reap(&mut child);
-        }
+        self.kill();
     }
 }

@@ -19,12 +19,14 @@ pub mod config;
 mod driver;
 pub mod error;
 mod hints;
+mod init_proc;
 pub mod kernel;
 mod marker;
 mod outputs;
 pub mod result;
 pub mod session;
 mod spawn;
+pub mod template;
 pub mod tools;
 pub mod worker_files;
 
@@ -36,4 +38,5 @@ pub use kernel::{
 };
 pub use result::*;
 pub use session::Session;
+pub use template::{Template, TemplateInfo};
 pub use tools::{ToolCall, ToolCallRecord, ToolFuture, ToolHost};

@@ -1725,3 +1725,298 @@ async fn stdout_reconfigure_is_accepted() {
     assert_eq!(r.stdout, "ok\n");
     f.session.shutdown().await;
 }
+
+// ---- templates (fork servers)
+
+use cellhost_kernel::Template;
+
+async fn template(dir: &TempDir, profile: SandboxProfile, preload: &[&str]) -> Template {
+    let mut cfg = config(dir);
+    cfg.sandbox = profile;
+    Template::start(cfg, preload.iter().map(|s| s.to_string()).collect())
+        .await
+        .expect("template")
+}
+
+fn fork_config(dir: &TempDir, t: &Template, session: &str) -> KernelConfig {
+    let mut cfg = t.config().clone();
+    cfg.session = session.into();
+    cfg.session_dir = dir.path().join(session);
+    cfg
+}
+
+fn stack() -> Vec<&'static str> {
+    if has_module("numpy") {
+        vec!["json", "numpy"]
+    } else {
+        vec!["json"]
+    }
+}
+
+#[tokio::test]
+async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let preload = stack();
+    let t = template(&dir, SandboxProfile::default(), &preload).await;
+    assert_eq!(t.info().preloaded.len(), preload.len(), "{:?}", t.info());
+    assert!(t.info().failed.is_empty());
+    let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    // The same layers a cold kernel reports, each enforced here.
+    for name in [
+        "env",
+        "rlimits",
+        "pidns",
+        "netns",
+        "ipcns",
+        "utsns",
+        "mountns",
+        "cgroupns",
+        "landlock",
+        "capabilities",
+        "seccomp",
+        "cgroup",
+    ] {
+        let l = k
+            .info()
+            .sandbox
+            .layer(name)
+            .unwrap_or_else(|| panic!("{name} not reported"));
+        assert!(l.enforced, "{name}: {}", l.detail);
+    }
+    let r = run(
+        &k,
+        "import os, sys\nprint(os.getpid(), 'numpy' in sys.modules, os.getcwd() == os.environ.get('PWD', os.getcwd()))",
+    )
+    .await;
+    assert_ok(&r);
+    let want_np = if preload.contains(&"numpy") {
+        "True"
+    } else {
+        "False"
+    };
+    assert_eq!(r.stdout, format!("2 {want_np} True\n"));
+    assert_eq!(k.info().generation, t.config().generation);
+    // The host knows the worker's real pid (namespace pid 2).
+    let ns = cellhost_sandbox::procfs::ns_pids(k.info().pid as i32);
+    assert_eq!(ns.last(), Some(&2), "{ns:?}");
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn template_kernels_share_nothing_with_each_other_or_the_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = template(&dir, SandboxProfile::default(), &stack()).await;
+    let a = t.fork(fork_config(&dir, &t, "a")).await.expect("fork a");
+    let r = run(
+        &a,
+        "import json, os\nsecret = 41\njson.leak = 'a'\nopen('/tmp/a-only', 'w').write('x')\nos.environ['A_ONLY'] = '1'",
+    )
+    .await;
+    assert_ok(&r);
+    let b = t.fork(fork_config(&dir, &t, "b")).await.expect("fork b");
+    let r = run(
+        &b,
+        "import json, os\nprint('secret' in globals(), hasattr(json, 'leak'), os.path.exists('/tmp/a-only'), 'A_ONLY' in os.environ)",
+    )
+    .await;
+    assert_eq!(r.stdout, "False False False False\n", "{r:#?}");
+    // b cannot see or signal a: own pid namespace.
+    let pid_a = a.info().pid;
+    let r = run(&b, &format!("import os\nprint(os.path.exists('/proc/{pid_a}'), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")).await;
+    assert!(r.stdout.starts_with("False [1, 2"), "{r:#?}");
+    // Each kernel has its own random state.
+    let code = "import random\nprint(random.random())";
+    let (ra, rb) = (run(&a, code).await.stdout, run(&b, code).await.stdout);
+    assert_ne!(ra, rb);
+    if has_module("numpy") {
+        let code = "import numpy as np\nprint(np.random.rand())";
+        let (ra, rb) = (run(&a, code).await.stdout, run(&b, code).await.stdout);
+        assert_ne!(ra, rb, "numpy's global generator must be reseeded per kernel");
+    }
+    // The template itself is untouched: a third fork is as fresh as the second.
+    let c = t.fork(fork_config(&dir, &t, "c")).await.expect("fork c");
+    let r = run(
+        &c,
+        "import json\nprint('secret' in globals(), hasattr(json, 'leak'))",
+    )
+    .await;
+    assert_eq!(r.stdout, "False False\n");
+    for k in [a, b, c] {
+        k.kill().await;
+    }
+}
+
+#[tokio::test]
+async fn template_kernel_keeps_the_sandbox_promises() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let t = template(&dir, SandboxProfile::default(), &["json"]).await;
+    let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    let code = format!(
+        r#"import os, socket, ctypes
+out = []
+for p in [{home:?} + '/cellhost-escape', '/var/tmp/cellhost-escape', '/usr/cellhost-escape']:
+    try:
+        open(p, 'w').write('x'); out.append('wrote ' + p)
+    except OSError as e:
+        out.append(type(e).__name__)
+try:
+    socket.create_connection(('1.1.1.1', 53), timeout=1); out.append('net')
+except OSError as e:
+    out.append('nonet')
+libc = ctypes.CDLL(None, use_errno=True)
+out.append('ptrace ' + str(libc.ptrace(16, 1, 0, 0)))
+out.append('unshare ' + str(libc.unshare(0x20000000)))
+open('written-in-workdir', 'w').write('ok')
+print(' '.join(out))"#
+    );
+    let r = run(&k, &code).await;
+    assert_ok(&r);
+    assert_eq!(
+        r.stdout, "PermissionError PermissionError PermissionError nonet ptrace -1 unshare -1\n",
+        "{r:#?}"
+    );
+    assert!(dir.path().join("written-in-workdir").exists());
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn template_kernel_interrupts_keep_state_and_kill_reaps_the_tree() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = template(&dir, SandboxProfile::default(), &stack()).await;
+    let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    assert_ok(&run(&k, "x = 7").await);
+    let h = k
+        .submit(
+            "import time\nwhile True: time.sleep(0.01)",
+            ExecOptions::default(),
+        )
+        .expect("submit");
+    // Wait until the cell runs, then interrupt it.
+    loop {
+        if h.peek().await.is_some_and(|p| p.state == "running") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let out = h.interrupt().await;
+    assert!(out.delivered, "{out:?}");
+    let r = h.wait().await.expect("result");
+    assert_eq!(r.status, CellStatus::Interrupted);
+    assert_eq!(
+        run(&k, "x")
+            .await
+            .result
+            .and_then(|b| b.get("text/plain").cloned()),
+        Some("7".into())
+    );
+    // A daemonised grandchild dies with the kernel.
+    let r = run(
+        &k,
+        "import subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\nprint('ok')",
+    )
+    .await;
+    assert_ok(&r);
+    let init = k.info().init_pid as i32;
+    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert!(tree.len() >= 3, "init's tree: {tree:?}");
+    k.kill().await;
+    for p in tree {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{p}")).exists() || is_zombie_free(p),
+            "{p} survived"
+        );
+    }
+    assert!(!k.is_alive());
+}
+
+fn is_zombie_free(pid: i32) -> bool {
+    // Gone, or reaped by now: a pid still listed must not be one of ours.
+    std::fs::read_to_string(format!("/proc/{pid}/status")).map_or(true, |s| !s.contains("sleep"))
+}
+
+#[tokio::test]
+async fn template_blas_threads_survive_the_fork() {
+    if !has_module("numpy") {
+        eprintln!("skipped: numpy is not installed for {}", python().display());
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = template(&dir, SandboxProfile::default(), &["numpy"]).await;
+    let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    // Right after the fork the worker has only its own threads; a BLAS call
+    // starts the pool again and computes the right answer (no deadlock on a
+    // lock a parked thread held).
+    let r = run(
+        &k,
+        "import numpy as np, os\na = np.random.rand(400, 400)\nfor _ in range(20):\n    b = a @ a\nprint(np.allclose(b, a.dot(a)))",
+    )
+    .await;
+    assert_ok(&r);
+    assert_eq!(r.stdout, "True\n");
+    let k2 = t.fork(fork_config(&dir, &t, "b")).await.expect("fork b");
+    let r = run(
+        &k2,
+        "import numpy as np\nprint(float((np.eye(300) @ np.eye(300)).trace()))",
+    )
+    .await;
+    assert_eq!(r.stdout, "300.0\n", "{r:#?}");
+    k.kill().await;
+    k2.kill().await;
+}
+
+#[tokio::test]
+async fn template_retired_while_its_kernels_live() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = template(&dir, SandboxProfile::off(), &["json"]).await;
+    let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    assert_eq!(k.info().sandbox.mode, SandboxMode::Off);
+    assert_ok(&run(&k, "y = 1").await);
+    let tpid = t.info().pid;
+    drop(t);
+    for _ in 0..400 {
+        if !std::path::Path::new(&format!("/proc/{tpid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{tpid}/stat")).is_ok_and(|s| s.contains(") Z"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = run(&k, "y + 1").await;
+    assert_eq!(
+        r.result.and_then(|b| b.get("text/plain").cloned()),
+        Some("2".into())
+    );
+    // A crash is still reported with its cause.
+    let r = run(&k, "import os\nos._exit(3)").await;
+    assert_eq!(r.status, CellStatus::Crashed);
+    assert!(
+        k.exit_reason().unwrap_or_default().contains('3'),
+        "{:?}",
+        k.exit_reason()
+    );
+}
+
+#[tokio::test]
+async fn template_refuses_another_interpreter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = template(&dir, SandboxProfile::off(), &[]).await;
+    let mut cfg = fork_config(&dir, &t, "a");
+    cfg.python = "/usr/bin/env".into();
+    let e = t.fork(cfg).await.expect_err("another interpreter");
+    assert!(matches!(e, KernelError::InvalidRequest(_)), "{e:?}");
+}
+
+#[tokio::test]
+async fn template_reports_modules_it_cannot_import() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t = template(&dir, SandboxProfile::off(), &["json", "no_such_module_xyz"]).await;
+    assert_eq!(t.info().preloaded, vec!["json".to_string()]);
+    assert!(t.info().failed["no_such_module_xyz"].contains("ModuleNotFoundError"));
+    let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    assert_ok(&run(&k, "import json").await);
+    k.kill().await;
+}

@@ -62,6 +62,48 @@ pub fn apply_rlimits(r: &Rlimits) -> LayerStatus {
     }
 }
 
+/// The namespaces a profile asks for, as `(layer, clone flag, detail)`, and
+/// the layers it leaves out (network on, or disabled by the profile).
+pub(crate) fn wanted_namespaces(
+    network: bool,
+    disable: &[String],
+) -> (Vec<(&'static str, libc::c_int, &'static str)>, Vec<LayerStatus>) {
+    let mut layers = Vec::new();
+    let mut wanted = vec![
+        (
+            "pidns",
+            libc::CLONE_NEWPID,
+            "own pid namespace: host processes are invisible",
+        ),
+        ("ipcns", libc::CLONE_NEWIPC, "own System V IPC and POSIX queues"),
+        ("utsns", libc::CLONE_NEWUTS, "own hostname"),
+        ("mountns", libc::CLONE_NEWNS, "own mount table"),
+        (
+            "cgroupns",
+            libc::CLONE_NEWCGROUP,
+            "own cgroup root: other kernels' groups are not visible",
+        ),
+    ];
+    if network {
+        layers.push(LayerStatus::skipped("netns", "network is on by the profile"));
+    } else {
+        wanted.insert(
+            1,
+            ("netns", libc::CLONE_NEWNET, "no network: only a private loopback"),
+        );
+    }
+    let off: Vec<_> = wanted
+        .iter()
+        .filter(|w| disable.iter().any(|d| d == w.0))
+        .map(|w| w.0)
+        .collect();
+    for name in &off {
+        layers.push(LayerStatus::missing(name, "disabled by the sandbox profile"));
+    }
+    wanted.retain(|w| !off.contains(&w.0));
+    (wanted, layers)
+}
+
 /// Unshares the namespaces (user only when not root). The caller must fork
 /// afterwards: the next child is pid 1 of the new pid namespace.
 pub fn unshare_namespaces(network: bool, disable: &[String]) -> Vec<LayerStatus> {
@@ -100,59 +142,36 @@ pub fn unshare_namespaces(network: bool, disable: &[String]) -> Vec<LayerStatus>
             ));
         }
     }
-    let mut wanted = vec![
-        (
-            "pidns",
-            libc::CLONE_NEWPID,
-            "own pid namespace: host processes are invisible",
-        ),
-        ("ipcns", libc::CLONE_NEWIPC, "own System V IPC and POSIX queues"),
-        ("utsns", libc::CLONE_NEWUTS, "own hostname"),
-        ("mountns", libc::CLONE_NEWNS, "own mount table"),
-        (
-            "cgroupns",
-            libc::CLONE_NEWCGROUP,
-            "own cgroup root: other kernels' groups are not visible",
-        ),
-    ];
-    if network {
-        layers.push(LayerStatus::skipped("netns", "network is on by the profile"));
-    } else {
-        wanted.insert(
-            1,
-            ("netns", libc::CLONE_NEWNET, "no network: only a private loopback"),
-        );
-    }
-    let off: Vec<_> = wanted
-        .iter()
-        .filter(|w| disable.iter().any(|d| d == w.0))
-        .map(|w| w.0)
-        .collect();
-    for name in &off {
-        layers.push(LayerStatus::missing(name, "disabled by the sandbox profile"));
-    }
-    wanted.retain(|w| !off.contains(&w.0));
+    let (wanted, skipped) = wanted_namespaces(network, disable);
+    layers.extend(skipped);
     let all = wanted.iter().fold(0, |a, w| a | w.1);
     // SAFETY: unshare takes flags only; this process is single-threaded.
     let together = unsafe { libc::unshare(all) } == 0;
     for (name, flag, what) in wanted {
         // SAFETY: as above.
         if together || unsafe { libc::unshare(flag) } == 0 {
-            let mut detail = what.to_string();
-            if flag == libc::CLONE_NEWNET {
-                detail.push_str(if loopback_up() { " (up)" } else { " (down)" });
-            }
-            if flag == libc::CLONE_NEWUTS {
-                let name = b"cellhost";
-                // SAFETY: the pointer and length describe a live byte array.
-                unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
-            }
-            layers.push(LayerStatus::on(name, detail));
+            layers.push(LayerStatus::on(name, format!("{what}{}", settle_namespace(flag))));
         } else {
             layers.push(LayerStatus::missing(name, format!("unshare: {}", errno())));
         }
     }
     layers
+}
+
+/// Finishes a namespace just entered: names the host `cellhost` in a new
+/// UTS namespace, brings the loopback up in a new network namespace.
+/// Returns what to add to the layer's detail (`" (up)"` or `" (down)"` for
+/// the network, else nothing).
+pub fn settle_namespace(flag: libc::c_int) -> &'static str {
+    if flag == libc::CLONE_NEWNET {
+        return if loopback_up() { " (up)" } else { " (down)" };
+    }
+    if flag == libc::CLONE_NEWUTS {
+        let name = b"cellhost";
+        // SAFETY: the pointer and length describe a live byte array.
+        unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
+    }
+    ""
 }
 
 #[repr(C)]
@@ -367,6 +386,16 @@ pub fn landlock_abi() -> i64 {
     v.max(0)
 }
 
+/// The read-only and the read-write paths of the Landlock ruleset.
+pub(crate) fn landlock_paths(spec: &InitSpec) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut ro: Vec<PathBuf> = SYSTEM_RO.iter().map(PathBuf::from).collect();
+    ro.extend(spec.ro.iter().cloned());
+    let mut rw: Vec<PathBuf> = DEVICES_RW.iter().map(PathBuf::from).collect();
+    rw.push("/tmp".into());
+    rw.extend(rw_paths(spec));
+    (ro, rw)
+}
+
 /// Restricts the file system: read-only system and interpreter directories,
 /// read-write session directory, workdir and private tmp; no access to
 /// anything else (the host user's home, the journal, other sessions).
@@ -379,11 +408,7 @@ pub fn apply_landlock(spec: &InitSpec) -> LayerStatus {
     let ro_access = AccessFs::from_read(abi);
     // No device nodes, even where writing is allowed.
     let rw_access = AccessFs::from_all(abi) & !(AccessFs::MakeChar | AccessFs::MakeBlock);
-    let mut ro: Vec<PathBuf> = SYSTEM_RO.iter().map(PathBuf::from).collect();
-    ro.extend(spec.ro.iter().cloned());
-    let mut rw: Vec<PathBuf> = DEVICES_RW.iter().map(PathBuf::from).collect();
-    rw.push("/tmp".into());
-    rw.extend(rw_paths(spec));
+    let (ro, rw) = landlock_paths(spec);
     let result = (|| -> Result<_, landlock::RulesetError> {
         Ruleset::default()
             .set_compatibility(CompatLevel::BestEffort)
@@ -530,68 +555,73 @@ const NEW_NS_FLAGS: &[libc::c_int] = &[
     0x80, // CLONE_NEWTIME
 ];
 
+/// The two seccomp programs: the denied syscalls and namespace-creating
+/// `clone` fail with `EPERM`; `clone3` fails with `ENOSYS`.
+pub(crate) fn seccomp_filters()
+-> Result<(seccompiler::BpfProgram, seccompiler::BpfProgram), seccompiler::Error> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+        TargetArch,
+    };
+    let arch: TargetArch = std::env::consts::ARCH
+        .try_into()
+        .map_err(seccompiler::Error::Backend)?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(_, n)| (*n, Vec::new())).collect();
+    let mut clone_rules = Vec::new();
+    for f in NEW_NS_FLAGS {
+        clone_rules.push(
+            SeccompRule::new(vec![
+                SeccompCondition::new(
+                    0,
+                    SeccompCmpArgLen::Qword,
+                    SeccompCmpOp::MaskedEq(*f as u64),
+                    *f as u64,
+                )
+                .map_err(seccompiler::Error::Backend)?,
+            ])
+            .map_err(seccompiler::Error::Backend)?,
+        );
+    }
+    rules.insert(libc::SYS_clone, clone_rules);
+    let deny = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    Ok((
+        deny.try_into().map_err(seccompiler::Error::Backend)?,
+        clone3.try_into().map_err(seccompiler::Error::Backend)?,
+    ))
+}
+
+/// What the seccomp layer reports once installed.
+pub(crate) fn seccomp_detail() -> String {
+    format!(
+        "EPERM for {} syscalls (ptrace, mount, bpf, kexec, keyctl, perf_event_open, unshare/setns, modules, …) and namespace-creating clone",
+        DENIED.len()
+    )
+}
+
 /// Installs the seccomp filters: the denied syscalls (ptrace, mount, bpf, …) and `clone` with
 /// namespace flags fail with `EPERM`; `clone3` (whose flags a filter cannot
 /// read) fails with `ENOSYS`, so the C library falls back to `clone`.
 pub fn apply_seccomp() -> LayerStatus {
-    use seccompiler::{
-        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-        SeccompRule, TargetArch,
-    };
-    let build = || -> Result<(BpfProgram, BpfProgram), seccompiler::Error> {
-        let arch: TargetArch = std::env::consts::ARCH
-            .try_into()
-            .map_err(seccompiler::Error::Backend)?;
-        let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-            DENIED.iter().map(|(_, n)| (*n, Vec::new())).collect();
-        let mut clone_rules = Vec::new();
-        for f in NEW_NS_FLAGS {
-            clone_rules.push(
-                SeccompRule::new(vec![
-                    SeccompCondition::new(
-                        0,
-                        SeccompCmpArgLen::Qword,
-                        SeccompCmpOp::MaskedEq(*f as u64),
-                        *f as u64,
-                    )
-                    .map_err(seccompiler::Error::Backend)?,
-                ])
-                .map_err(seccompiler::Error::Backend)?,
-            );
-        }
-        rules.insert(libc::SYS_clone, clone_rules);
-        let deny = SeccompFilter::new(
-            rules,
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::EPERM as u32),
-            arch,
-        )
-        .map_err(seccompiler::Error::Backend)?;
-        let clone3 = SeccompFilter::new(
-            [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-            arch,
-        )
-        .map_err(seccompiler::Error::Backend)?;
-        Ok((
-            deny.try_into().map_err(seccompiler::Error::Backend)?,
-            clone3.try_into().map_err(seccompiler::Error::Backend)?,
-        ))
-    };
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) };
-    match build().and_then(|(a, b)| {
+    match seccomp_filters().and_then(|(a, b)| {
         seccompiler::apply_filter(&a)?;
         seccompiler::apply_filter(&b)
     }) {
-        Ok(()) => LayerStatus::on(
-            "seccomp",
-            format!(
-                "EPERM for {} syscalls (ptrace, mount, bpf, kexec, keyctl, perf_event_open, unshare/setns, modules, …) and namespace-creating clone",
-                DENIED.len()
-            ),
-        ),
+        Ok(()) => LayerStatus::on("seccomp", seccomp_detail()),
         Err(e) => LayerStatus::missing("seccomp", format!("cannot install the filter: {e}")),
     }
 }

@@ -46,12 +46,23 @@ use crate::signal;
 /// The hidden subcommand that turns the process into a kernel init.
 pub const INIT_ARG: &str = "__cellhost-kernel-init";
 
+/// The hidden subcommand that turns pid 1 of a forked kernel's pid
+/// namespace into its ns-init (see [`crate::forkplan`]).
+pub const NS_INIT_ARG: &str = "__cellhost-ns-init";
+
 /// Becomes a kernel init (and never returns) when `argv[1]` is [`INIT_ARG`];
 /// returns at once otherwise.
 pub fn run_if_requested() {
     let args: Vec<OsString> = std::env::args_os().collect();
+    dispatch(&args);
+}
+
+fn dispatch(args: &[OsString]) {
     if args.get(1).is_some_and(|a| a == INIT_ARG) {
         init_main(&args[2..]);
+    }
+    if args.get(1).is_some_and(|a| a == NS_INIT_ARG) {
+        ns_init_for_fork(&args[2..]);
     }
 }
 
@@ -62,13 +73,13 @@ pub fn run_if_requested_from_proc() {
     let Ok(raw) = std::fs::read("/proc/self/cmdline") else {
         return;
     };
+    // Every argument ends with a NUL: the split leaves one empty piece.
+    let raw = raw.strip_suffix(&[0]).unwrap_or(&raw);
     let args: Vec<OsString> = raw
         .split(|&b| b == 0)
         .map(|s| std::ffi::OsStr::from_bytes(s).to_os_string())
         .collect();
-    if args.get(1).is_some_and(|a| a == INIT_ARG) {
-        init_main(&args[2..]);
-    }
+    dispatch(&args);
 }
 
 fn fail(msg: &str) -> ! {
@@ -84,9 +95,42 @@ fn init_main(args: &[OsString]) -> ! {
     let mut host_pid: Option<i32> = None;
     let mut cgroups: Vec<&OsString> = Vec::new();
     let mut spec: Option<InitSpec> = None;
+    let mut adopt: Option<i32> = None;
+    let mut adopt_status: Option<i32> = None;
+    let mut report: Option<i32> = None;
+    let mut keep_tree = false;
+    let int_arg = |i: usize| -> i32 {
+        args.get(i + 1)
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fail(&format!("{} needs a number", args[i].to_string_lossy())))
+    };
     let mut i = 0;
     while i < args.len() {
         match args[i].to_str() {
+            Some("--adopt") => {
+                adopt = Some(int_arg(i));
+                i += 2;
+            }
+            Some("--adopt-status") => {
+                adopt_status = Some(int_arg(i));
+                i += 2;
+            }
+            Some("--report-status") => {
+                report = Some(int_arg(i));
+                i += 2;
+            }
+            Some("--release-fd") => {
+                // Someone waits for this init to have read its arguments.
+                let fd = int_arg(i);
+                // SAFETY: closing a descriptor inherited for this purpose only.
+                unsafe { libc::close(fd) };
+                i += 2;
+            }
+            Some("--keep-tree") => {
+                keep_tree = true;
+                i += 1;
+            }
             Some("--host-pid") => {
                 host_pid = args
                     .get(i + 1)
@@ -121,7 +165,7 @@ fn init_main(args: &[OsString]) -> ! {
         }
     }
     let program = &args[i..];
-    if program.is_empty() {
+    if program.is_empty() && adopt.is_none() {
         fail("no program to run");
     }
     let Some(host_pid) = host_pid else {
@@ -136,7 +180,12 @@ fn init_main(args: &[OsString]) -> ! {
     // single-threaded (a fresh exec of the binary), so there is no other
     // thread whose state these calls could disturb.
     unsafe {
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
+        // A forked kernel's init is the template's child: the template may
+        // be retired while its kernels live on; the host's death reaches
+        // them through the template's init, which kills its whole tree.
+        if adopt.is_none() {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
+        }
         if libc::getppid() != host_pid {
             libc::_exit(70);
         }
@@ -186,9 +235,14 @@ fn init_main(args: &[OsString]) -> ! {
     }
     let init_pid = std::process::id() as i32;
 
+    if let Some(ns_init) = adopt {
+        // A kernel forked from a template: the ns-init is already our
+        // child (forked before this exec, with these signals blocked).
+        supervise(init_pid, ns_init, &watched, &devnull, adopt_status, report)
+    }
     if let Some(spec) = spec {
         let (ns_init, status_rd) = start_sandboxed(&spec, &argv_ptrs, &devnull, &old);
-        supervise(init_pid, ns_init, &watched, &devnull, Some(status_rd))
+        supervise(init_pid, ns_init, &watched, &devnull, Some(status_rd), report)
     }
 
     // SAFETY: single-threaded process; the child only makes async-signal-safe
@@ -201,7 +255,31 @@ fn init_main(args: &[OsString]) -> ! {
         exec_worker(&old, init_pid, &devnull, &argv_ptrs, None);
     }
 
-    supervise(init_pid, python, &watched, &devnull, None)
+    if keep_tree {
+        supervise_template(init_pid, python, &watched, &devnull)
+    }
+    supervise(init_pid, python, &watched, &devnull, None, report)
+}
+
+/// The init of a template (`--keep-tree`): when the template dies, the
+/// kernels forked from it live on; the init reaps them as they end and
+/// exits when none is left. A signal (the host asked, or died) kills the
+/// whole tree, kernels included.
+fn supervise_template(init_pid: i32, python: i32, watched: &libc::sigset_t, devnull: &CString) -> ! {
+    null_stdio(devnull);
+    let mut python_status: Option<libc::c_int> = None;
+    loop {
+        // SAFETY: `watched` is a valid set; a null siginfo pointer is allowed.
+        let sig = unsafe { libc::sigwaitinfo(watched, std::ptr::null_mut()) };
+        if sig == libc::SIGCHLD {
+            if !reap_nohang(python, &mut python_status) {
+                mirror_exit(python_status)
+            }
+        } else if sig > 0 {
+            kill_tree_and_reap(init_pid, python, &mut python_status);
+            mirror_exit(python_status)
+        }
+    }
 }
 
 /// In the forked child: restores the signal mask, dies with its parent,
@@ -262,13 +340,16 @@ fn null_stdio(devnull: &CString) {
 
 /// Waits for `python` (or the ns-init standing for it), kills the tree, and
 /// exits with Python's status. `status_rd` carries Python's raw wait status
-/// from an ns-init.
+/// from an ns-init; `report`, when given, receives that raw status (4 bytes,
+/// native order) just before the exit: a host that is not this process's
+/// parent cannot wait for it.
 fn supervise(
     init_pid: i32,
     python: i32,
     watched: &libc::sigset_t,
     devnull: &CString,
     status_rd: Option<i32>,
+    report: Option<i32>,
 ) -> ! {
     null_stdio(devnull);
     let mut python_status: Option<libc::c_int> = None;
@@ -295,8 +376,11 @@ fn supervise(
             python_status = Some(libc::c_int::from_ne_bytes(raw));
         } else if python_status.is_some_and(|s| libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 72) {
             // The ns-init refused to start Python (mode enforce).
-            std::process::exit(72);
+            python_status = Some(72 << 8);
         }
+    }
+    if let (Some(fd), Some(st)) = (report, python_status) {
+        write_all(fd, &st.to_ne_bytes());
     }
     mirror_exit(python_status)
 }
@@ -415,6 +499,13 @@ fn ns_init(
         exec_worker(old_mask, me, devnull, argv, workdir.as_deref());
     }
     null_stdio(devnull);
+    reap_until_worker_exits(python, status_wr)
+}
+
+/// The ns-init's last duty: reaps every orphan of the namespace until
+/// Python dies, passes Python's raw wait status on through `status_wr`,
+/// and exits (which kills whatever is left in the namespace).
+fn reap_until_worker_exits(python: i32, status_wr: i32) -> ! {
     let mut watched = empty_sigset();
     // SAFETY: valid sigset.
     unsafe { libc::sigaddset(&mut watched, libc::SIGCHLD) };
@@ -433,6 +524,86 @@ fn ns_init(
             unsafe { libc::_exit(0) };
         }
     }
+}
+
+/// Pid 1 of a forked kernel's namespaces (see [`crate::forkplan`]): the
+/// worker is already its child, waiting on `--go-fd`. Sets up the mounts
+/// and the network and UTS namespaces as a cold kernel's ns-init does,
+/// writes one JSON line `{"layers": [...], "mplconfigdir": ...}` to the
+/// worker and closes it, then reaps until the worker dies.
+fn ns_init_for_fork(args: &[OsString]) -> ! {
+    let mut worker: Option<i32> = None;
+    let mut go: Option<i32> = None;
+    let mut status: Option<i32> = None;
+    let mut unshared: libc::c_int = 0;
+    let mut spec: Option<InitSpec> = None;
+    let num = |i: usize| -> i32 {
+        args.get(i + 1)
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fail(&format!("{} needs a number", args[i].to_string_lossy())))
+    };
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].to_str() {
+            Some("--worker") => worker = Some(num(i)),
+            Some("--go-fd") => go = Some(num(i)),
+            Some("--status-fd") => status = Some(num(i)),
+            Some("--unshared") => unshared = num(i),
+            Some(SANDBOX_ARG) => {
+                match args
+                    .get(i + 1)
+                    .and_then(|s| s.to_str())
+                    .map(serde_json::from_str::<InitSpec>)
+                {
+                    Some(Ok(s)) => spec = Some(s),
+                    _ => fail("bad --sandbox value"),
+                }
+            }
+            _ => fail(
+                "usage: __cellhost-ns-init --worker PID --go-fd FD --status-fd FD [--unshared FLAGS] [--sandbox JSON]",
+            ),
+        }
+        i += 2;
+    }
+    let (Some(worker), Some(go), Some(status)) = (worker, go, status) else {
+        fail("--worker, --go-fd and --status-fd are required")
+    };
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    let mut layers: Vec<LayerStatus> = Vec::new();
+    let mut private_tmp = false;
+    if let Some(spec) = &spec {
+        if unshared & libc::CLONE_NEWNS != 0 {
+            let mut m = confine::setup_mounts(spec);
+            if m.enforced {
+                m.detail = format!("own mount table: {}", m.detail);
+                private_tmp = true;
+            }
+            layers.push(m);
+        }
+        if unshared & libc::CLONE_NEWNET != 0 {
+            let up = confine::settle_namespace(libc::CLONE_NEWNET);
+            layers.push(LayerStatus::on(
+                "netns",
+                format!("no network: only a private loopback{up}"),
+            ));
+        }
+        if unshared & libc::CLONE_NEWUTS != 0 {
+            confine::settle_namespace(libc::CLONE_NEWUTS);
+        }
+        confine::share_mpl_cache(spec, private_tmp);
+    }
+    let msg = serde_json::json!({
+        "layers": layers,
+        "mplconfigdir": std::env::var_os("MPLCONFIGDIR").map(|v| v.to_string_lossy().into_owned()),
+    });
+    write_all(go, format!("{msg}\n").as_bytes());
+    // SAFETY: closing the go pipe, which this process owns.
+    unsafe { libc::close(go) };
+    let devnull = CString::new("/dev/null").unwrap_or_default();
+    null_stdio(&devnull);
+    reap_until_worker_exits(worker, status)
 }
 
 fn empty_sigset() -> libc::sigset_t {

@@ -18,6 +18,7 @@
 pub mod cgroup;
 pub mod confine;
 pub mod env;
+pub mod forkplan;
 pub mod launcher;
 pub mod procfs;
 pub mod profile;

@@ -1,0 +1,113 @@
+//! The kernel init as the host sees it: a child of the host (a cold
+//! kernel), or the child of a template (a forked kernel), which the host
+//! cannot wait for and learns the end of through a status pipe.
+
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ExitStatus};
+use std::time::Duration;
+
+use cellhost_sandbox::signal;
+
+/// The process that supervises one kernel's tree.
+pub(crate) enum InitProc {
+    /// Started by the host: waited for with `waitpid`.
+    Child(Child),
+    /// Forked by a template: its parent is the template, which reaps it.
+    /// The init writes Python's raw wait status (4 bytes, native order) to
+    /// `status` just before it exits; signals go through `pidfd`, so a
+    /// recycled pid is never hit.
+    Adopted {
+        pid: u32,
+        pidfd: OwnedFd,
+        status: std::fs::File,
+        exit: Option<ExitStatus>,
+    },
+}
+
+impl InitProc {
+    /// Host-side pid of the init.
+    pub(crate) fn id(&self) -> u32 {
+        match self {
+            InitProc::Child(c) => c.id(),
+            InitProc::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    /// The init's status once it has exited (for a forked kernel: the
+    /// status of Python it mirrors; an init that died without reporting,
+    /// which only SIGKILL can cause, reads as killed by SIGKILL).
+    pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        match self {
+            InitProc::Child(c) => c.try_wait(),
+            InitProc::Adopted { status, exit, .. } => {
+                if exit.is_some() {
+                    return Ok(*exit);
+                }
+                let mut raw = [0u8; 4];
+                let mut got = 0;
+                loop {
+                    match status.read(&mut raw[got..]) {
+                        Ok(0) => {
+                            let st = if got == 4 {
+                                i32::from_ne_bytes(raw)
+                            } else {
+                                libc::SIGKILL
+                            };
+                            *exit = Some(ExitStatus::from_raw(st));
+                            return Ok(*exit);
+                        }
+                        Ok(n) => {
+                            got += n;
+                            if got == 4 {
+                                *exit = Some(ExitStatus::from_raw(i32::from_ne_bytes(raw)));
+                                return Ok(*exit);
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            // Not finished (a partial report cannot happen:
+                            // 4 bytes are written in one atomic pipe write).
+                            return Ok(None);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        match self {
+            InitProc::Child(c) => {
+                let _ = signal::kill(c.id() as i32, sig.as_raw());
+            }
+            InitProc::Adopted { pidfd, .. } => {
+                let _ = rustix::process::pidfd_send_signal(pidfd, sig);
+            }
+        }
+    }
+
+    /// SIGTERM to the init (which kills and reaps its tree), then SIGKILL
+    /// of whatever is left after ~1 s; for a child of the host, reaps it.
+    /// Blocks for at most ~1.5 s.
+    pub(crate) fn kill_and_reap(&mut self) {
+        if matches!(self.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let init = self.id() as i32;
+        self.signal(rustix::process::Signal::TERM);
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        signal::kill_descendants(init, 20);
+        self.signal(rustix::process::Signal::KILL);
+        if let InitProc::Child(c) = self {
+            let _ = c.wait();
+        }
+    }
+}

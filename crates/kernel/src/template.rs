@@ -1,0 +1,411 @@
+//! Templates: per-configuration fork servers that hand out kernels with a
+//! configuration's modules already imported.
+//!
+//! A [`Template`] is a Python process started like a kernel (through a
+//! kernel init, with the configuration's interpreter and environment) that
+//! imports the worker and the modules to preload (say numpy, pandas,
+//! matplotlib) and then only forks. [`Template::fork`] gives a [`Kernel`]
+//! like [`Kernel::spawn`] does — own session directory, generation, cgroup
+//! and, with a sandbox, own namespaces, mounts, Landlock domain,
+//! capabilities and seccomp filter (`cellhost_sandbox::forkplan`) — in
+//! milliseconds instead of the imports' hundreds.
+//!
+//! ```text
+//! host ──▶ template init (--keep-tree) ──▶ template (python, preloaded)
+//!                                            └─fork─▶ kernel init (adopt) ─▶ ns-init ─▶ worker
+//! ```
+//!
+//! Caveats:
+//! * The template runs no user code, so nothing of one session reaches the
+//!   template or another session; each kernel is a fresh fork. The random
+//!   state of `random` (CPython reseeds it at fork) and of numpy's global
+//!   generator (reseeded by the worker) differs per kernel; the string hash
+//!   seed (`PYTHONHASHSEED`) is the template's, shared by its kernels.
+//! * Environment read at import time (e.g. `OPENBLAS_NUM_THREADS`) is the
+//!   template's: fork only with the configuration it was started with
+//!   ([`Template::fork`] refuses another interpreter).
+//! * BLAS pools: OpenBLAS parks its threads in its own `pthread_atfork`
+//!   handler and restarts them in the child; the template refuses to fork
+//!   while it has more than one Python thread.
+//! * A sandboxed template needs root (it creates each kernel's namespaces
+//!   itself). A fork that fails (the worker exits with status 72 and says
+//!   why on stderr) is an error: callers start a cold kernel instead.
+//! * Retiring a template (dropping the last handle) kills the template
+//!   only; kernels forked from it live on. The host's death kills them all.
+
+use std::collections::BTreeMap;
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use cellhost_sandbox::forkplan::fork_plan;
+
+use crate::config::KernelConfig;
+use crate::error::KernelError;
+use crate::init_proc::InitProc;
+use crate::kernel::{Kernel, Prepared, worker_env};
+use crate::{spawn, worker_files};
+
+/// The boot line of a template.
+const TEMPLATE_BOOT: &str = "__import__('sys').path.append(__import__('sys').argv.pop(1));__import__('cellhost_worker.template').template.run()";
+
+/// How long a template may take to import its modules.
+const TEMPLATE_STARTUP: Duration = Duration::from_secs(120);
+
+/// How long a template may take to answer a fork request.
+const FORK_REPLY: Duration = Duration::from_secs(10);
+
+/// Facts about a running template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    /// Host pid of the template (the Python process that forks).
+    pub pid: u32,
+    /// Interpreter.
+    pub python: PathBuf,
+    /// Modules imported.
+    pub preloaded: Vec<String>,
+    /// Modules that failed to import, with the error.
+    pub failed: BTreeMap<String, String>,
+    /// Milliseconds the template spent importing (worker and preload).
+    pub import_ms: f64,
+    /// Threads of the template once it was ready (BLAS pools included).
+    pub threads: i64,
+}
+
+struct Inner {
+    base: KernelConfig,
+    info: TemplateInfo,
+    sock: Mutex<UnixStream>,
+    pidfd: OwnedFd,
+    seq: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Only the template: kernels forked from it live on under its init.
+        let _ = rustix::process::pidfd_send_signal(&self.pidfd, rustix::process::Signal::KILL);
+    }
+}
+
+/// A fork server for one kernel configuration. Cloning gives another handle;
+/// the template is killed when the last one is dropped.
+#[derive(Clone)]
+pub struct Template {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Template")
+            .field("info", &self.inner.info)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_err(label: &str, ctx: &str, e: std::io::Error) -> KernelError {
+    KernelError::io(label, ctx, e)
+}
+
+impl Template {
+    /// Starts a template for `config` (interpreter, environment, cwd,
+    /// sandbox profile) that imports `preload` (module names, e.g.
+    /// `numpy`, `pandas`, `matplotlib.pyplot`). A module that fails to
+    /// import is reported in [`TemplateInfo::failed`], not an error.
+    ///
+    /// # Errors
+    /// [`KernelError::Spawn`] (the interpreter cannot run or the template
+    /// died, with its stderr), [`KernelError::StartupTimeout`] (no answer
+    /// within 120 s), [`KernelError::Io`].
+    pub async fn start(config: KernelConfig, preload: Vec<String>) -> Result<Template, KernelError> {
+        let label = format!("template:{}", config.python.display());
+        let worker_dir =
+            worker_files::worker_path().map_err(|e| io_err(&label, "writing the worker package", e))?;
+        let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
+        let launcher = config.launcher_path()?;
+        let args = vec![
+            "-c".to_string(),
+            TEMPLATE_BOOT.to_string(),
+            worker_dir.display().to_string(),
+        ];
+        let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
+        let mut cmd = spawn::init_command(
+            &launcher,
+            &config.python,
+            &args,
+            &["--keep-tree".into()],
+            OwnedFd::from(worker_end),
+        );
+        cmd.stdout(Stdio::null());
+        cmd.env_clear();
+        let mut env = worker_env(&config, sandboxed);
+        env.retain(|(k, _)| k != "CELLHOST_WORKER_CONFIG");
+        if sandboxed && let Some(mpl) = worker_files::sandbox_assets(&config.python, worker_dir) {
+            env.push(("MPLCONFIGDIR".into(), mpl.into_os_string()));
+        }
+        env.push((
+            "CELLHOST_TEMPLATE_CONFIG".into(),
+            serde_json::json!({ "preload": preload }).to_string().into(),
+        ));
+        cmd.envs(env);
+        if let Some(cwd) = &config.cwd {
+            cmd.current_dir(cwd);
+        }
+        let python = config.python.display().to_string();
+        let mut child = spawn::spawn(cmd).await.map_err(|e| KernelError::Spawn {
+            python: python.clone(),
+            reason: format!("cannot start the template's init {}: {e}", launcher.display()),
+        })?;
+        let stderr = child.stderr.take();
+        let mut init = InitProc::Child(child);
+        let ready = tokio::task::spawn_blocking(move || -> Result<(Value, UnixStream), std::io::Error> {
+            host_end.set_read_timeout(Some(TEMPLATE_STARTUP))?;
+            let line = read_line(&host_end)?;
+            let v: Value = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+            Ok((v, host_end))
+        })
+        .await
+        .map_err(|e| io_err(&label, "template start", std::io::Error::other(e)))?;
+        let (v, sock) = match ready {
+            Ok(x) => x,
+            Err(e) => {
+                let timed_out = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+                init.kill_and_reap();
+                if timed_out {
+                    return Err(KernelError::StartupTimeout {
+                        kernel: label,
+                        timeout_ms: TEMPLATE_STARTUP.as_millis() as u64,
+                    });
+                }
+                let mut said = String::new();
+                if let Some(mut s) = stderr {
+                    let _ = s.read_to_string(&mut said);
+                }
+                return Err(KernelError::Spawn {
+                    python,
+                    reason: format!("the template ended before it was ready ({e}): {}", said.trim()),
+                });
+            }
+        };
+        if let Some(mut s) = stderr {
+            // Drain whatever the template says later, so it never blocks.
+            std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink);
+            });
+        }
+        let pid = v.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32;
+        let info = TemplateInfo {
+            pid,
+            python: config.python.clone(),
+            preloaded: serde_json::from_value(v.get("preloaded").cloned().unwrap_or_default())
+                .unwrap_or_default(),
+            failed: serde_json::from_value(v.get("failed").cloned().unwrap_or_default()).unwrap_or_default(),
+            import_ms: v.get("import_ms").and_then(Value::as_f64).unwrap_or(0.0),
+            threads: v.get("threads").and_then(Value::as_i64).unwrap_or(-1),
+        };
+        let pidfd = rustix::process::Pid::from_raw(pid as i32)
+            .ok_or_else(|| std::io::Error::other("the template reported pid 0"))
+            .and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).map_err(Into::into)
+            });
+        let pidfd = match pidfd {
+            Ok(fd) => fd,
+            Err(e) => {
+                init.kill_and_reap();
+                return Err(io_err(&label, "pidfd of the template", e));
+            }
+        };
+        // The template's init outlives the template while forked kernels
+        // live; reap it whenever it ends.
+        std::thread::spawn(move || {
+            if let InitProc::Child(mut c) = init {
+                let _ = c.wait();
+            }
+        });
+        Ok(Template {
+            inner: Arc::new(Inner {
+                base: config,
+                info,
+                sock: Mutex::new(sock),
+                pidfd,
+                seq: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// Facts about the template.
+    pub fn info(&self) -> &TemplateInfo {
+        &self.inner.info
+    }
+
+    /// The configuration the template was started with.
+    pub fn config(&self) -> &KernelConfig {
+        &self.inner.base
+    }
+
+    /// Forks a kernel for `config` (session, generation, session
+    /// directory, limits, tools, secrets; the interpreter must be the
+    /// template's) and waits for its `ready`.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidRequest`] for another interpreter;
+    /// [`KernelError::Spawn`] when the template is gone or the fork failed
+    /// (with the reason the forked processes gave); the errors of
+    /// [`Kernel::spawn`]'s handshake.
+    pub async fn fork(&self, config: KernelConfig) -> Result<Kernel, KernelError> {
+        if config.python != self.inner.base.python {
+            return Err(KernelError::InvalidRequest(format!(
+                "template of {} cannot fork a kernel of {}",
+                self.inner.base.python.display(),
+                config.python.display()
+            )));
+        }
+        let prep = Prepared::new(&config)?;
+        let label = prep.label.clone();
+        // The forked processes exec the launcher from the template's view:
+        // `/proc/self/exe` would name the interpreter there.
+        let launcher = config.launcher_path()?;
+        let launcher = std::fs::read_link(&launcher).unwrap_or(launcher);
+        let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
+        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from);
+        let (out_r, out_w) = pipe().map_err(|e| io_err(&label, "stdout pipe", e))?;
+        let (err_r, err_w) = pipe().map_err(|e| io_err(&label, "stderr pipe", e))?;
+        let (st_r, st_w) = pipe().map_err(|e| io_err(&label, "status pipe", e))?;
+        let plan = fork_plan(prep.spec.as_ref());
+        let cwd = prep
+            .spec
+            .as_ref()
+            .and_then(|s| s.workdir.clone())
+            .or_else(|| config.cwd.clone());
+        let env: BTreeMap<String, String> = worker_env(&config, prep.spec.is_some())
+            .into_iter()
+            .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+            .collect();
+        let cgroup_procs: Vec<PathBuf> = prep
+            .cgroup
+            .iter()
+            .flat_map(cellhost_sandbox::cgroup::KernelCgroup::procs_files)
+            .collect();
+        let id = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        let req = serde_json::json!({
+            "type": "fork",
+            "id": id,
+            "launcher": launcher,
+            "plan": plan,
+            "spec": prep.spec,
+            "cgroup_procs": cgroup_procs,
+            "env": env,
+            "cwd": cwd,
+        });
+        let inner = self.inner.clone();
+        let started = Instant::now();
+        let reply = tokio::task::spawn_blocking(move || -> Result<Value, std::io::Error> {
+            let sock = inner
+                .sock
+                .lock()
+                .map_err(|_| std::io::Error::other("template socket lock poisoned"))?;
+            send_with_fds(
+                &sock,
+                format!("{req}\n").as_bytes(),
+                &[worker_end.as_fd(), out_w.as_fd(), err_w.as_fd(), st_w.as_fd()],
+            )?;
+            // Our copies of the child's ends go now: EOF must mean the child.
+            drop((worker_end, out_w, err_w, st_w));
+            sock.set_read_timeout(Some(FORK_REPLY))?;
+            let line = read_line(&sock)?;
+            serde_json::from_str(&line).map_err(std::io::Error::other)
+        })
+        .await
+        .map_err(|e| io_err(&label, "fork request", std::io::Error::other(e)))?
+        .map_err(|e| KernelError::Spawn {
+            python: config.python.display().to_string(),
+            reason: format!("the template did not answer the fork request: {e}"),
+        })?;
+        let pid = match reply.get("type").and_then(Value::as_str) {
+            Some("forked") => reply.get("pid").and_then(Value::as_u64).unwrap_or(0) as i32,
+            _ => {
+                return Err(KernelError::Spawn {
+                    python: config.python.display().to_string(),
+                    reason: format!(
+                        "the template refused to fork: {}",
+                        reply
+                            .get("error")
+                            .and_then(Value::as_str)
+                            .unwrap_or("no reason given")
+                    ),
+                });
+            }
+        };
+        tracing::debug!(kernel = %label, pid, ms = started.elapsed().as_secs_f64() * 1e3, "forked");
+        let pidfd = rustix::process::Pid::from_raw(pid)
+            .ok_or_else(|| std::io::Error::other("the template reported pid 0"))
+            .and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).map_err(Into::into)
+            })
+            .map_err(|e| io_err(&label, "pidfd of the forked init", e))?;
+        rustix::io::ioctl_fionbio(&st_r, true).map_err(|e| io_err(&label, "status pipe", e.into()))?;
+        let init = InitProc::Adopted {
+            pid: pid as u32,
+            pidfd,
+            status: std::fs::File::from(st_r),
+            exit: None,
+        };
+        Kernel::attach(config, prep, init, host_end, out_r, err_r).await
+    }
+}
+
+/// One line from the template, read byte by byte so nothing after it is
+/// consumed (at most 1 MiB).
+fn read_line(sock: &UnixStream) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    let mut r = sock;
+    loop {
+        match r.read(&mut byte) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the template closed its control socket",
+                ));
+            }
+            Ok(_) if byte[0] == b'\n' => break,
+            Ok(_) => {
+                line.push(byte[0]);
+                if line.len() > 1 << 20 {
+                    return Err(std::io::Error::other("the template sent a line over 1 MiB"));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    String::from_utf8(line).map_err(std::io::Error::other)
+}
+
+/// Sends `bytes` with `fds` attached to the first byte (SCM_RIGHTS).
+fn send_with_fds(
+    sock: &UnixStream,
+    bytes: &[u8],
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    if !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other("too many descriptors for one message"));
+    }
+    let n = sendmsg(sock, &[IoSlice::new(bytes)], &mut anc, SendFlags::empty())?;
+    let mut w = sock;
+    w.write_all(&bytes[n.min(bytes.len())..])
+}

@@ -1,0 +1,148 @@
+"""The confinement steps a kernel forked from a template applies to itself.
+
+Every decision (flags, paths, access masks, seccomp programs) is made by the
+host (``cellhost_sandbox::forkplan``); this module only makes the system
+calls, in the order a cold kernel's init uses: rlimits and namespaces in the
+kernel init, then Landlock, capabilities and seccomp in the worker. Each
+function raises ``OSError`` naming the step that failed.
+"""
+import ctypes
+import os
+import resource
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.restype = ctypes.c_int
+
+# <linux/prctl.h>, <linux/seccomp.h>
+PR_SET_PDEATHSIG = 1
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+# Landlock's syscalls have the same numbers on every architecture.
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_RULE_PATH_BENEATH = 1
+
+_RLIMITS = {
+    "core": resource.RLIMIT_CORE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "fsize": resource.RLIMIT_FSIZE,
+    "as": resource.RLIMIT_AS,
+}
+
+_UL = ctypes.c_ulong
+
+
+def _fail(step):
+    err = ctypes.get_errno()
+    raise OSError(err, "%s: %s" % (step, os.strerror(err)))
+
+
+def _prctl(option, a=0, b=0, c=0, d=0):
+    return _libc.prctl(ctypes.c_int(option), _UL(a), _UL(b), _UL(c), _UL(d))
+
+
+def set_parent_death_signal(sig):
+    """``PR_SET_PDEATHSIG``: ``sig`` when the parent dies."""
+    if _prctl(PR_SET_PDEATHSIG, sig) != 0:
+        _fail("prctl(PR_SET_PDEATHSIG)")
+
+
+def lower_rlimits(pairs):
+    """Lowers each ``(name, value)`` limit, never above the hard limit."""
+    for name, want in pairs:
+        res = _RLIMITS.get(name)
+        if res is None:
+            raise OSError(0, "unknown rlimit %r" % name)
+        _soft, hard = resource.getrlimit(res)
+        v = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(res, (v, v))
+
+
+def unshare(flags):
+    """``unshare(2)`` with ``CLONE_NEW*`` flags."""
+    if flags and _libc.unshare(ctypes.c_int(flags)) != 0:
+        _fail("unshare(%#x)" % flags)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64),
+                ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _no_new_privs():
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
+        _fail("prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def apply_landlock(plan):
+    """Creates the ruleset of ``plan`` (``handled_fs``, ``scoped``,
+    ``rules`` of ``[path, access]``) and restricts this process to it.
+    A path that does not exist here is skipped, as the Rust init does."""
+    attr = _RulesetAttr(plan["handled_fs"], 0, plan["scoped"])
+    fd = _libc.syscall(_UL(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                       _UL(ctypes.sizeof(attr)), _UL(0))
+    if fd < 0:
+        _fail("landlock_create_ruleset")
+    try:
+        for path, access in plan["rules"]:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rule = _PathBeneath(access, pfd)
+                if _libc.syscall(_UL(SYS_LANDLOCK_ADD_RULE), _UL(fd), _UL(LANDLOCK_RULE_PATH_BENEATH),
+                                 ctypes.byref(rule), _UL(0)) != 0:
+                    _fail("landlock_add_rule(%s)" % path)
+            finally:
+                os.close(pfd)
+        _no_new_privs()
+        if _libc.syscall(_UL(SYS_LANDLOCK_RESTRICT_SELF), _UL(fd), _UL(0)) != 0:
+            _fail("landlock_restrict_self")
+    finally:
+        os.close(fd)
+
+
+def drop_capabilities(capset_nr):
+    """Clears the ambient set, the bounding set, and the effective,
+    permitted and inheritable sets."""
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    cap = 0
+    while _prctl(PR_CAPBSET_DROP, cap) == 0:
+        cap += 1
+    if cap == 0:
+        _fail("prctl(PR_CAPBSET_DROP)")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    if _libc.syscall(_UL(capset_nr), ctypes.byref(header), ctypes.byref(data)) != 0:
+        _fail("capset")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def apply_seccomp(programs):
+    """Installs each program (hex of a ``struct sock_filter`` array)."""
+    _no_new_privs()
+    for hexed in programs:
+        raw = bytes.fromhex(hexed)
+        if not raw or len(raw) % 8:
+            raise OSError(0, "seccomp: malformed program (%d bytes)" % len(raw))
+        buf = ctypes.create_string_buffer(raw, len(raw))
+        prog = _SockFprog(len(raw) // 8, ctypes.addressof(buf))
+        if _libc.prctl(ctypes.c_int(PR_SET_SECCOMP), _UL(SECCOMP_MODE_FILTER), ctypes.byref(prog),
+                       _UL(0), _UL(0)) != 0:
+            _fail("prctl(PR_SET_SECCOMP)")

@@ -1,0 +1,343 @@
+"""The template: a worker-to-be that has imported a configuration's modules
+and forks new kernels on request (a fork server).
+
+Protocol on the control socket (fd 3), JSON lines:
+
+* template -> host, once: ``{"type": "template_ready", "pid", "preloaded",
+  "failed": {module: error}, "import_ms", "threads"}``;
+* host -> template: ``{"type": "fork", "id", "launcher", "plan", "spec",
+  "cgroup_procs", "env", "cwd"}`` with four descriptors attached
+  (SCM_RIGHTS): the worker's end of its control socket, the write ends of
+  its stdout and stderr pipes, and the write end of the status pipe;
+* template -> host: ``{"type": "forked", "id", "pid"}`` (pid of the new
+  kernel's init) or ``{"type": "fork_failed", "id", "error"}``.
+
+Process tree of one fork (see ``cellhost_sandbox::forkplan``)::
+
+    template ── A: kernel init (execs the Rust init in adopt mode)
+                 └─ B: pid 1 of the new pid namespace (execs the Rust ns-init)
+                     └─ C: the worker (this module's state, the preloaded modules)
+
+The template runs no user code and keeps no state a kernel could leave
+behind: each kernel is a fresh fork of it. Before forking it checks that it
+is single-threaded at the Python level; BLAS pools (OpenBLAS) park their
+threads in their own ``pthread_atfork`` handlers and start them again on the
+next call in the child.
+"""
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+CONTROL_FD = 3
+HIGH_FD = 1000
+MAX_FDS = 4
+_BLOCKED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+
+
+def _send(sock, obj):
+    sock.sendall((json.dumps(obj) + "\n").encode())
+
+
+def _threads():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def _preload(names):
+    done, failed = [], {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except BaseException as exc:  # noqa: B902 - report, never die on a bad module
+            failed[name] = "%s: %s" % (type(exc).__name__, exc)
+    if "matplotlib.pyplot" in sys.modules or "matplotlib" in sys.modules:
+        try:
+            # The font list is read once here, not in every kernel.
+            importlib.import_module("matplotlib.font_manager")
+        except BaseException:
+            pass
+    return done, failed
+
+
+def _reap():
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _die(err_fd, msg):
+    try:
+        os.write(err_fd, ("cellhost template: %s\n" % msg).encode())
+    finally:
+        os._exit(72)
+
+
+def _kernel_init(req, fds):
+    """Process A: lowers limits, joins the cgroups, unshares, forks B, execs
+    the Rust kernel init in adopt mode."""
+    from . import confine
+    ctl, out, err, report = fds
+    try:
+        # The init's own complaints belong to the kernel's stderr.
+        os.dup2(err, 2)
+        os.setsid()
+        plan = req["plan"]
+        for f in req.get("cgroup_procs") or ():
+            with open(f, "w") as fh:
+                fh.write("0")
+        confine.lower_rlimits(plan.get("rlimits") or ())
+        confine.unshare(plan.get("unshare") or 0)
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+        st_r, st_w = os.pipe()
+        go_r, go_w = os.pipe()
+        # Closed by the init this process becomes once it has read its
+        # arguments: B mounts the new /proc only after that, since this
+        # process shares B's mount namespace but not its pid namespace, and
+        # an init started through a constructor reads /proc/self/cmdline.
+        barrier_r, barrier_w = os.pipe()
+        b = os.fork()
+        if b == 0:
+            os.close(st_r)
+            os.close(report)
+            os.close(barrier_w)
+            _ns_init(req, (ctl, out, err), old_mask, go_r, go_w, st_w, barrier_r)
+        os.close(barrier_r)
+        os.close(st_w)
+        os.close(go_r)
+        os.close(go_w)
+        for fd in (ctl, out, err):
+            os.close(fd)
+        for fd in (st_r, report, barrier_w):
+            os.set_inheritable(fd, True)
+        launcher = req["launcher"]
+        os.execv(launcher, [launcher, "__cellhost-kernel-init", "--host-pid", str(os.getppid()),
+                            "--adopt", str(b), "--adopt-status", str(st_r),
+                            "--report-status", str(report), "--release-fd", str(barrier_w)])
+    except BaseException as exc:  # noqa: B902
+        _die(err, "kernel init: %s: %s" % (type(exc).__name__, exc))
+
+
+def _ns_init(req, fds, old_mask, go_r, go_w, st_w, barrier_r):
+    """Process B (pid 1 of the new pid namespace): forks the worker, waits
+    for A's exec, execs the Rust ns-init, which sets up the mounts and says
+    go."""
+    ctl, out, err = fds
+    try:
+        c = os.fork()
+        if c == 0:
+            os.close(st_w)
+            os.close(go_w)
+            os.close(barrier_r)
+            _worker(req, fds, old_mask, go_r)
+        os.close(go_r)
+        _read_all(barrier_r)
+        os.close(barrier_r)
+        for fd in (ctl, out, err):
+            os.close(fd)
+        os.set_inheritable(go_w, True)
+        os.set_inheritable(st_w, True)
+        launcher = req["launcher"]
+        args = [launcher, "__cellhost-ns-init", "--worker", str(c), "--go-fd", str(go_w),
+                "--status-fd", str(st_w), "--unshared", str(req["plan"].get("unshare") or 0)]
+        if req.get("spec") is not None:
+            args += ["--sandbox", json.dumps(req["spec"])]
+        os.execv(launcher, args)
+    except BaseException as exc:  # noqa: B902
+        _die(err, "ns-init: %s: %s" % (type(exc).__name__, exc))
+
+
+def _read_all(fd):
+    chunks = []
+    while True:
+        b = os.read(fd, 65536)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
+def _merge_layers(plan_layers, updates):
+    by_name = {l["name"]: l for l in updates}
+    merged = [by_name.pop(l["name"], l) for l in plan_layers]
+    return merged + list(by_name.values())
+
+
+def _confine_worker(plan):
+    """Landlock, capabilities, seccomp, in a cold kernel's order. Returns
+    the layers as ``LayerStatus`` objects."""
+    from . import confine
+    layers = []
+    ll = plan.get("landlock")
+    if ll is not None:
+        try:
+            confine.apply_landlock(ll)
+            layers.append({"name": "landlock", "enforced": True, "detail": ll["detail"]})
+        except OSError as exc:
+            layers.append({"name": "landlock", "enforced": False, "detail": "ruleset failed: %s" % exc})
+    else:
+        layers.append({"name": "landlock", "enforced": False,
+                       "detail": plan.get("landlock_missing") or "not applied"})
+    if plan.get("drop_capabilities"):
+        try:
+            confine.drop_capabilities(plan["capset_nr"])
+            layers.append({"name": "capabilities", "enforced": True,
+                           "detail": "all dropped (bounding set cleared)"})
+        except OSError as exc:
+            layers.append({"name": "capabilities", "enforced": False, "detail": str(exc)})
+    else:
+        layers.append({"name": "capabilities", "enforced": False, "detail": "disabled by the sandbox profile"})
+    if plan.get("seccomp"):
+        try:
+            confine.apply_seccomp(plan["seccomp"])
+            layers.append({"name": "seccomp", "enforced": True, "detail": plan["seccomp_detail"]})
+        except OSError as exc:
+            layers.append({"name": "seccomp", "enforced": False,
+                           "detail": "cannot install the filter: %s" % exc})
+    else:
+        layers.append({"name": "seccomp", "enforced": False,
+                       "detail": plan.get("seccomp_detail") or "disabled by the sandbox profile"})
+    return layers
+
+
+def _reseed():
+    """A fork shares its parent's random state: give every kernel its own."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed(int.from_bytes(os.urandom(4), "little"))
+        except Exception:
+            pass
+
+
+def _worker(req, fds, old_mask, go_r):
+    """Process C: waits for the ns-init's go, puts its descriptors in place,
+    confines itself and becomes the worker."""
+    ctl, out, err = fds
+    try:
+        go_raw = _read_all(go_r)
+        os.close(go_r)
+        if not go_raw.strip():
+            _die(err, "the ns-init ended before the mounts were ready")
+        go = json.loads(go_raw)
+        confine_mod = __import__("cellhost_worker.confine", fromlist=["x"])
+        confine_mod.set_parent_death_signal(signal.SIGKILL)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.dup2(ctl, CONTROL_FD)
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        for fd in {null, ctl, out, err} - {0, 1, 2, CONTROL_FD}:
+            os.close(fd)
+        err = 2
+        os.environ.clear()
+        os.environ.update(req.get("env") or {})
+        if go.get("mplconfigdir"):
+            os.environ["MPLCONFIGDIR"] = go["mplconfigdir"]
+        cwd = req.get("cwd")
+        if cwd:
+            os.chdir(cwd)
+        plan = req["plan"]
+        if plan.get("mode", "off") != "off":
+            layers = _merge_layers(plan.get("layers") or [], go.get("layers") or [])
+            layers += _confine_worker(plan)
+            frame = {"type": "sandbox", "mode": plan["mode"], "layers": layers}
+            os.write(CONTROL_FD, (json.dumps(frame) + "\n").encode())
+            if plan["mode"] == "enforce" and any(
+                    not l["enforced"] and not l.get("optional") for l in layers):
+                os._exit(72)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _reseed()
+        from . import main, state
+        state.WORKER_PID = os.getpid()
+        state.main_ident = threading.get_ident()
+        sys.stdout.flush()
+        main.run()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: B902
+        _die(err, "worker: %s: %s" % (type(exc).__name__, exc))
+    os._exit(0)
+
+
+def _fork(sock, req, fds):
+    if len(fds) != MAX_FDS:
+        for fd in fds:
+            os.close(fd)
+        return {"type": "fork_failed", "id": req.get("id"),
+                "error": "expected %d descriptors, got %d" % (MAX_FDS, len(fds))}
+    if threading.active_count() != 1:
+        for fd in fds:
+            os.close(fd)
+        return {"type": "fork_failed", "id": req.get("id"),
+                "error": "the template has %d Python threads; forking would copy their locks"
+                         % threading.active_count()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            sock.close()
+            _kernel_init(req, fds)
+        finally:
+            os._exit(72)
+    for fd in fds:
+        os.close(fd)
+    return {"type": "forked", "id": req.get("id"), "pid": pid}
+
+
+def run():
+    config = json.loads(os.environ.pop("CELLHOST_TEMPLATE_CONFIG", "{}") or "{}")
+    import fcntl
+    ctl = fcntl.fcntl(CONTROL_FD, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+    os.close(CONTROL_FD)
+    sock = socket.socket(fileno=ctl)
+    sock.setblocking(True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    t0 = time.perf_counter()
+    # The worker's own modules first, so a fork starts its main loop at once.
+    from . import main  # noqa: F401
+    from . import confine  # noqa: F401
+    done, failed = _preload(config.get("preload") or ())
+    _send(sock, {"type": "template_ready", "pid": os.getpid(), "preloaded": done, "failed": failed,
+                 "import_ms": round((time.perf_counter() - t0) * 1000, 1), "threads": _threads()})
+    buf = b""
+    fds = []
+    while True:
+        ready, _, _ = select.select([sock], [], [], 1.0)
+        _reap()
+        if not ready:
+            continue
+        try:
+            data, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
+        except InterruptedError:
+            continue
+        if not data:
+            os._exit(0)  # the host is gone
+        fds.extend(got)
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+            except ValueError as exc:
+                _send(sock, {"type": "fork_failed", "id": None, "error": "bad request: %s" % exc})
+                continue
+            if req.get("type") != "fork":
+                _send(sock, {"type": "fork_failed", "id": req.get("id"),
+                             "error": "unknown request %r" % req.get("type")})
+                continue
+            taken, fds = fds, []
+            _send(sock, _fork(sock, req, taken))
