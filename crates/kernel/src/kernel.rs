@@ -111,6 +111,10 @@ pub struct KernelInfo {
     pub python_version: String,
     /// The confinement layers in force for this kernel (mode `off`: none).
     pub sandbox: SandboxStatus,
+    /// Host pid of the template this kernel was forked from (`None`: a
+    /// cold start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<u32>,
 }
 
 struct Inner {
@@ -241,6 +245,7 @@ impl Kernel {
             limits,
             cgroup,
             spec,
+            template,
             ..
         } = prep;
         let mode = config.sandbox.mode;
@@ -422,6 +427,7 @@ impl Kernel {
             python: config.python.clone(),
             python_version,
             sandbox,
+            template,
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -720,6 +726,8 @@ pub(crate) struct Prepared {
     pub(crate) limits: CgroupLimits,
     pub(crate) cgroup: Option<KernelCgroup>,
     pub(crate) spec: Option<InitSpec>,
+    /// Pid of the template forking this kernel.
+    pub(crate) template: Option<u32>,
 }
 
 impl Prepared {
@@ -795,6 +803,7 @@ impl Prepared {
             limits,
             cgroup,
             spec,
+            template: None,
         })
     }
 }

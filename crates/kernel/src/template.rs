@@ -271,7 +271,8 @@ impl Template {
                 config.python.display()
             )));
         }
-        let prep = Prepared::new(&config)?;
+        let mut prep = Prepared::new(&config)?;
+        prep.template = Some(self.inner.info.pid);
         let label = prep.label.clone();
         // The forked processes exec the launcher from the template's view:
         // `/proc/self/exe` would name the interpreter there.

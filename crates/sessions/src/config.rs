@@ -113,6 +113,12 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "warm kernels for the default configuration",
     ),
     (
+        "preload",
+        Kind::Str,
+        "\"\"",
+        "modules a template imports before forking kernels, comma-separated (empty: no template)",
+    ),
+    (
         "staging_max_age_days",
         Kind::Float,
         "7.0",
@@ -463,6 +469,12 @@ impl Config {
         rc.max_live = self.int("max_live_kernels") as usize;
         rc.idle_timeout = self.secs("idle_timeout_s");
         rc.pool_size = self.int("pool_size") as usize;
+        rc.preload = self
+            .string("preload")
+            .split(',')
+            .map(|m| m.trim().to_string())
+            .filter(|m| !m.is_empty())
+            .collect();
         rc.staging_max_age = Duration::from_secs_f64(self.float("staging_max_age_days") * 86400.0);
         rc.default_profile = self.string("sandbox_mode");
     }

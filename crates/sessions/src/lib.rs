@@ -8,6 +8,7 @@ pub mod config;
 pub mod journal;
 pub mod pool;
 pub mod registry;
+pub mod templates;
 pub mod tools;
 
 pub use config::{Config, ConfigError, Source};

@@ -14,6 +14,8 @@ use cellhost_kernel::{Kernel, KernelConfig, ToolCall, ToolFuture, ToolHost};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::templates::Templates;
+
 /// A kernel's view of the host tools: the session's name (set when a pooled
 /// kernel is handed to a session) and the session's tool subset.
 pub struct SessionTools {
@@ -68,11 +70,13 @@ pub struct Pool {
     wake: Notify,
     seq: AtomicU64,
     closed: std::sync::atomic::AtomicBool,
+    templates: Arc<Templates>,
 }
 
 impl Pool {
-    /// A pool of `target` kernels of `template`, their files under `dir`.
-    pub fn new(template: KernelConfig, dir: PathBuf, target: usize) -> Self {
+    /// A pool of `target` kernels of `template`, their files under `dir`,
+    /// started by `templates` (forked when it has a preload list).
+    pub fn new(template: KernelConfig, dir: PathBuf, target: usize, templates: Arc<Templates>) -> Self {
         Pool {
             template,
             dir,
@@ -81,6 +85,7 @@ impl Pool {
             wake: Notify::new(),
             seq: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
+            templates,
         }
     }
 
@@ -140,7 +145,7 @@ impl Pool {
                     continue;
                 }
                 let (cfg, tools) = self.config();
-                match Kernel::spawn(cfg).await {
+                match self.templates.spawn(cfg).await {
                     Ok(k) => {
                         failures = 0;
                         if self.closed.load(Ordering::SeqCst) {

@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::journal::{CellStart, Journal};
 use crate::pool::{Pool, SessionTools};
+use crate::templates::Templates;
 
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +106,9 @@ pub struct RegistryConfig {
     pub reaper_interval: Option<Duration>,
     /// Prespawned kernels for the default configuration (2; 0 = no pool).
     pub pool_size: usize,
+    /// Modules a per-interpreter template imports before it forks kernels
+    /// (pooled ones and the rest); empty: every kernel starts cold.
+    pub preload: Vec<String>,
     /// Staging directories of dead hosts older than this are swept (7 days).
     pub staging_max_age: Duration,
     /// Sandbox profile of keys made by [`Registry::key`].
@@ -132,6 +136,7 @@ impl RegistryConfig {
             idle_timeout: Duration::from_secs(1800),
             reaper_interval: None,
             pool_size: 2,
+            preload: Vec::new(),
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             default_profile: "default".into(),
         }
@@ -229,6 +234,7 @@ pub struct Registry {
     slots: Mutex<HashMap<Key, Arc<Slot>>>,
     staging: PathBuf,
     pool: Option<Arc<Pool>>,
+    templates: Arc<Templates>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     closed: AtomicBool,
     spawned: AtomicU64,
@@ -318,11 +324,13 @@ impl Registry {
         if swept > 0 {
             tracing::info!("swept {swept} staging directories of dead hosts");
         }
+        let templates = Arc::new(Templates::new(cfg.preload.clone()));
         let pool = (cfg.pool_size > 0).then(|| {
             Arc::new(Pool::new(
                 cfg.template.clone(),
                 staging.join("pool"),
                 cfg.pool_size,
+                templates.clone(),
             ))
         });
         let reg = Arc::new(Registry {
@@ -331,6 +339,7 @@ impl Registry {
             slots: Mutex::new(HashMap::new()),
             staging,
             pool,
+            templates,
             tasks: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             spawned: AtomicU64::new(0),
@@ -592,7 +601,7 @@ impl Registry {
             return Ok(k);
         }
         let (cfg, _tools) = self.kernel_config(&slot.key, generation);
-        let k = Kernel::spawn(cfg).await?;
+        let k = self.templates.spawn(cfg).await?;
         self.spawned.fetch_add(1, Ordering::Relaxed);
         Ok(k)
     }
@@ -929,6 +938,7 @@ impl Registry {
         if let Some(p) = &self.pool {
             p.shutdown().await;
         }
+        self.templates.shutdown().await;
         if let Some(j) = &self.journal
             && let Err(e) = j.flush().await
         {

@@ -679,3 +679,49 @@ async fn a_kernel_killed_from_outside_is_replaced_with_a_reset() {
         "{ks:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn preload_forks_pooled_and_other_kernels_from_a_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = reg_config(dir.path());
+    cfg.pool_size = 1;
+    // A module no worker imports by itself.
+    cfg.preload = vec!["colorsys".into()];
+    let reg = start(cfg, false).await;
+    let probe = "import sys\nprint('colorsys' in sys.modules)";
+    let t0 = Instant::now();
+    while reg.stats().pooled < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let k = reg.key("o", "pooled");
+    let r = reg
+        .execute(&k, probe, ExecOptions::default(), &o())
+        .await
+        .expect("cell");
+    assert_eq!(r.stdout, "True\n", "{r:#?}");
+    assert_eq!(reg.stats().from_pool, 1);
+    // Beyond the pool (another workdir): forked from the same template.
+    let odd = reg.key("o", "odd").with_cwd(std::env::temp_dir());
+    let r2 = reg
+        .execute(&odd, probe, ExecOptions::default(), &o())
+        .await
+        .expect("odd");
+    assert_eq!(r2.stdout, "True\n", "{r2:#?}");
+    let r3 = reg
+        .execute(
+            &odd,
+            "import os\nprint(os.getcwd())",
+            ExecOptions::default(),
+            &o(),
+        )
+        .await
+        .expect("cwd");
+    assert_eq!(
+        std::path::Path::new(r3.stdout.trim()),
+        std::fs::canonicalize(std::env::temp_dir()).expect("tmp")
+    );
+    reg.shutdown().await;
+    assert!(wait_dead(r.kernel.pid).await);
+    assert!(wait_dead(r2.kernel.pid).await);
+}
