@@ -50,7 +50,8 @@ def w1(n):
     return {"ipykernel_ms": lat, "python_c_ms": pyc}
 
 
-def w2(n):
+def w2(n, code="1"):
+    """Spawn to the first result of `code` (a cold kernel)."""
     out = []
     for _ in range(n):
         km = _km()
@@ -59,7 +60,7 @@ def w2(n):
         kc = km.client()
         kc.start_channels()
         kc.wait_for_ready(timeout=60)
-        _run(kc, "1")
+        _run(kc, code)
         out.append((time.perf_counter() - t) * 1000)
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -106,7 +107,7 @@ def main():
     if which == "w1":
         res = w1(int(sys.argv[2]))
     elif which == "w2":
-        res = w2(int(sys.argv[2]))
+        res = w2(int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "1")
     elif which == "w3":
         res = w3(int(sys.argv[2]))
     elif which == "w7":

@@ -14,9 +14,14 @@ Protocol on the control socket (fd 3), JSON lines:
 
 Process tree of one fork (see ``cellhost_sandbox::forkplan``)::
 
-    template ── A: kernel init (execs the Rust init in adopt mode)
-                 └─ B: pid 1 of the new pid namespace (execs the Rust ns-init)
-                     └─ C: the worker (this module's state, the preloaded modules)
+    template ── A: kernel init (forked; unshares, then execs the Rust init
+                 │  in adopt mode)
+                 ├─ B: pid 1 of the new pid namespace: the Rust ns-init,
+                 │  started with posix_spawn (no copy of the template's memory)
+                 └─ C: pid 2, the worker (forked: the preloaded modules)
+
+Only two processes are copies of the template (A and C); B mounts the
+kernel's private /tmp, /dev/shm and /proc while C joins its cgroups.
 
 The template runs no user code and keeps no state a kernel could leave
 behind: each kernel is a fresh fork of it. Before forking it checks that it
@@ -37,6 +42,7 @@ import time
 CONTROL_FD = 3
 HIGH_FD = 1000
 MAX_FDS = 4
+CLONE_NEWCGROUP = 0x02000000
 _BLOCKED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
@@ -86,8 +92,8 @@ def _die(err_fd, msg):
 
 
 def _kernel_init(req, fds):
-    """Process A: lowers limits, joins the cgroups, unshares, forks B, execs
-    the Rust kernel init in adopt mode."""
+    """Process A: lowers limits, unshares, spawns the ns-init B, forks the
+    worker C, then execs the Rust kernel init in adopt mode."""
     from . import confine
     ctl, out, err, report = fds
     try:
@@ -95,68 +101,43 @@ def _kernel_init(req, fds):
         os.dup2(err, 2)
         os.setsid()
         plan = req["plan"]
-        for f in req.get("cgroup_procs") or ():
-            with open(f, "w") as fh:
-                fh.write("0")
+        flags = plan.get("unshare") or 0
         confine.lower_rlimits(plan.get("rlimits") or ())
-        confine.unshare(plan.get("unshare") or 0)
+        # The cgroup namespace is the worker's, made once it has joined
+        # its cgroups (its root is then the kernel's own group).
+        confine.unshare(flags & ~CLONE_NEWCGROUP)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
-        st_r, st_w = os.pipe()
         go_r, go_w = os.pipe()
         # Closed by the init this process becomes once it has read its
         # arguments: B mounts the new /proc only after that, since this
         # process shares B's mount namespace but not its pid namespace, and
         # an init started through a constructor reads /proc/self/cmdline.
         barrier_r, barrier_w = os.pipe()
-        b = os.fork()
-        if b == 0:
-            os.close(st_r)
-            os.close(report)
-            os.close(barrier_w)
-            _ns_init(req, (ctl, out, err), old_mask, go_r, go_w, st_w, barrier_r)
-        os.close(barrier_r)
-        os.close(st_w)
-        os.close(go_r)
+        launcher = req["launcher"]
+        args = [launcher, "__cellhost-ns-init", "--go-fd", str(go_w), "--barrier-fd", str(barrier_r),
+                "--unshared", str(flags)]
+        if req.get("spec") is not None:
+            args += ["--sandbox", json.dumps(req["spec"])]
+        os.set_inheritable(go_w, True)
+        os.set_inheritable(barrier_r, True)
+        b = os.posix_spawn(launcher, args, dict(os.environ))
         os.close(go_w)
+        os.close(barrier_r)
+        c = os.fork()
+        if c == 0:
+            os.close(barrier_w)
+            os.close(report)
+            _worker(req, (ctl, out, err), old_mask, go_r)
+        os.close(go_r)
         for fd in (ctl, out, err):
             os.close(fd)
-        for fd in (st_r, report, barrier_w):
+        for fd in (report, barrier_w):
             os.set_inheritable(fd, True)
-        launcher = req["launcher"]
         os.execv(launcher, [launcher, "__cellhost-kernel-init", "--host-pid", str(os.getppid()),
-                            "--adopt", str(b), "--adopt-status", str(st_r),
+                            "--adopt", str(c), "--adopt-ns-init", str(b),
                             "--report-status", str(report), "--release-fd", str(barrier_w)])
     except BaseException as exc:  # noqa: B902
         _die(err, "kernel init: %s: %s" % (type(exc).__name__, exc))
-
-
-def _ns_init(req, fds, old_mask, go_r, go_w, st_w, barrier_r):
-    """Process B (pid 1 of the new pid namespace): forks the worker, waits
-    for A's exec, execs the Rust ns-init, which sets up the mounts and says
-    go."""
-    ctl, out, err = fds
-    try:
-        c = os.fork()
-        if c == 0:
-            os.close(st_w)
-            os.close(go_w)
-            os.close(barrier_r)
-            _worker(req, fds, old_mask, go_r)
-        os.close(go_r)
-        _read_all(barrier_r)
-        os.close(barrier_r)
-        for fd in (ctl, out, err):
-            os.close(fd)
-        os.set_inheritable(go_w, True)
-        os.set_inheritable(st_w, True)
-        launcher = req["launcher"]
-        args = [launcher, "__cellhost-ns-init", "--worker", str(c), "--go-fd", str(go_w),
-                "--status-fd", str(st_w), "--unshared", str(req["plan"].get("unshare") or 0)]
-        if req.get("spec") is not None:
-            args += ["--sandbox", json.dumps(req["spec"])]
-        os.execv(launcher, args)
-    except BaseException as exc:  # noqa: B902
-        _die(err, "ns-init: %s: %s" % (type(exc).__name__, exc))
 
 
 def _read_all(fd):
@@ -226,13 +207,20 @@ def _worker(req, fds, old_mask, go_r):
     confines itself and becomes the worker."""
     ctl, out, err = fds
     try:
+        from . import confine
+        # While the ns-init mounts: join the kernel's cgroups (the first
+        # write can wait for an RCU grace period), then take a cgroup
+        # namespace rooted at the kernel's own group.
+        for f in req.get("cgroup_procs") or ():
+            with open(f, "w") as fh:
+                fh.write("0")
+        confine.unshare((req["plan"].get("unshare") or 0) & CLONE_NEWCGROUP)
         go_raw = _read_all(go_r)
         os.close(go_r)
         if not go_raw.strip():
             _die(err, "the ns-init ended before the mounts were ready")
         go = json.loads(go_raw)
-        confine_mod = __import__("cellhost_worker.confine", fromlist=["x"])
-        confine_mod.set_parent_death_signal(signal.SIGKILL)
+        confine.set_parent_death_signal(signal.SIGKILL)
         os.dup2(out, 1)
         os.dup2(err, 2)
         os.dup2(ctl, CONTROL_FD)

@@ -1799,7 +1799,19 @@ async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
     // The host knows the worker's real pid (namespace pid 2).
     let ns = cellhost_sandbox::procfs::ns_pids(k.info().pid as i32);
     assert_eq!(ns.last(), Some(&2), "{ns:?}");
+    assert_eq!(k.info().template, Some(t.info().pid));
+    // Its cgroup namespace is rooted at its own group, which holds it.
+    let r = run(&k, "print(open('/proc/self/cgroup').read().count('cellhost'))").await;
+    assert_eq!(r.stdout, "0\n", "{r:#?}");
+    let init = k.info().init_pid as i32;
+    let pid = k.info().pid;
+    let procs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    assert!(
+        procs.contains("cellhost"),
+        "the worker is not in its kernel's group: {procs}"
+    );
     k.kill().await;
+    assert!(cellhost_sandbox::procfs::descendants(init).is_empty());
 }
 
 #[tokio::test]
@@ -1946,7 +1958,12 @@ async fn template_blas_threads_survive_the_fork() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let t = template(&dir, SandboxProfile::default(), &["numpy"]).await;
+    // numpy's OpenBLAS has started its pool in the template: there are
+    // threads whose locks a careless fork would copy mid-use.
+    assert!(t.info().threads >= 2, "{:?}", t.info());
     let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
+    let r = run(&k, "import os\nprint(len(os.listdir('/proc/self/task')) >= 1)").await;
+    assert_ok(&r);
     // Right after the fork the worker has only its own threads; a BLAS call
     // starts the pool again and computes the right answer (no deadlock on a
     // lock a parked thread held).

@@ -5,14 +5,16 @@
 //! its `fork` and the worker's first instruction, so the host computes
 //! everything the forked processes must do and sends it along:
 //!
-//! 1. the first child (the future kernel init) lowers the rlimits, joins
-//!    the kernel's cgroups, unshares the namespaces in [`ForkPlan::unshare`]
-//!    and forks; it then execs the kernel init in *adopt* mode
+//! 1. the first child (the future kernel init) lowers the rlimits and
+//!    unshares the namespaces in [`ForkPlan::unshare`] (all but the cgroup
+//!    namespace); it starts the ns-init in *fork* mode with `posix_spawn`
+//!    (pid 1 of the new pid namespace, no copy of the template), forks the
+//!    worker (pid 2) and execs the kernel init in *adopt* mode
 //!    ([`crate::launcher`]);
-//! 2. the second child is pid 1 of the new pid namespace: it forks the
-//!    worker and execs the ns-init in *fork* mode, which sets up the mounts
-//!    exactly as for a cold kernel ([`crate::confine::setup_mounts`]) and
-//!    then tells the worker to go on;
+//! 2. the ns-init sets up the mounts exactly as for a cold kernel
+//!    ([`crate::confine::setup_mounts`]) and then tells the worker to go
+//!    on; meanwhile the worker joins the kernel's cgroups and unshares its
+//!    cgroup namespace (rooted at its own group);
 //! 3. the worker applies Landlock with the rules of [`LandlockPlan`] (the
 //!    access masks are the `landlock` crate's, computed here), drops every
 //!    capability, and installs the seccomp programs of
@@ -132,8 +134,15 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
     let (seccomp, seccomp_detail) = if spec.disabled("seccomp") {
         (Vec::new(), String::new())
     } else {
-        match confine::seccomp_filters() {
-            Ok((a, b)) => (vec![program_hex(&a), program_hex(&b)], confine::seccomp_detail()),
+        // The programs depend on nothing but the architecture: compile once.
+        static PROGRAMS: std::sync::OnceLock<Result<Vec<String>, String>> = std::sync::OnceLock::new();
+        let built = PROGRAMS.get_or_init(|| {
+            confine::seccomp_filters()
+                .map(|(a, b)| vec![program_hex(&a), program_hex(&b)])
+                .map_err(|e| e.to_string())
+        });
+        match built {
+            Ok(p) => (p.clone(), confine::seccomp_detail()),
             Err(e) => (Vec::new(), format!("cannot build the filter: {e}")),
         }
     };

@@ -96,7 +96,7 @@ fn init_main(args: &[OsString]) -> ! {
     let mut cgroups: Vec<&OsString> = Vec::new();
     let mut spec: Option<InitSpec> = None;
     let mut adopt: Option<i32> = None;
-    let mut adopt_status: Option<i32> = None;
+    let mut adopt_ns_init: Option<i32> = None;
     let mut report: Option<i32> = None;
     let mut keep_tree = false;
     let int_arg = |i: usize| -> i32 {
@@ -112,8 +112,8 @@ fn init_main(args: &[OsString]) -> ! {
                 adopt = Some(int_arg(i));
                 i += 2;
             }
-            Some("--adopt-status") => {
-                adopt_status = Some(int_arg(i));
+            Some("--adopt-ns-init") => {
+                adopt_ns_init = Some(int_arg(i));
                 i += 2;
             }
             Some("--report-status") => {
@@ -235,14 +235,23 @@ fn init_main(args: &[OsString]) -> ! {
     }
     let init_pid = std::process::id() as i32;
 
-    if let Some(ns_init) = adopt {
-        // A kernel forked from a template: the ns-init is already our
-        // child (forked before this exec, with these signals blocked).
-        supervise(init_pid, ns_init, &watched, &devnull, adopt_status, report)
+    if let Some(python) = adopt {
+        // A kernel forked from a template: the worker (and the ns-init,
+        // pid 1 of its namespace) are already our children, started
+        // before this exec with these signals blocked.
+        supervise(init_pid, python, &watched, &devnull, None, report, adopt_ns_init)
     }
     if let Some(spec) = spec {
         let (ns_init, status_rd) = start_sandboxed(&spec, &argv_ptrs, &devnull, &old);
-        supervise(init_pid, ns_init, &watched, &devnull, Some(status_rd), report)
+        supervise(
+            init_pid,
+            ns_init,
+            &watched,
+            &devnull,
+            Some(status_rd),
+            report,
+            None,
+        )
     }
 
     // SAFETY: single-threaded process; the child only makes async-signal-safe
@@ -258,7 +267,7 @@ fn init_main(args: &[OsString]) -> ! {
     if keep_tree {
         supervise_template(init_pid, python, &watched, &devnull)
     }
-    supervise(init_pid, python, &watched, &devnull, None, report)
+    supervise(init_pid, python, &watched, &devnull, None, report, None)
 }
 
 /// The init of a template (`--keep-tree`): when the template dies, the
@@ -342,7 +351,10 @@ fn null_stdio(devnull: &CString) {
 /// exits with Python's status. `status_rd` carries Python's raw wait status
 /// from an ns-init; `report`, when given, receives that raw status (4 bytes,
 /// native order) just before the exit: a host that is not this process's
-/// parent cannot wait for it.
+/// parent cannot wait for it. `ns_init`, when given, is pid 1 of the
+/// worker's pid namespace but not its parent: it is killed as soon as the
+/// worker is gone, which ends every process of the namespace (this init's
+/// `/proc` shows that namespace, so a sweep by parent links cannot).
 fn supervise(
     init_pid: i32,
     python: i32,
@@ -350,6 +362,7 @@ fn supervise(
     devnull: &CString,
     status_rd: Option<i32>,
     report: Option<i32>,
+    ns_init: Option<i32>,
 ) -> ! {
     null_stdio(devnull);
     let mut python_status: Option<libc::c_int> = None;
@@ -361,10 +374,18 @@ fn supervise(
             if python_status.is_some() {
                 break;
             }
+            if ns_init.is_some_and(|n| !alive_child(n)) {
+                // The namespace is gone, and the worker with it.
+                let _ = signal::kill(python, libc::SIGKILL);
+                break;
+            }
         } else if sig > 0 {
             let _ = signal::kill(python, libc::SIGKILL);
             break;
         }
+    }
+    if let Some(n) = ns_init {
+        let _ = signal::kill(n, libc::SIGKILL);
     }
     kill_tree_and_reap(init_pid, python, &mut python_status);
     if let Some(fd) = status_rd {
@@ -526,15 +547,16 @@ fn reap_until_worker_exits(python: i32, status_wr: i32) -> ! {
     }
 }
 
-/// Pid 1 of a forked kernel's namespaces (see [`crate::forkplan`]): the
-/// worker is already its child, waiting on `--go-fd`. Sets up the mounts
-/// and the network and UTS namespaces as a cold kernel's ns-init does,
-/// writes one JSON line `{"layers": [...], "mplconfigdir": ...}` to the
-/// worker and closes it, then reaps until the worker dies.
+/// Pid 1 of a forked kernel's namespaces (see [`crate::forkplan`]),
+/// started by the kernel init (which also forks the worker, pid 2, that
+/// waits on `--go-fd`). Once `--barrier-fd` reads EOF (the init has read
+/// its arguments), sets up the mounts and the network and UTS namespaces as
+/// a cold kernel's ns-init does, writes one JSON line `{"layers": [...],
+/// "mplconfigdir": ...}` to the worker and closes it, then reaps every
+/// orphan of the namespace until the init kills it.
 fn ns_init_for_fork(args: &[OsString]) -> ! {
-    let mut worker: Option<i32> = None;
     let mut go: Option<i32> = None;
-    let mut status: Option<i32> = None;
+    let mut barrier: Option<i32> = None;
     let mut unshared: libc::c_int = 0;
     let mut spec: Option<InitSpec> = None;
     let num = |i: usize| -> i32 {
@@ -546,9 +568,8 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     let mut i = 0;
     while i < args.len() {
         match args[i].to_str() {
-            Some("--worker") => worker = Some(num(i)),
             Some("--go-fd") => go = Some(num(i)),
-            Some("--status-fd") => status = Some(num(i)),
+            Some("--barrier-fd") => barrier = Some(num(i)),
             Some("--unshared") => unshared = num(i),
             Some(SANDBOX_ARG) => {
                 match args
@@ -561,16 +582,22 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
                 }
             }
             _ => fail(
-                "usage: __cellhost-ns-init --worker PID --go-fd FD --status-fd FD [--unshared FLAGS] [--sandbox JSON]",
+                "usage: __cellhost-ns-init --go-fd FD [--barrier-fd FD] [--unshared FLAGS] [--sandbox JSON]",
             ),
         }
         i += 2;
     }
-    let (Some(worker), Some(go), Some(status)) = (worker, go, status) else {
-        fail("--worker, --go-fd and --status-fd are required")
-    };
+    let Some(go) = go else { fail("--go-fd is required") };
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    if let Some(fd) = barrier {
+        let mut buf = [0u8; 64];
+        // SAFETY: reads into a live buffer until EOF, then closes the fd.
+        unsafe {
+            while libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) > 0 {}
+            libc::close(fd);
+        }
+    }
     let mut layers: Vec<LayerStatus> = Vec::new();
     let mut private_tmp = false;
     if let Some(spec) = &spec {
@@ -603,7 +630,43 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     unsafe { libc::close(go) };
     let devnull = CString::new("/dev/null").unwrap_or_default();
     null_stdio(&devnull);
-    reap_until_worker_exits(worker, status)
+    let mut watched = empty_sigset();
+    // SAFETY: valid sigset; SIGCHLD is blocked (inherited mask, and here).
+    unsafe {
+        libc::sigaddset(&mut watched, libc::SIGCHLD);
+        libc::sigprocmask(libc::SIG_BLOCK, &watched, std::ptr::null_mut());
+    }
+    loop {
+        // SAFETY: `watched` is a valid set.
+        let sig = unsafe { libc::sigwaitinfo(&watched, std::ptr::null_mut()) };
+        if sig == libc::SIGCHLD {
+            let mut none = None;
+            reap_nohang(0, &mut none);
+        }
+    }
+}
+
+/// `pid` is a child of this process that has not died yet.
+fn alive_child(pid: i32) -> bool {
+    let mut info: libc::siginfo_t = empty_siginfo();
+    // SAFETY: waitid writes one siginfo_t into a live struct; WNOWAIT
+    // leaves the child to be reaped later.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: reading the pid field of a siginfo_t that waitid filled (or
+    // that is zeroed).
+    rc == 0 && unsafe { info.si_pid() } == 0
+}
+
+fn empty_siginfo() -> libc::siginfo_t {
+    // SAFETY: an all-zero siginfo_t is a valid value.
+    unsafe { std::mem::zeroed() }
 }
 
 fn empty_sigset() -> libc::sigset_t {

@@ -21,6 +21,7 @@
 mod sessions;
 mod stats;
 mod surfaces;
+mod template;
 mod workloads;
 
 use std::fmt::Write as _;
@@ -34,8 +35,8 @@ pub use workloads::host_for_bench;
 /// Every workload this build measures, in run order (W3 first: it resets
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
-    "W3", "W1", "W2", "W2S", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200", "DAEMON",
-    "HTTP", "HTTP50", "MCP", "MCP50",
+    "W3", "W1", "W2", "W2S", "W2T", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200",
+    "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50",
 ];
 
 /// Arguments of `bench`.

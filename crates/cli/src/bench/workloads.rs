@@ -39,6 +39,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "W1" => w1(ctx).await,
         "W2" => w2(ctx).await,
         "W2S" => w2s(ctx).await,
+        "W2T" => super::template::w2t(ctx).await,
         "W3" => w3(ctx).await,
         "W4" => w4(ctx).await,
         "KILL" => kill_tree(ctx).await,
@@ -57,7 +58,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
     }
 }
 
-fn run_peer(ctx: &Ctx<'_>, args: &[String]) -> Result<serde_json::Value, String> {
+pub(super) fn run_peer(ctx: &Ctx<'_>, args: &[String]) -> Result<serde_json::Value, String> {
     let script = ctx.dir.join("peers.py");
     std::fs::create_dir_all(&ctx.dir).map_err(s)?;
     std::fs::write(&script, PEERS_PY).map_err(s)?;
@@ -75,14 +76,14 @@ fn run_peer(ctx: &Ctx<'_>, args: &[String]) -> Result<serde_json::Value, String>
     serde_json::from_slice(&out.stdout).map_err(|e| format!("peer output: {e}"))
 }
 
-fn floats(v: &serde_json::Value, key: &str) -> Vec<f64> {
+pub(super) fn floats(v: &serde_json::Value, key: &str) -> Vec<f64> {
     v.get(key)
         .and_then(|a| a.as_array())
         .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
         .unwrap_or_default()
 }
 
-fn compare(ctx: &mut Ctx<'_>, mine: &Row, mut peer: Row) {
+pub(super) fn compare(ctx: &mut Ctx<'_>, mine: &Row, mut peer: Row) {
     peer.ratio = Some(peer.p50 / mine.p50);
     ctx.rows.push(peer);
 }
