@@ -54,7 +54,7 @@ pub fn run(args: ServeArgs) -> u8 {
         }
     };
     common::block_on(async move {
-        let reg = match common::start_registry(template, None).await {
+        let reg = match common::start_registry(template, None, false).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");

@@ -126,8 +126,10 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
 
 /// The session registry of one CLI command: the effective configuration,
 /// the journal in the state directory when `journal = true` (a journal that
-/// cannot be opened is reported and the command goes on without it), and
-/// `pool_size` overriding the configured warm pool when given.
+/// cannot be opened is reported and the command goes on without it),
+/// `pool_size` overriding the configured warm pool when given, and the
+/// configured `preload` template unless `one_shot` (a command that runs
+/// one kernel would only pay the template's imports on top).
 ///
 /// # Errors
 /// The configuration is invalid, or the registry cannot make its staging
@@ -135,6 +137,7 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
 pub async fn start_registry(
     template: KernelConfig,
     pool_size: Option<usize>,
+    one_shot: bool,
 ) -> Result<std::sync::Arc<cellhost_sessions::Registry>, String> {
     use cellhost_sessions::{Journal, Registry, RegistryConfig};
     let config = config()?;
@@ -153,6 +156,9 @@ pub async fn start_registry(
     config.apply_to_registry(&mut rc);
     if let Some(n) = pool_size {
         rc.pool_size = n;
+    }
+    if one_shot {
+        rc.preload.clear();
     }
     Registry::start(rc, journal)
         .await

@@ -1962,8 +1962,8 @@ async fn template_blas_threads_survive_the_fork() {
     // threads whose locks a careless fork would copy mid-use.
     assert!(t.info().threads >= 2, "{:?}", t.info());
     let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
-    let r = run(&k, "import os\nprint(len(os.listdir('/proc/self/task')) >= 1)").await;
-    assert_ok(&r);
+    let threads = "len(__import__('os').listdir('/proc/self/task'))";
+    let before = run(&k, &format!("print({threads})")).await.stdout;
     // Right after the fork the worker has only its own threads; a BLAS call
     // starts the pool again and computes the right answer (no deadlock on a
     // lock a parked thread held).
@@ -1974,6 +1974,20 @@ async fn template_blas_threads_survive_the_fork() {
     .await;
     assert_ok(&r);
     assert_eq!(r.stdout, "True\n");
+    // The pool is running again in the child (on a machine with more than
+    // one core, OpenBLAS uses more than the calling thread).
+    let after = run(&k, &format!("print({threads})")).await.stdout;
+    let (before, after): (usize, usize) = (
+        before.trim().parse().expect("count"),
+        after.trim().parse().expect("count"),
+    );
+    eprintln!("worker threads before the first BLAS call {before}, after {after}");
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(
+            after > before,
+            "BLAS threads did not come back: {before} -> {after}"
+        );
+    }
     let k2 = t.fork(fork_config(&dir, &t, "b")).await.expect("fork b");
     let r = run(
         &k2,
