@@ -126,6 +126,16 @@ impl Template {
     /// within 120 s), [`KernelError::Io`].
     pub async fn start(config: KernelConfig, preload: Vec<String>) -> Result<Template, KernelError> {
         let label = format!("template:{}", config.python.display());
+        if config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off
+            && !rustix::process::geteuid().is_root()
+        {
+            return Err(KernelError::Spawn {
+                python: config.python.display().to_string(),
+                reason: "a sandboxed template needs root: it creates each forked kernel's namespaces itself \
+                         (cold kernels use a user namespace instead)"
+                    .into(),
+            });
+        }
         let worker_dir =
             worker_files::worker_path().map_err(|e| io_err(&label, "writing the worker package", e))?;
         let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
@@ -242,6 +252,19 @@ impl Template {
                 seq: AtomicU64::new(1),
             }),
         })
+    }
+
+    /// The template process is still there (it may be killed or die like
+    /// any process; [`Template::fork`] then fails).
+    pub fn is_alive(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags, poll};
+        // A pidfd polls readable once its process has exited.
+        let mut fds = [PollFd::new(&self.inner.pidfd, PollFlags::IN)];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&zero)), Ok(0))
     }
 
     /// Facts about the template.

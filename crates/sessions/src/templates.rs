@@ -71,7 +71,8 @@ impl Templates {
         let mut map = self.map.lock().await;
         if let Some(entry) = map.get(&key) {
             match entry {
-                Ok(t) => return Some(t.clone()),
+                Ok(t) if t.is_alive() => return Some(t.clone()),
+                Ok(_) => tracing::warn!("the template of {} died: starting another", cfg.python.display()),
                 Err(at) if at.elapsed() < RETRY_AFTER => return None,
                 Err(_) => {}
             }

@@ -725,3 +725,123 @@ async fn preload_forks_pooled_and_other_kernels_from_a_template() {
     assert!(wait_dead(r.kernel.pid).await);
     assert!(wait_dead(r2.kernel.pid).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_template_is_replaced_and_its_kernels_live_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = reg_config(dir.path());
+    cfg.preload = vec!["colorsys".into()];
+    let reg = start(cfg, false).await;
+    let probe = "import sys\nprint('colorsys' in sys.modules)";
+    let a = reg.key("o", "a");
+    let r = reg
+        .execute(&a, probe, ExecOptions::default(), &o())
+        .await
+        .expect("a");
+    assert_eq!(r.stdout, "True\n");
+    // Kill the template behind the registry's back.
+    let t = reg
+        .kernel(&a)
+        .and_then(|k| k.info().template)
+        .expect("forked from a template");
+    let _ = cellhost_sandbox::signal::kill(t as i32, libc_sigkill());
+    assert!(wait_dead(t).await);
+    // Its kernel is unaffected; the next session gets a new template.
+    let r = reg
+        .execute(&a, "print('still here')", ExecOptions::default(), &o())
+        .await
+        .expect("a");
+    assert_eq!(r.stdout, "still here\n");
+    let b = reg.key("o", "b");
+    let r = reg
+        .execute(&b, probe, ExecOptions::default(), &o())
+        .await
+        .expect("b");
+    assert_eq!(r.stdout, "True\n", "{r:#?}");
+    let t2 = reg.kernel(&b).and_then(|k| k.info().template).expect("forked");
+    assert_ne!(t2, t);
+    reg.shutdown().await;
+    assert!(wait_dead(t2).await, "the template outlived the registry");
+}
+
+/// The child half of `host_sigkill_ends_forked_kernels`: a host with a
+/// template and two busy forked kernels. Does nothing unless the parent set
+/// `CELLHOST_TEMPLATE_CHILD`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_child_helper() {
+    let Some(dir) = std::env::var_os("CELLHOST_TEMPLATE_CHILD") else {
+        return;
+    };
+    let mut cfg = reg_config(&PathBuf::from(dir));
+    cfg.preload = vec!["colorsys".into()];
+    let reg = start(cfg, false).await;
+    for name in ["x", "y"] {
+        let k = reg.key("o", name);
+        let r = reg
+            .execute(&k, "import os\nprint(os.getpid())", ExecOptions::default(), &o())
+            .await
+            .expect("cell");
+        assert_eq!(r.stdout, "2\n", "{r:#?}");
+        let kernel = reg.kernel(&k).expect("kernel");
+        let info = kernel.info();
+        println!(
+            "PID {} {} {}",
+            info.pid,
+            info.init_pid,
+            info.template.unwrap_or(0)
+        );
+    }
+    println!("READY");
+    let k = reg.key("o", "x");
+    let _ = reg
+        .execute(&k, "import time; time.sleep(60)", ExecOptions::default(), &o())
+        .await;
+}
+
+#[test]
+fn host_sigkill_ends_forked_kernels() {
+    let dir: TempDir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("exe");
+    let mut child = Command::new(exe)
+        .args([
+            "template_child_helper",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CELLHOST_TEMPLATE_CHILD", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("child host");
+    let out = child.stdout.take().expect("stdout");
+    let mut pids: Vec<u32> = Vec::new();
+    for line in BufReader::new(out).lines() {
+        let line = line.expect("line");
+        if let Some(at) = line.find("PID ") {
+            pids.extend(
+                line[at + 4..]
+                    .split(' ')
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .filter(|p| *p > 0),
+            );
+        }
+        if line.contains("READY") {
+            break;
+        }
+    }
+    assert_eq!(
+        pids.len(),
+        6,
+        "worker, init and template of two kernels: {pids:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = cellhost_sandbox::signal::kill(child.id() as i32, libc_sigkill());
+    let _ = child.wait();
+    let t0 = Instant::now();
+    while pids.iter().any(|p| pid_alive(*p)) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<u32> = pids.into_iter().filter(|p| pid_alive(*p)).collect();
+    assert!(left.is_empty(), "survived the host: {left:?}");
+}
