@@ -347,8 +347,15 @@ impl Template {
             // Our copies of the child's ends go now: EOF must mean the child.
             drop((worker_end, out_w, err_w, st_w));
             sock.set_read_timeout(Some(FORK_REPLY))?;
-            let line = read_line(&sock)?;
-            serde_json::from_str(&line).map_err(std::io::Error::other)
+            // A reply that came too late for an earlier request is skipped.
+            loop {
+                let line = read_line(&sock)?;
+                let v: Value = serde_json::from_str(&line).map_err(std::io::Error::other)?;
+                if v.get("id").and_then(Value::as_u64) == Some(id) {
+                    return Ok(v);
+                }
+                tracing::debug!("template: skipping a stale reply: {line}");
+            }
         })
         .await
         .map_err(|e| io_err(&label, "fork request", std::io::Error::other(e)))?

@@ -65,6 +65,14 @@ impl Fixture {
     }
 }
 
+/// Pids of every descendant of `init`.
+fn tree_of(init: i32) -> Vec<i32> {
+    cellhost_sandbox::procfs::descendants(init)
+        .iter()
+        .map(|p| p.pid)
+        .collect()
+}
+
 fn assert_ok(r: &CellResult) {
     assert_eq!(r.status, CellStatus::Ok, "cell failed: {r:#?}");
 }
@@ -404,10 +412,7 @@ async fn hk09_grandchild_holds_output_pipe() {
     // The background processes are reaped when the session ends.
     let k = f.session.kernel().cloned().expect("kernel");
     let init = k.info().init_pid as i32;
-    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
-        .iter()
-        .map(|p| p.pid)
-        .collect();
+    let tree: Vec<i32> = tree_of(init);
     assert!(tree.len() >= 3, "python + 2 sleepers: {tree:?}");
     f.session.shutdown().await;
     for pid in tree.into_iter().chain([init]) {
@@ -1138,10 +1143,7 @@ async fn kill_reaches_setsid_children_and_grandchildren() {
     assert_ok(&r);
     let k = f.session.kernel().cloned().expect("kernel");
     let init = k.info().init_pid as i32;
-    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
-        .iter()
-        .map(|p| p.pid)
-        .collect();
+    let tree: Vec<i32> = tree_of(init);
     assert!(tree.len() >= 8, "python + 7 sleepers: {tree:?}");
     k.kill().await;
     for pid in tree.iter().chain([&init]) {
@@ -1583,10 +1585,7 @@ async fn sandbox_daemonised_grandchild_cannot_escape() {
     .await;
     assert_ok(&r);
     let init = k.info().init_pid as i32;
-    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
-        .iter()
-        .map(|p| p.pid)
-        .collect();
+    let tree: Vec<i32> = tree_of(init);
     let sleeper = tree
         .iter()
         .copied()
@@ -1930,10 +1929,7 @@ async fn template_kernel_interrupts_keep_state_and_kill_reaps_the_tree() {
     .await;
     assert_ok(&r);
     let init = k.info().init_pid as i32;
-    let tree: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
-        .iter()
-        .map(|p| p.pid)
-        .collect();
+    let tree: Vec<i32> = tree_of(init);
     assert!(tree.len() >= 3, "init's tree: {tree:?}");
     k.kill().await;
     for p in tree {

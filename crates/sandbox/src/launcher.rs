@@ -87,6 +87,15 @@ fn fail(msg: &str) -> ! {
     std::process::exit(70)
 }
 
+/// The number after the flag at `args[i]`; exits with a usage error when
+/// there is none.
+fn number_arg(args: &[OsString], i: usize) -> i32 {
+    args.get(i + 1)
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fail(&format!("{} needs a number", args[i].to_string_lossy())))
+}
+
 fn cstring(s: &OsString) -> CString {
     CString::new(s.as_bytes()).unwrap_or_else(|_| fail("argument holds a NUL byte"))
 }
@@ -99,12 +108,7 @@ fn init_main(args: &[OsString]) -> ! {
     let mut adopt_ns_init: Option<i32> = None;
     let mut report: Option<i32> = None;
     let mut keep_tree = false;
-    let int_arg = |i: usize| -> i32 {
-        args.get(i + 1)
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| fail(&format!("{} needs a number", args[i].to_string_lossy())))
-    };
+    let int_arg = |i: usize| number_arg(args, i);
     let mut i = 0;
     while i < args.len() {
         match args[i].to_str() {
@@ -559,12 +563,7 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     let mut barrier: Option<i32> = None;
     let mut unshared: libc::c_int = 0;
     let mut spec: Option<InitSpec> = None;
-    let num = |i: usize| -> i32 {
-        args.get(i + 1)
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| fail(&format!("{} needs a number", args[i].to_string_lossy())))
-    };
+    let num = |i: usize| number_arg(args, i);
     let mut i = 0;
     while i < args.len() {
         match args[i].to_str() {

@@ -536,20 +536,7 @@ async fn journal_child_helper() {
 #[test]
 fn journal_survives_host_sigkill() {
     let dir: TempDir = tempfile::tempdir().expect("tempdir");
-    let exe = std::env::current_exe().expect("exe");
-    let mut child = Command::new(exe)
-        .args([
-            "journal_child_helper",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CELLHOST_JOURNAL_CHILD", dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("child host");
-    let out = child.stdout.take().expect("stdout");
+    let (mut child, out) = child_host("journal_child_helper", "CELLHOST_JOURNAL_CHILD", dir.path());
     let mut settled = Vec::new();
     for line in BufReader::new(out).lines() {
         let line = line.expect("line");
@@ -589,6 +576,21 @@ fn journal_survives_host_sigkill() {
     let lost = cells.iter().find(|c| c.status == "lost").expect("lost");
     assert!(lost.code.contains("sleep(60)"));
     assert_eq!(cells[3].stdout_head, "cell 3\n");
+}
+
+/// Runs the test `helper` of this binary as a separate host process, with
+/// `env` naming its directory; returns it and its standard output.
+fn child_host(helper: &str, env: &str, dir: &Path) -> (std::process::Child, std::process::ChildStdout) {
+    let exe = std::env::current_exe().expect("exe");
+    let mut child = Command::new(exe)
+        .args([helper, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("child host");
+    let out = child.stdout.take().expect("stdout");
+    (child, out)
 }
 
 fn libc_sigkill() -> i32 {
@@ -801,20 +803,7 @@ async fn template_child_helper() {
 #[test]
 fn host_sigkill_ends_forked_kernels() {
     let dir: TempDir = tempfile::tempdir().expect("tempdir");
-    let exe = std::env::current_exe().expect("exe");
-    let mut child = Command::new(exe)
-        .args([
-            "template_child_helper",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("CELLHOST_TEMPLATE_CHILD", dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("child host");
-    let out = child.stdout.take().expect("stdout");
+    let (mut child, out) = child_host("template_child_helper", "CELLHOST_TEMPLATE_CHILD", dir.path());
     let mut pids: Vec<u32> = Vec::new();
     for line in BufReader::new(out).lines() {
         let line = line.expect("line");
