@@ -32,7 +32,7 @@
 //! follows is shown as text, so a stray `ESC ]` cannot swallow the rest of a
 //! cell's output.
 
-use memchr::{memchr_iter, memchr3, memrchr};
+use memchr::{memchr3, memrchr};
 
 /// Longest OSC/DCS/… string sequence accepted before it is abandoned.
 pub const MAX_STRING_SEQ: usize = 4096;
@@ -322,17 +322,19 @@ impl Renderer {
         self.state = State::Ground;
     }
 
-    /// Every line in `lines` (each ending in `\n`) fits in one row.
+    /// Every line in `lines` (which ends in `\n`) fits in one row.
+    ///
+    /// A line starting at `start` fits when its newline is at most
+    /// `max_line` bytes further, so the scan jumps from each newline to the
+    /// last one within reach (found with `memrchr` near the window's end)
+    /// instead of visiting every newline.
     fn lines_fit(&self, lines: &[u8]) -> bool {
-        if lines.len() <= self.max_line + 1 {
-            return true;
-        }
         let mut start = 0;
-        for p in memchr_iter(b'\n', lines) {
-            if p - start > self.max_line {
-                return false;
+        while lines.len() - start > self.max_line + 1 {
+            match memrchr(b'\n', &lines[start..start + self.max_line + 1]) {
+                Some(p) => start += p + 1,
+                None => return false,
             }
-            start = p + 1;
         }
         true
     }
@@ -691,5 +693,31 @@ mod tests {
         assert_eq!(got, s);
         let got = render_pieces(&[&format!("{}\rA\n", "z".repeat(30))], 10);
         assert_eq!(got, format!("{}A{}\n", "z".repeat(20), "z".repeat(9)));
+    }
+
+    #[test]
+    fn lines_fit_agrees_with_a_line_by_line_check() {
+        let max = 16;
+        let r = Renderer::new(max);
+        let naive = |b: &[u8]| b.split(|&c| c == b'\n').all(|l| l.len() <= max);
+        let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..2000 {
+            let mut b = Vec::new();
+            let lines = 1 + (seed % 7) as usize;
+            for _ in 0..lines {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                // Lengths around the row width: 0..=2*max, often max or max+1.
+                let len = match seed % 4 {
+                    0 => max,
+                    1 => max + 1,
+                    _ => (seed >> 8) as usize % (2 * max + 1),
+                };
+                b.extend(std::iter::repeat_n(b'a', len));
+                b.push(b'\n');
+            }
+            assert_eq!(r.lines_fit(&b), naive(&b), "{:?}", String::from_utf8_lossy(&b));
+        }
     }
 }
