@@ -53,6 +53,14 @@ const PROBE_WAIT: Duration = Duration::from_millis(300);
 const BACKGROUND_CAP: usize = 16 * 1024;
 /// Live text kept for `peek`, per stream.
 const PEEK_TAIL: usize = 64 * 1024;
+/// Read buffer per stream while output is light.
+const READ_BUF: usize = 64 * 1024;
+/// Read buffer and pipe capacity per stream while a cell writes a lot (a
+/// read filled the small buffer): fewer reads and fewer wake-ups of the
+/// writer per byte. Back to the small sizes once reads are small again.
+const READ_BUF_BULK: usize = 1024 * 1024;
+/// A read this small ends bulk mode.
+const SMALL_READ: usize = 4 * 1024;
 
 /// State visible to handles without asking the driver.
 #[derive(Debug, Default)]
@@ -178,6 +186,8 @@ pub(crate) struct Driver {
     writer: FrameWriter<OwnedWriteHalf>,
     pipes: [Option<pipe::Receiver>; 2],
     bufs: [Vec<u8>; 2],
+    /// Per stream: in bulk mode (big read buffer, pipe grown if allowed).
+    bulk: [bool; 2],
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     cmds_open: bool,
     ctl_open: bool,
@@ -244,7 +254,8 @@ impl Driver {
             reader,
             writer,
             pipes: [Some(stdout), Some(stderr)],
-            bufs: [vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]],
+            bufs: [vec![0u8; READ_BUF], vec![0u8; READ_BUF]],
+            bulk: [false, false],
             cmd_rx,
             cmds_open: true,
             ctl_open: true,
@@ -723,13 +734,34 @@ impl Driver {
                 a.marker_seen[stream] = true;
                 self.raw_background[stream].extend_from_slice(&scan.after);
             }
-            return;
-        }
-        if self.raw_background[stream].len() < 4 * BACKGROUND_CAP {
+        } else if self.raw_background[stream].len() < 4 * BACKGROUND_CAP {
             self.raw_background[stream].extend_from_slice(chunk);
         } else {
             self.background.dropped += n as u64;
         }
+        self.adapt_read_size(stream, n);
+    }
+
+    /// Enters bulk mode when a read filled the small buffer, leaves it when
+    /// a read is small (the pipe is nearly drained, so shrinking it back
+    /// succeeds). Growing the pipe may be refused (over the per-user pipe
+    /// limits): the bigger reads still help.
+    fn adapt_read_size(&mut self, stream: usize, n: usize) {
+        let bulk = if !self.bulk[stream] && n == self.bufs[stream].len() {
+            true
+        } else if self.bulk[stream] && n < SMALL_READ {
+            false
+        } else {
+            return;
+        };
+        self.bulk[stream] = bulk;
+        let size = if bulk { READ_BUF_BULK } else { READ_BUF };
+        if let Some(p) = &self.pipes[stream] {
+            let _ = rustix::pipe::fcntl_setpipe_size(p, size);
+        }
+        let buf = &mut self.bufs[stream];
+        buf.resize(size, 0);
+        buf.shrink_to_fit();
     }
 
     fn on_exit(&mut self) {
@@ -1229,7 +1261,13 @@ fn push_capture(a: &mut ActiveCell, stream: usize, bytes: &[u8]) {
         return;
     }
     let peek = &mut a.peek[stream];
-    peek.push_str(&text);
+    if text.len() >= PEEK_TAIL {
+        // Only the end of a big piece is kept: copy just that.
+        peek.clear();
+        peek.push_str(&text[text.ceil_char_boundary(text.len() - PEEK_TAIL)..]);
+    } else {
+        peek.push_str(&text);
+    }
     if peek.len() > PEEK_TAIL {
         let mut cut = peek.len() - PEEK_TAIL;
         while !peek.is_char_boundary(cut) {
