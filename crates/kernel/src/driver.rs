@@ -11,6 +11,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,45 @@ const READ_BUF: usize = 64 * 1024;
 const READ_BUF_BULK: usize = 1024 * 1024;
 /// A read this small ends bulk mode.
 const SMALL_READ: usize = 4 * 1024;
+/// Pipes of this process grown to `READ_BUF_BULK` at once (16 MiB). Grown
+/// pipes count against the user's pipe budget (`fs.pipe-user-pages-soft`,
+/// 64 MiB by default); past it, every new pipe of that user gets only two
+/// pages, so many busy kernels must not use it all.
+static BULK_PIPES: PipeBudget = PipeBudget::new(16);
+
+/// A count of grown pipes with a cap.
+struct PipeBudget {
+    used: AtomicUsize,
+    cap: usize,
+}
+
+impl PipeBudget {
+    const fn new(cap: usize) -> Self {
+        PipeBudget {
+            used: AtomicUsize::new(0),
+            cap,
+        }
+    }
+
+    /// A grant for one grown pipe, or `None` when the cap is reached.
+    fn take(&'static self) -> Option<PipeGrant> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| PipeGrant(self))
+    }
+}
+
+/// One grown pipe's share of the budget, returned on drop.
+struct PipeGrant(&'static PipeBudget);
+
+impl Drop for PipeGrant {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// State visible to handles without asking the driver.
 #[derive(Debug, Default)]
@@ -186,8 +226,10 @@ pub(crate) struct Driver {
     writer: FrameWriter<OwnedWriteHalf>,
     pipes: [Option<pipe::Receiver>; 2],
     bufs: [Vec<u8>; 2],
-    /// Per stream: in bulk mode (big read buffer, pipe grown if allowed).
+    /// Per stream: in bulk mode (big read buffer).
     bulk: [bool; 2],
+    /// Per stream: the pipe is grown to `READ_BUF_BULK`.
+    grown: [Option<PipeGrant>; 2],
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     cmds_open: bool,
     ctl_open: bool,
@@ -256,6 +298,7 @@ impl Driver {
             pipes: [Some(stdout), Some(stderr)],
             bufs: [vec![0u8; READ_BUF], vec![0u8; READ_BUF]],
             bulk: [false, false],
+            grown: [None, None],
             cmd_rx,
             cmds_open: true,
             ctl_open: true,
@@ -742,26 +785,35 @@ impl Driver {
         self.adapt_read_size(stream, n);
     }
 
-    /// Enters bulk mode when a read filled the small buffer, leaves it when
-    /// a read is small (the pipe is nearly drained, so shrinking it back
-    /// succeeds). Growing the pipe may be refused (over the per-user pipe
-    /// limits): the bigger reads still help.
+    /// Enters bulk mode when a read filled the small buffer: a big read
+    /// buffer, and a big pipe while the process-wide budget allows (the
+    /// kernel may refuse too: then the bigger reads alone help). Leaves it
+    /// when a read is small; the pipe shrinks back once it holds less than
+    /// the small size (retried at each read until then).
     fn adapt_read_size(&mut self, stream: usize, n: usize) {
-        let bulk = if !self.bulk[stream] && n == self.bufs[stream].len() {
-            true
+        if !self.bulk[stream] && n == self.bufs[stream].len() {
+            self.bulk[stream] = true;
+            self.bufs[stream].resize(READ_BUF_BULK, 0);
+            if let Some(grant) = BULK_PIPES.take()
+                && let Some(p) = &self.pipes[stream]
+                && rustix::pipe::fcntl_setpipe_size(p, READ_BUF_BULK).is_ok()
+            {
+                self.grown[stream] = Some(grant);
+            }
         } else if self.bulk[stream] && n < SMALL_READ {
-            false
-        } else {
-            return;
-        };
-        self.bulk[stream] = bulk;
-        let size = if bulk { READ_BUF_BULK } else { READ_BUF };
-        if let Some(p) = &self.pipes[stream] {
-            let _ = rustix::pipe::fcntl_setpipe_size(p, size);
+            self.bulk[stream] = false;
+            let buf = &mut self.bufs[stream];
+            buf.truncate(READ_BUF);
+            buf.shrink_to_fit();
         }
-        let buf = &mut self.bufs[stream];
-        buf.resize(size, 0);
-        buf.shrink_to_fit();
+        if !self.bulk[stream] && self.grown[stream].is_some() {
+            let shrunk = self.pipes[stream]
+                .as_ref()
+                .is_none_or(|p| rustix::pipe::fcntl_setpipe_size(p, READ_BUF).is_ok());
+            if shrunk {
+                self.grown[stream] = None;
+            }
+        }
     }
 
     fn on_exit(&mut self) {
@@ -1354,5 +1406,23 @@ async fn sleep_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipe_budget_caps_grants_and_returns_them_on_drop() {
+        static BUDGET: PipeBudget = PipeBudget::new(2);
+        let a = BUDGET.take().expect("first");
+        let b = BUDGET.take().expect("second");
+        assert!(BUDGET.take().is_none(), "cap of 2 reached");
+        drop(a);
+        let c = BUDGET.take().expect("a grant came back");
+        assert!(BUDGET.take().is_none());
+        drop((b, c));
+        assert_eq!(BUDGET.used.load(Ordering::Acquire), 0);
     }
 }
