@@ -8,75 +8,108 @@ use std::fmt::Write as _;
 /// Heading of the section.
 pub const HEADING: &str = "## What limits each figure";
 
-/// `(workload, paragraph)`, in table order. Commands are run from the
-/// repository root with the release binary (`target/release/cellhost`,
-/// `PY` = the venv's python); `perf report` reads `perf.data`.
-pub const LIMITS: &[(&str, &str)] = &[
+/// `(workload, the bench workloads it covers, paragraph)`, in table order.
+/// Commands are run from the repository root with the release binary
+/// (`target/release/cellhost`, `PY` = the venv's python); `perf report`
+/// reads `perf.data`. Paragraphs name no peer: a run without `--peers`
+/// mentions none.
+pub const LIMITS: &[(&str, &[&str], &str)] = &[
     (
         "W1",
+        &["W1"],
         "Two process wake-ups and the worker's own Python per cell. About 60% of the samples are in the worker (about 40% the interpreter running the worker's cell loop: frame decoding, compile, exec, usage, response; about 20% kernel time in socket and pipe wake-ups), about 30% in the host, most of it kernel time in epoll and wake-ups; the host's Rust code is under 10%. \
          `perf record -g -- cellhost bench --workload W1 --python PY` then `perf report --no-children -g none --sort comm,dso`.",
     ),
     (
         "W2",
+        &["W2", "W2S"],
         "Starting Python and importing the worker. The worker's imports took 52 ms, 22 ms of it asyncio with ssl; asyncio is now imported on the first top-level await, leaving 25 ms (json, inspect, the worker's modules). The sandbox adds about 17 ms (the W2S rows); in a trace, its longest single step is the init writing its pid into the cgroup v1 `cgroup.procs`. \
          `PY -X importtime -c \"import sys; sys.path.insert(0, 'python'); import cellhost_worker.main\"`; `strace -f -tt -e trace=execve,openat cellhost run NOTEBOOK` shows the timeline.",
     ),
     (
         "W3",
-        "The host thread, which reads the pipe and runs the capture one after the other. It has about 63% of the samples: user time about 37% (the aho-corasick Fat Teddy scan for the redaction triggers 14%, the renderer's control-byte scan 7%, UTF-8 validation 5%, copies 5%, the end-marker search 4%) and kernel time about 26% (copying out of the pipe, then freeing the pipe pages with memcg uncharging). The worker has about 32% (copying into the pipe, allocating and charging pipe pages, `str.encode`). The capture alone runs at about 4.7 GB/s (`cargo run --release -p cellhost-capture --example capture_throughput 2000`). A bare C `read(2)` loop on the same writer manages about 1 GB/s with the default 64 KiB pipe and about 4 GB/s with a 1 MiB pipe (1 GB in about 0.25 s): that is the pipe's floor on this machine, about 10 times ipykernel. Heavy output therefore switches a stream to 1 MiB reads and a 1 MiB pipe, and the spill file is written on its own thread (it took 14% of the host's time). \
+        &["W3"],
+        "The host thread, which reads the pipe and runs the capture one after the other. It has about 63% of the samples: user time about 37% (the aho-corasick Fat Teddy scan for the redaction triggers 14%, the renderer's control-byte scan 7%, UTF-8 validation 5%, copies 5%, the end-marker search 4%) and kernel time about 26% (copying out of the pipe, then freeing the pipe pages with memcg uncharging). The worker has about 32% (copying into the pipe, allocating and charging pipe pages, `str.encode`). The capture alone runs at about 4.7 GB/s (`cargo run --release -p cellhost-capture --example capture_throughput 2000`). A bare C `read(2)` loop on the same writer manages about 1 GB/s with the default 64 KiB pipe and about 4 GB/s with a 1 MiB pipe (1 GB in about 0.25 s): that is the pipe's floor on this machine, and about the W3 target of ten times the peer's figure. Heavy output therefore switches a stream to 1 MiB reads and a 1 MiB pipe, and the spill file is written on its own thread (it took 14% of the host's time). \
          `perf record -g -- cellhost bench --workload W3 --python PY` then `perf report --no-children -g none --sort comm,dso,sym`.",
     ),
     (
         "W4",
+        &["W4"],
         "When the code looks at the signal. `time.sleep` and a Python loop settle in under 1 ms: the SIGINT to the main thread ends the sleep, and the eval loop sees it at the next bytecode. A numpy matmul sees it only when the running BLAS call returns. One 400×400 matmul takes about 36 ms (p50) here with the other core busy, so the figure is what is left of the matmul in flight. \
          Timed with `PY -c \"import numpy as np, time; a = np.random.rand(400, 400); ...\"` in a `perf_counter` loop next to a `while True: pass` spinner.",
     ),
     (
         "W5",
+        &["W5"],
         "The worker's side of the call. About 68% of the samples are in the worker: about 41% the interpreter (`cellhost.call`'s JSON framing, and handing the reply from the control-channel reader thread to the calling thread under the GIL) and about 22% kernel time in socket wake-ups. The host has about 16%. \
          `perf record -g -- cellhost bench --workload W5 --python PY` then `perf report --no-children -g none --sort comm,dso`.",
     ),
     (
         "W6/IDLE200",
+        &["IDLE200"],
         "The idle worker interpreter. Of a kernel's RSS, the worker is about 14 MB: 7 MB private heap (the interpreter and the modules the worker imported) and 6 MB shared clean pages (libpython and other mapped files, counted again in each process's RSS). The kernel init is about 2.6 MB, mostly shared pages of the cellhost binary. The host's own growth is per-kernel bookkeeping (two 64 KiB read buffers, channels, the driver task). \
          `cellhost exec --python PY \"print(open('/proc/self/smaps_rollup').read())\"`, and the same for `os.getppid()` (the init).",
     ),
     (
         "W7",
-        "The notebook's first cell: importing numpy, pandas and matplotlib.pyplot takes about 0.45–0.5 s of the run's 0.7 s. That is as long as in a plain `python -c`: measured alternately, 509/608, 595/571, 519/475 and 540/527 ms (plain/kernel). Then come the two figure cells (about 0.16 s together: cProfile shows `savefig(bbox_inches=\"tight\")` drawing each figure twice, and PNG encoding is about 12 ms of the 0.11 s), the kernel's start (about 45 ms), about 10 ms for each of the five other cells, and 25 ms of host CPU. Most of nbclient's extra time is ipykernel's start (W2: about 0.5 s). \
+        &["W7"],
+        "The notebook's first cell: importing numpy, pandas and matplotlib.pyplot takes about 0.45–0.5 s of the run's 0.7 s. That is as long as in a plain `python -c`: measured alternately, 509/608, 595/571, 519/475 and 540/527 ms (plain/kernel). Then come the two figure cells (about 0.16 s together: cProfile shows `savefig(bbox_inches=\"tight\")` drawing each figure twice, and PNG encoding is about 12 ms of the 0.11 s), the kernel's start (about 45 ms), about 10 ms for each of the five other cells, and 25 ms of host CPU. Most of the peer's extra time is its kernel's start (about 0.5 s in W2's peer row). \
          Per-cell times are on `cellhost run`'s stderr; `PY -X importtime -c \"import numpy, pandas, matplotlib.pyplot\"`; `/usr/bin/time cellhost run examples/penguins.ipynb`.",
     ),
     (
         "POOL",
+        &["POOL"],
         "A warm acquire takes a ready kernel off the pool's queue: no process work at all. The cold row is a full spawn (W2's path), so the ratio is W2's figure over a queue pop. \
          The code path is `Registry::acquire` in crates/sessions; the cold figure's profile is W2's.",
     ),
 ];
 
-/// The section as Markdown: the heading, then one paragraph per workload.
-pub fn section() -> String {
-    let mut out = format!("\n{HEADING}\n\n");
-    for (name, text) in LIMITS {
-        let _ = writeln!(out, "**{name}.** {text}\n");
+/// The section as Markdown: the heading, then the paragraph of each
+/// workload in `ran` (bench names, e.g. `W3`, `IDLE200`); empty when none
+/// of them has one.
+pub fn section(ran: &[String]) -> String {
+    let mut out = String::new();
+    for (name, covers, text) in LIMITS {
+        if covers.iter().any(|c| ran.iter().any(|r| r == c)) {
+            let _ = writeln!(out, "**{name}.** {text}\n");
+        }
     }
-    out
+    if out.is_empty() {
+        return out;
+    }
+    format!("\n{HEADING}\n\n{out}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
     fn section_has_one_paragraph_per_workload_with_a_command() {
-        let s = section();
+        let all: Vec<String> = names(crate::bench::ALL);
+        let s = section(&all);
         assert!(s.contains(HEADING));
         for w in ["W1", "W2", "W3", "W4", "W5", "W6/IDLE200", "W7", "POOL"] {
             assert!(s.contains(&format!("**{w}.** ")), "{w} missing");
         }
-        for (name, text) in LIMITS {
+        for (name, covers, text) in LIMITS {
             assert!(text.contains('`'), "{name}: no command");
             assert!(!text.contains("  "), "{name}: double space");
+            for c in *covers {
+                assert!(crate::bench::ALL.contains(c), "{name}: unknown workload {c}");
+            }
         }
+    }
+
+    #[test]
+    fn section_covers_only_the_workloads_run() {
+        let s = section(&names(&["W1", "IDLE200"]));
+        assert!(s.contains("**W1.** ") && s.contains("**W6/IDLE200.** "));
+        assert!(!s.contains("**W3.** "));
+        assert_eq!(section(&names(&["HTTP"])), "");
     }
 }

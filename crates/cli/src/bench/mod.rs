@@ -134,7 +134,7 @@ pub fn run(args: BenchArgs) -> u8 {
     for n in &ctx.notes {
         let _ = writeln!(doc, "- {n}");
     }
-    doc.push_str(&limits::section());
+    doc.push_str(&limits::section(&list));
     if let Err(e) = std::fs::write(&args.output, doc) {
         eprintln!("cellhost: cannot write {}: {e}", args.output.display());
         return 1;
