@@ -74,10 +74,10 @@ fn is_special<const NL: bool>(b: u8) -> bool {
     ((b < 0x20) & (b != b'\t') & (NL | (b != b'\n'))) | (b == 0x7f) | (b == 0xc2)
 }
 
-/// Position of the first special byte (see [`is_special`]). Scans 32-byte
+/// Position of the first special byte (see [`is_special`]). Scans 64-byte
 /// blocks with a branch-free test the compiler vectorizes.
 fn find_special<const NL: bool>(s: &[u8]) -> Option<usize> {
-    const W: usize = 32;
+    const W: usize = 64;
     let mut chunks = s.chunks_exact(W);
     let mut base = 0;
     for c in &mut chunks {
