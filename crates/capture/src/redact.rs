@@ -1295,27 +1295,10 @@ impl RedactStream {
         }
         if self.buf.is_empty() && (fin || (committed.ends_with('\n') && r.max_multiline_secret_len == 0)) {
             // Fast path: whole lines, nothing held.
-            if committed.is_empty() {
-                return committed;
-            }
-            self.spans.clear();
-            if r.collect(&committed, &mut self.spans) || self.pem.active {
-                pem_spans(
-                    &committed,
-                    0,
-                    0,
-                    committed.len(),
-                    true,
-                    true,
-                    &mut self.pem,
-                    &mut self.spans,
-                );
-            }
-            if self.spans.is_empty() {
-                return committed;
-            }
-            normalize(&mut self.spans);
-            return apply(&committed, 0, committed.len(), &self.spans);
+            return match self.redact_lines(r, &committed) {
+                Some(masked) => masked,
+                None => committed,
+            };
         }
         self.buf.push_str(&committed);
         drop(committed);
@@ -1381,6 +1364,42 @@ impl RedactStream {
             self.buf.shrink_to(self.buf.len().max(64 * 1024));
         }
         out
+    }
+
+    /// Whether [`process_lines`](Self::process_lines) applies: nothing is
+    /// held and no registered secret spans lines.
+    pub(crate) fn takes_lines(&self, r: &Redactor) -> bool {
+        self.buf.is_empty() && r.max_multiline_secret_len == 0
+    }
+
+    /// [`process`](Self::process) of whole lines (`text` ends in `\n`)
+    /// when [`takes_lines`](Self::takes_lines): returns `text` itself when
+    /// nothing in it is masked.
+    pub(crate) fn process_lines<'a>(&mut self, r: &Redactor, text: &'a str) -> Cow<'a, str> {
+        debug_assert!(self.takes_lines(r) && text.ends_with('\n'));
+        if !r.enabled || (r.patterns.is_none() && !r.has_exact()) {
+            return Cow::Borrowed(text);
+        }
+        match self.redact_lines(r, text) {
+            Some(masked) => Cow::Owned(masked),
+            None => Cow::Borrowed(text),
+        }
+    }
+
+    /// Masks whole lines with nothing held; `None` when nothing is masked.
+    fn redact_lines(&mut self, r: &Redactor, text: &str) -> Option<String> {
+        if text.is_empty() {
+            return None;
+        }
+        self.spans.clear();
+        if r.collect(text, &mut self.spans) || self.pem.active {
+            pem_spans(text, 0, 0, text.len(), true, true, &mut self.pem, &mut self.spans);
+        }
+        if self.spans.is_empty() {
+            return None;
+        }
+        normalize(&mut self.spans);
+        Some(apply(text, 0, text.len(), &self.spans))
     }
 
     /// Where to cut pending text before looking at matches.

@@ -313,6 +313,31 @@ impl Renderer {
         }
     }
 
+    /// Nothing is pending: an empty line, the cursor at its start, no
+    /// escape sequence.
+    pub(crate) fn is_clean(&self) -> bool {
+        self.state == State::Ground && self.line.is_empty() && self.col == 0
+    }
+
+    /// Length of the longest prefix of `b` that this renderer would commit
+    /// verbatim: whole lines (up to the last `\n`) of plain text that fit a
+    /// row, while nothing is pending (empty line, cursor at the start, no
+    /// escape sequence). 0 when there is none. Feeding the prefix would
+    /// leave the renderer as it is, so a caller may pass it on as it is.
+    pub(crate) fn plain_lines(&self, b: &[u8]) -> usize {
+        if !self.is_clean() {
+            return 0;
+        }
+        let Some(p) = memrchr(b'\n', b) else {
+            return 0;
+        };
+        let lines = &b[..=p];
+        if find_special::<false>(lines).is_some() || !self.lines_fit(lines) {
+            return 0;
+        }
+        lines.len()
+    }
+
     /// End of stream: commits the current line as is (no newline added) and
     /// drops an unfinished escape sequence.
     pub(crate) fn finish(&mut self, out: &mut String) {

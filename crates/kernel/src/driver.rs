@@ -1308,31 +1308,38 @@ fn push_capture(a: &mut ActiveCell, stream: usize, bytes: &[u8]) {
     let Some(cap) = a.capture[stream].as_mut() else {
         return;
     };
-    let text = cap.push(bytes);
-    if text.is_empty() {
-        return;
-    }
     let peek = &mut a.peek[stream];
-    if text.len() >= PEEK_TAIL {
-        // Only the end of a big piece is kept: copy just that.
-        peek.clear();
-        peek.push_str(&text[text.ceil_char_boundary(text.len() - PEEK_TAIL)..]);
-    } else {
-        peek.push_str(&text);
-    }
-    if peek.len() > PEEK_TAIL {
-        let mut cut = peek.len() - PEEK_TAIL;
-        while !peek.is_char_boundary(cut) {
-            cut += 1;
+    // The live text is assembled only for a subscriber; `peek` keeps a tail.
+    let mut live_text = a.q.options.live.as_ref().map(|_| String::new());
+    cap.push_with(bytes, |piece| {
+        keep_tail(peek, piece);
+        if let Some(t) = live_text.as_mut() {
+            t.push_str(piece);
         }
-        peek.drain(..cut);
-    }
-    if let Some(live) = &a.q.options.live {
+    });
+    if let (Some(live), Some(text)) = (&a.q.options.live, live_text)
+        && !text.is_empty()
+    {
         let _ = live.send(if stream == 0 {
             LiveEvent::Stdout(text)
         } else {
             LiveEvent::Stderr(text)
         });
+    }
+}
+
+/// Appends `text` to `peek`, keeping at most the last `PEEK_TAIL` bytes
+/// (cut at a character boundary); of a long `text` only that tail is copied.
+fn keep_tail(peek: &mut String, text: &str) {
+    if text.len() >= PEEK_TAIL {
+        peek.clear();
+        peek.push_str(&text[text.ceil_char_boundary(text.len() - PEEK_TAIL)..]);
+        return;
+    }
+    peek.push_str(text);
+    if peek.len() > PEEK_TAIL {
+        let cut = peek.ceil_char_boundary(peek.len() - PEEK_TAIL);
+        peek.drain(..cut);
     }
 }
 
@@ -1412,6 +1419,27 @@ async fn sleep_opt(deadline: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_tail_holds_the_last_bytes_on_char_boundaries() {
+        let mut peek = String::new();
+        let mut all = String::new();
+        for i in 0..20_000 {
+            let piece = if i % 3 == 0 {
+                format!("é{i}\n")
+            } else {
+                "x".repeat(i % 97)
+            };
+            keep_tail(&mut peek, &piece);
+            all.push_str(&piece);
+        }
+        assert!(peek.len() <= PEEK_TAIL && peek.len() + 1 >= PEEK_TAIL);
+        assert!(all.ends_with(&peek));
+        let big = "ü".repeat(PEEK_TAIL);
+        keep_tail(&mut peek, &big);
+        assert_eq!(peek.len(), PEEK_TAIL);
+        assert!(big.ends_with(&peek));
+    }
 
     #[test]
     fn pipe_budget_caps_grants_and_returns_them_on_drop() {
