@@ -1,6 +1,5 @@
 """Running one cell in the persistent namespace."""
 import ast
-import asyncio
 import inspect
 import linecache
 import os
@@ -14,6 +13,9 @@ _loop = None
 
 def _run_code(code_obj, namespace):
     if code_obj.co_flags & inspect.CO_COROUTINE:
+        # Imported on first use: asyncio (with ssl) is a third of the
+        # worker's start-up, and most cells never await at top level.
+        import asyncio
         global _loop
         if _loop is None or _loop.is_closed():
             _loop = asyncio.new_event_loop()

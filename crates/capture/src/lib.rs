@@ -176,6 +176,48 @@ impl StreamCapture {
     /// completed lines and wrapped rows — for live subscribers; often empty.
     /// Never fails: spill errors are reported at [`finish`](Self::finish).
     pub fn push(&mut self, bytes: &[u8]) -> String {
+        let mut out = String::new();
+        self.push_with(bytes, |piece| out.push_str(piece));
+        out
+    }
+
+    /// [`push`](Self::push), handing the text to `emit` in pieces, in
+    /// order; their concatenation is what `push` returns. Whole lines of
+    /// plain text that nothing masks are handed out as they are in `bytes`
+    /// (no copy), so a caller that keeps only part of the text copies only
+    /// that part.
+    pub fn push_with(&mut self, bytes: &[u8], mut emit: impl FnMut(&str)) {
+        let mut bytes = bytes;
+        if self.redactor.has_exact() {
+            // Exact values are masked before rendering: every stage it is.
+            return emit_nonempty(&self.push_owned(bytes), &mut emit);
+        }
+        if !self.renderer.is_clean()
+            && let Some(p) = memchr::memchr(b'\n', bytes)
+        {
+            // Finish the pending line first, so whole lines follow.
+            emit_nonempty(&self.push_owned(&bytes[..=p]), &mut emit);
+            bytes = &bytes[p + 1..];
+        }
+        if self.decoder.is_idle() && self.stage.takes_lines(&self.redactor) {
+            let n = self.renderer.plain_lines(bytes);
+            if n > 0
+                && let Ok(lines) = std::str::from_utf8(&bytes[..n])
+            {
+                let out = self.stage.process_lines(&self.redactor, lines);
+                self.sink.write(&out);
+                emit_nonempty(&out, &mut emit);
+                bytes = &bytes[n..];
+            }
+        }
+        emit_nonempty(&self.push_owned(bytes), &mut emit);
+    }
+
+    /// [`push`](Self::push) through every stage.
+    fn push_owned(&mut self, bytes: &[u8]) -> String {
+        if bytes.is_empty() {
+            return String::new();
+        }
         let mut committed = String::with_capacity(bytes.len().min(1 << 20));
         let (raw, renderer, redactor) = (&mut self.raw, &mut self.renderer, &*self.redactor);
         self.decoder.decode(bytes, &mut |s| {
@@ -220,6 +262,12 @@ impl StreamCapture {
     #[cfg(test)]
     fn buffered(&self) -> usize {
         self.raw.buffered() + self.renderer.buffered() + self.stage.buffered() + self.sink.buffered()
+    }
+}
+
+fn emit_nonempty(text: &str, emit: &mut impl FnMut(&str)) {
+    if !text.is_empty() {
+        emit(text);
     }
 }
 
@@ -378,6 +426,71 @@ mod tests {
                 assert!(!live.contains(DEMO));
             }
         }
+    }
+
+    #[test]
+    fn live_concatenation_with_patterns_only_under_random_splits() {
+        // No registered secrets: whole plain lines take the borrowed path.
+        let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+        let r = Arc::new(Redactor::new(RedactionConfig::default()).expect("redactor"));
+        let big = StreamLimits {
+            inline_bytes: usize::MAX / 2,
+            max_line_bytes: 512,
+            ..StreamLimits::stdout_default()
+        };
+        for round in 0..40 {
+            let data = messy_stream(&mut rng);
+            let expected = r.redact(&render::render_all(&data, 512)).into_owned();
+            assert!(!expected.contains("ghp_abcdefghijklmnopqrstuvwxyz0123456789"));
+            for max_piece in [1, 7, 100, 5000, 70_000] {
+                let pieces = random_pieces(&mut rng, &data, max_piece);
+                let (live, done) = run(big.clone(), r.clone(), &pieces);
+                let ctx = format!("round {round}, pieces up to {max_piece}");
+                assert_same(&live, &expected, &ctx);
+                assert_same(&done.text, &expected, &ctx);
+            }
+        }
+    }
+
+    #[test]
+    fn push_with_hands_out_plain_lines_from_the_input_itself() {
+        let r = Arc::new(Redactor::new(RedactionConfig::default()).expect("redactor"));
+        let mut cap = StreamCapture::new(StreamLimits::stdout_default(), r, None);
+        // (text, pieces that point into the input)
+        let push = |cap: &mut StreamCapture, input: &[u8]| {
+            let range = input.as_ptr_range();
+            let mut text = String::new();
+            let mut borrowed = Vec::new();
+            cap.push_with(input, |piece| {
+                if range.contains(&piece.as_ptr()) {
+                    borrowed.push(piece.to_string());
+                }
+                text.push_str(piece);
+            });
+            (text, borrowed)
+        };
+        let (text, borrowed) = push(&mut cap, b"one\ntwo\nthr");
+        assert_eq!(
+            (text.as_str(), borrowed),
+            ("one\ntwo\n", vec!["one\ntwo\n".to_string()])
+        );
+        // The pending "thr" line is finished first, then lines go out as is.
+        let (text, borrowed) = push(&mut cap, b"ee\nfour\nfive\n");
+        assert_eq!(
+            (text.as_str(), borrowed),
+            ("three\nfour\nfive\n", vec!["four\nfive\n".to_string()])
+        );
+        let (text, borrowed) = push(&mut cap, b"key: ghp_abcdefghijklmnopqrstuvwxyz0123456789\nok\n");
+        assert_eq!(text, "key: ghp_****[redacted]\nok\n");
+        assert!(borrowed.is_empty());
+        let (text, borrowed) = push(&mut cap, b"a\x1b[1mb\x1b[0m\n");
+        assert_eq!(text, "ab\n");
+        assert!(borrowed.is_empty());
+        let done = cap.finish();
+        assert_eq!(
+            done.text,
+            "one\ntwo\nthree\nfour\nfive\nkey: ghp_****[redacted]\nok\nab\n"
+        );
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub const MIN_SECRET_LEN: usize = 6;
 /// What a masked value is replaced by (after an optional 4-char prefix).
 pub const MASK: &str = "****[redacted]";
 
+/// The start of a PEM block's `BEGIN` line.
+const PEM_BEGIN: &str = "-----BEGIN";
+
 /// What the body of a PEM private key is replaced by.
 pub const PEM_MASK: &str = "****[redacted private key]";
 
@@ -201,6 +204,9 @@ struct Patterns {
     triggers: AhoCorasick,
     trigger_rules: Vec<u32>,
     rules: Vec<Rule>,
+    /// Rule bits whose trigger is `-----BEGIN` (the pem-inline rule): a
+    /// hit means the text may hold a PEM block.
+    pem_rules: u32,
 }
 
 /// Rule table: name, regex, kind, trigger literals (case-sensitive).
@@ -263,7 +269,7 @@ const RULES: &[(&str, &str, RuleKind, &[&str])] = &[
         "pem-inline",
         r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY-----(?P<v>(?:\\[rn]|[A-Za-z0-9+/=])+)",
         RuleKind::PemInline,
-        &["-----BEGIN"],
+        &[PEM_BEGIN],
     ),
     (
         "bearer",
@@ -343,6 +349,19 @@ impl Patterns {
                 }
             }
         }
+        // The multi-line PEM scan is skipped when no `-----BEGIN` trigger
+        // fired, so that literal must stay a trigger.
+        let pem_rules = literals
+            .iter()
+            .zip(&trigger_rules)
+            .filter(|(l, _)| **l == PEM_BEGIN)
+            .fold(0, |acc, (_, m)| acc | m);
+        if pem_rules == 0 {
+            return Err(CaptureError::Pattern {
+                name: "triggers",
+                source: "no trigger for -----BEGIN".into(),
+            });
+        }
         let triggers = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostFirst)
             .build(&literals)
@@ -354,20 +373,24 @@ impl Patterns {
             triggers,
             trigger_rules,
             rules,
+            pem_rules,
         })
     }
 
-    /// Adds the spans of every rule match in `text`.
-    fn collect(&self, text: &str, spans: &mut Vec<Span>) {
+    /// Adds the spans of every rule match in `text`. Returns whether a
+    /// `-----BEGIN` trigger occurs in `text` (a PEM block may start there).
+    fn collect(&self, text: &str, spans: &mut Vec<Span>) -> bool {
         let bytes = text.as_bytes();
         // (line start, line end, rules) of the line being gathered.
         let mut cur: Option<(usize, usize, u32)> = None;
         // Search from one past each hit's start rather than its end, so a
         // trigger overlapping another (`Key` in `KeyJ…`, `eyJ`) is not missed.
         let mut from = 0;
+        let mut seen = 0;
         while let Some(m) = self.triggers.find(aho_corasick::Input::new(text).range(from..)) {
             from = m.start() + 1;
             let mask = self.trigger_rules[m.pattern().as_usize()];
+            seen |= mask;
             if let Some((ls, le, rules)) = cur.as_mut() {
                 if m.start() < *le {
                     *rules |= mask;
@@ -382,6 +405,7 @@ impl Patterns {
         if let Some((ls, le, rules)) = cur {
             self.run_line(text, ls, le, rules, spans);
         }
+        seen & self.pem_rules != 0
     }
 
     fn run_line(&self, text: &str, ls: usize, le: usize, rules: u32, spans: &mut Vec<Span>) {
@@ -963,9 +987,10 @@ impl Redactor {
             return Cow::Borrowed(text);
         }
         let mut spans = Vec::new();
-        self.collect(text, &mut spans);
-        let mut pem = PemState::default();
-        pem_spans(text, 0, 0, text.len(), true, true, &mut pem, &mut spans);
+        if self.collect(text, &mut spans) {
+            let mut pem = PemState::default();
+            pem_spans(text, 0, 0, text.len(), true, true, &mut pem, &mut spans);
+        }
         if spans.is_empty() {
             return Cow::Borrowed(text);
         }
@@ -974,10 +999,14 @@ impl Redactor {
     }
 
     /// Spans of exact secrets and pattern matches in `text`, unsorted.
-    pub(crate) fn collect(&self, text: &str, spans: &mut Vec<Span>) {
+    /// Returns `false` only when `text` certainly holds no `-----BEGIN`
+    /// (the pattern scan looked and found none), so the PEM scan of the
+    /// same text can be skipped.
+    pub(crate) fn collect(&self, text: &str, spans: &mut Vec<Span>) -> bool {
         self.collect_exact(text, spans);
-        if let Some(p) = &self.patterns {
-            p.collect(text, spans);
+        match &self.patterns {
+            Some(p) => p.collect(text, spans),
+            None => true,
         }
     }
 
@@ -1129,7 +1158,7 @@ pub(crate) fn pem_spans(
     pem: &mut PemState,
     spans: &mut Vec<Span>,
 ) {
-    if !pem.active && memmem::find(&text.as_bytes()[line_from..to], b"-----BEGIN").is_none() {
+    if !pem.active && memmem::find(&text.as_bytes()[line_from..to], PEM_BEGIN.as_bytes()).is_none() {
         return;
     }
     let bytes = text.as_bytes();
@@ -1266,26 +1295,10 @@ impl RedactStream {
         }
         if self.buf.is_empty() && (fin || (committed.ends_with('\n') && r.max_multiline_secret_len == 0)) {
             // Fast path: whole lines, nothing held.
-            if committed.is_empty() {
-                return committed;
-            }
-            self.spans.clear();
-            r.collect(&committed, &mut self.spans);
-            pem_spans(
-                &committed,
-                0,
-                0,
-                committed.len(),
-                true,
-                true,
-                &mut self.pem,
-                &mut self.spans,
-            );
-            if self.spans.is_empty() {
-                return committed;
-            }
-            normalize(&mut self.spans);
-            return apply(&committed, 0, committed.len(), &self.spans);
+            return match self.redact_lines(r, &committed) {
+                Some(masked) => masked,
+                None => committed,
+            };
         }
         self.buf.push_str(&committed);
         drop(committed);
@@ -1295,7 +1308,7 @@ impl RedactStream {
         }
         let mut cut = if fin { len } else { self.cut_candidate(r) };
         self.spans.clear();
-        r.collect(&self.buf, &mut self.spans);
+        let maybe_pem = r.collect(&self.buf, &mut self.spans);
         normalize(&mut self.spans);
         if !fin {
             for sp in &self.spans {
@@ -1319,16 +1332,18 @@ impl RedactStream {
             return String::new();
         }
         let at_line_start = self.ctx_len == 0;
-        pem_spans(
-            &self.buf,
-            0,
-            self.ctx_len,
-            cut,
-            at_line_start,
-            fin && cut == len,
-            &mut self.pem,
-            &mut self.spans,
-        );
+        if maybe_pem || self.pem.active {
+            pem_spans(
+                &self.buf,
+                0,
+                self.ctx_len,
+                cut,
+                at_line_start,
+                fin && cut == len,
+                &mut self.pem,
+                &mut self.spans,
+            );
+        }
         normalize(&mut self.spans);
         let out = apply(&self.buf, self.ctx_len, cut, &self.spans);
         if fin && cut == len {
@@ -1349,6 +1364,42 @@ impl RedactStream {
             self.buf.shrink_to(self.buf.len().max(64 * 1024));
         }
         out
+    }
+
+    /// Whether [`process_lines`](Self::process_lines) applies: nothing is
+    /// held and no registered secret spans lines.
+    pub(crate) fn takes_lines(&self, r: &Redactor) -> bool {
+        self.buf.is_empty() && r.max_multiline_secret_len == 0
+    }
+
+    /// [`process`](Self::process) of whole lines (`text` ends in `\n`)
+    /// when [`takes_lines`](Self::takes_lines): returns `text` itself when
+    /// nothing in it is masked.
+    pub(crate) fn process_lines<'a>(&mut self, r: &Redactor, text: &'a str) -> Cow<'a, str> {
+        debug_assert!(self.takes_lines(r) && text.ends_with('\n'));
+        if !r.enabled || (r.patterns.is_none() && !r.has_exact()) {
+            return Cow::Borrowed(text);
+        }
+        match self.redact_lines(r, text) {
+            Some(masked) => Cow::Owned(masked),
+            None => Cow::Borrowed(text),
+        }
+    }
+
+    /// Masks whole lines with nothing held; `None` when nothing is masked.
+    fn redact_lines(&mut self, r: &Redactor, text: &str) -> Option<String> {
+        if text.is_empty() {
+            return None;
+        }
+        self.spans.clear();
+        if r.collect(text, &mut self.spans) || self.pem.active {
+            pem_spans(text, 0, 0, text.len(), true, true, &mut self.pem, &mut self.spans);
+        }
+        if self.spans.is_empty() {
+            return None;
+        }
+        normalize(&mut self.spans);
+        Some(apply(text, 0, text.len(), &self.spans))
     }
 
     /// Where to cut pending text before looking at matches.

@@ -32,7 +32,7 @@
 //! follows is shown as text, so a stray `ESC ]` cannot swallow the rest of a
 //! cell's output.
 
-use memchr::{memchr_iter, memchr3, memrchr};
+use memchr::{memchr3, memrchr};
 
 /// Longest OSC/DCS/… string sequence accepted before it is abandoned.
 pub const MAX_STRING_SEQ: usize = 4096;
@@ -74,10 +74,10 @@ fn is_special<const NL: bool>(b: u8) -> bool {
     ((b < 0x20) & (b != b'\t') & (NL | (b != b'\n'))) | (b == 0x7f) | (b == 0xc2)
 }
 
-/// Position of the first special byte (see [`is_special`]). Scans 32-byte
+/// Position of the first special byte (see [`is_special`]). Scans 64-byte
 /// blocks with a branch-free test the compiler vectorizes.
 fn find_special<const NL: bool>(s: &[u8]) -> Option<usize> {
-    const W: usize = 32;
+    const W: usize = 64;
     let mut chunks = s.chunks_exact(W);
     let mut base = 0;
     for c in &mut chunks {
@@ -313,6 +313,31 @@ impl Renderer {
         }
     }
 
+    /// Nothing is pending: an empty line, the cursor at its start, no
+    /// escape sequence.
+    pub(crate) fn is_clean(&self) -> bool {
+        self.state == State::Ground && self.line.is_empty() && self.col == 0
+    }
+
+    /// Length of the longest prefix of `b` that this renderer would commit
+    /// verbatim: whole lines (up to the last `\n`) of plain text that fit a
+    /// row, while nothing is pending (empty line, cursor at the start, no
+    /// escape sequence). 0 when there is none. Feeding the prefix would
+    /// leave the renderer as it is, so a caller may pass it on as it is.
+    pub(crate) fn plain_lines(&self, b: &[u8]) -> usize {
+        if !self.is_clean() {
+            return 0;
+        }
+        let Some(p) = memrchr(b'\n', b) else {
+            return 0;
+        };
+        let lines = &b[..=p];
+        if find_special::<false>(lines).is_some() || !self.lines_fit(lines) {
+            return 0;
+        }
+        lines.len()
+    }
+
     /// End of stream: commits the current line as is (no newline added) and
     /// drops an unfinished escape sequence.
     pub(crate) fn finish(&mut self, out: &mut String) {
@@ -322,17 +347,19 @@ impl Renderer {
         self.state = State::Ground;
     }
 
-    /// Every line in `lines` (each ending in `\n`) fits in one row.
+    /// Every line in `lines` (which ends in `\n`) fits in one row.
+    ///
+    /// A line starting at `start` fits when its newline is at most
+    /// `max_line` bytes further, so the scan jumps from each newline to the
+    /// last one within reach (found with `memrchr` near the window's end)
+    /// instead of visiting every newline.
     fn lines_fit(&self, lines: &[u8]) -> bool {
-        if lines.len() <= self.max_line + 1 {
-            return true;
-        }
         let mut start = 0;
-        for p in memchr_iter(b'\n', lines) {
-            if p - start > self.max_line {
-                return false;
+        while lines.len() - start > self.max_line + 1 {
+            match memrchr(b'\n', &lines[start..start + self.max_line + 1]) {
+                Some(p) => start += p + 1,
+                None => return false,
             }
-            start = p + 1;
         }
         true
     }
@@ -691,5 +718,31 @@ mod tests {
         assert_eq!(got, s);
         let got = render_pieces(&[&format!("{}\rA\n", "z".repeat(30))], 10);
         assert_eq!(got, format!("{}A{}\n", "z".repeat(20), "z".repeat(9)));
+    }
+
+    #[test]
+    fn lines_fit_agrees_with_a_line_by_line_check() {
+        let max = 16;
+        let r = Renderer::new(max);
+        let naive = |b: &[u8]| b.split(|&c| c == b'\n').all(|l| l.len() <= max);
+        let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..2000 {
+            let mut b = Vec::new();
+            let lines = 1 + (seed % 7) as usize;
+            for _ in 0..lines {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                // Lengths around the row width: 0..=2*max, often max or max+1.
+                let len = match seed % 4 {
+                    0 => max,
+                    1 => max + 1,
+                    _ => (seed >> 8) as usize % (2 * max + 1),
+                };
+                b.extend(std::iter::repeat_n(b'a', len));
+                b.push(b'\n');
+            }
+            assert_eq!(r.lines_fit(&b), naive(&b), "{:?}", String::from_utf8_lossy(&b));
+        }
     }
 }

@@ -3,6 +3,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +115,124 @@ pub fn read_spill(path: &Path, offset: u64, length: u64) -> Result<SpillChunk, C
     })
 }
 
+/// Bytes handed to the spill thread at a time.
+const SPILL_BATCH: usize = 256 * 1024;
+/// Batches queued for the spill thread before a write waits for it.
+const SPILL_QUEUE: usize = 4;
+
+/// Writes a spill file, on a thread of its own when one can be started:
+/// copying big output into the page cache then overlaps with capturing it
+/// (at most `SPILL_BATCH * (SPILL_QUEUE + 2)` bytes are in flight).
+/// Otherwise it writes in place through a buffer.
+enum SpillWriter {
+    Thread {
+        buf: Vec<u8>,
+        tx: Option<SyncSender<Vec<u8>>>,
+        thread: Option<JoinHandle<std::io::Result<()>>>,
+    },
+    Direct(BufWriter<File>),
+}
+
+impl SpillWriter {
+    fn new(mut f: File) -> Self {
+        let (tx, rx) = sync_channel::<Vec<u8>>(SPILL_QUEUE);
+        // A second handle on the same open file, to write in place if no
+        // thread can be started.
+        let fallback = f.try_clone();
+        let spawned = std::thread::Builder::new()
+            .name("cellhost-spill".into())
+            .spawn(move || {
+                for chunk in rx {
+                    f.write_all(&chunk)?;
+                }
+                f.flush()
+            });
+        match (spawned, fallback) {
+            (Ok(thread), _) => SpillWriter::Thread {
+                buf: Vec::with_capacity(SPILL_BATCH),
+                tx: Some(tx),
+                thread: Some(thread),
+            },
+            (Err(_), Ok(f)) => SpillWriter::Direct(BufWriter::with_capacity(64 * 1024, f)),
+            // Neither: the first write reports the failure.
+            (Err(_), Err(_)) => SpillWriter::Thread {
+                buf: Vec::new(),
+                tx: None,
+                thread: None,
+            },
+        }
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            SpillWriter::Direct(w) => w.write_all(bytes),
+            SpillWriter::Thread { buf, .. } => {
+                buf.extend_from_slice(bytes);
+                if buf.len() >= SPILL_BATCH {
+                    self.send()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Hands the buffered bytes to the thread; its error if it stopped.
+    fn send(&mut self) -> std::io::Result<()> {
+        let SpillWriter::Thread { buf, tx, thread } = self else {
+            return Ok(());
+        };
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(buf, Vec::with_capacity(SPILL_BATCH));
+        let sent = tx.as_ref().is_some_and(|tx| tx.send(chunk).is_ok());
+        if sent {
+            return Ok(());
+        }
+        // The thread ended early: it failed (or never started).
+        *tx = None;
+        Err(join(thread.take())
+            .err()
+            .unwrap_or_else(|| std::io::Error::other("the spill thread stopped")))
+    }
+
+    /// Writes what is buffered and waits until the file has all of it.
+    fn finish(mut self) -> std::io::Result<()> {
+        match &mut self {
+            SpillWriter::Direct(w) => w.flush(),
+            SpillWriter::Thread { .. } => {
+                self.send()?;
+                let SpillWriter::Thread { tx, thread, .. } = &mut self else {
+                    return Ok(());
+                };
+                *tx = None;
+                join(thread.take())
+            }
+        }
+    }
+}
+
+impl Drop for SpillWriter {
+    /// An unfinished stream (a capture dropped without `finish`) still gets
+    /// what it captured written, as a buffered writer would on drop.
+    fn drop(&mut self) {
+        let _ = self.send();
+        if let SpillWriter::Thread { tx, thread, .. } = self {
+            *tx = None;
+            let _ = join(thread.take());
+        }
+    }
+}
+
+/// Waits for the spill thread and returns its result.
+fn join(thread: Option<JoinHandle<std::io::Result<()>>>) -> std::io::Result<()> {
+    match thread.map(JoinHandle::join) {
+        None => Ok(()),
+        Some(Ok(r)) => r,
+        Some(Err(_)) => Err(std::io::Error::other("the spill thread panicked")),
+    }
+}
+
 enum Spill {
     /// No spill file configured (or a zero cap).
     Off,
@@ -121,7 +241,7 @@ enum Spill {
     /// Being written.
     Active {
         path: PathBuf,
-        w: BufWriter<File>,
+        w: SpillWriter,
         written: u64,
     },
     /// Cap reached; the file is complete.
@@ -165,9 +285,8 @@ fn spill_write(spill: &mut Spill, cap: u64, text: &str) {
         return;
     }
     *written += part.len() as u64;
-    if full {
-        let (path, written) = (std::mem::take(path), *written);
-        *spill = match w.flush() {
+    if full && let Spill::Active { path, w, written } = std::mem::replace(spill, Spill::Off) {
+        *spill = match w.finish() {
             Ok(()) => Spill::Full { path, written },
             Err(e) => fail(path, "flush", &e),
         };
@@ -263,7 +382,7 @@ impl Sink {
                 self.spill = match create_spill(&path) {
                     Ok(f) => Spill::Active {
                         path,
-                        w: BufWriter::with_capacity(64 * 1024, f),
+                        w: SpillWriter::new(f),
                         written: 0,
                     },
                     Err(e) => fail(path, "create", &e),
@@ -311,7 +430,7 @@ impl Sink {
     pub(crate) fn finish(mut self) -> (String, Option<Truncation>) {
         let (spill_path, spill_bytes, spill_error) = match std::mem::replace(&mut self.spill, Spill::Off) {
             Spill::Off | Spill::Pending(_) => (None, 0, None),
-            Spill::Active { path, mut w, written } => match w.flush() {
+            Spill::Active { path, w, written } => match w.finish() {
                 Ok(()) => (Some(path), written, None),
                 Err(e) => match fail(path, "flush", &e) {
                     Spill::Failed { path, written, error } => (Some(path), written, Some(error)),
@@ -522,6 +641,40 @@ mod tests {
         assert!(text.starts_with("zzzz"));
         assert!(text.ends_with("zzzzzz"));
         assert!(text.contains("spill file failed"));
+    }
+
+    #[test]
+    fn spill_write_error_on_the_spill_thread_is_reported() {
+        let full = Path::new("/dev/full");
+        if !full.exists() {
+            return;
+        }
+        // Every write to /dev/full fails (ENOSPC), after the open succeeded.
+        let mut s = Sink::new(1000, 0.4, 50_000_000, Some(full.to_path_buf()));
+        let line = "y".repeat(99) + "\n";
+        for _ in 0..30_000 {
+            s.write(&line);
+        }
+        let (text, t) = s.finish();
+        let t = t.expect("truncated");
+        assert_eq!(t.total_bytes, 3_000_000);
+        let err = t.spill_error.expect("spill error");
+        assert!(err.contains("/dev/full"), "{err}");
+        assert!(text.contains("spill file failed"));
+        assert!(text.ends_with(&line));
+    }
+
+    #[test]
+    fn dropped_sink_still_writes_its_spill() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.txt");
+        let mut s = Sink::new(100, 0.4, 50_000_000, Some(path.clone()));
+        let body: String = (0..200_000).map(|i| format!("{i:09}\n")).collect();
+        for piece in body.as_bytes().chunks(70_001) {
+            s.write(std::str::from_utf8(piece).expect("ascii"));
+        }
+        drop(s);
+        assert!(std::fs::read_to_string(&path).expect("spill") == body);
     }
 
     #[test]

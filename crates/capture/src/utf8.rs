@@ -54,6 +54,11 @@ fn is_incomplete_prefix(bytes: &[u8]) -> bool {
 }
 
 impl Utf8Decoder {
+    /// No unfinished character is pending.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.len == 0
+    }
+
     /// Decodes `input`, calling `emit` with each decoded piece in order.
     /// Pieces are never empty.
     pub(crate) fn decode(&mut self, input: &[u8], emit: &mut impl FnMut(&str)) {

@@ -11,12 +11,13 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-
-use crate::init_proc::InitProc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cellhost_capture::{StreamCapture, StreamLimits};
+
+use crate::init_proc::InitProc;
 use cellhost_protocol::frame::{ExecuteOptions, SigintHandler};
 use cellhost_protocol::{FrameReader, FrameWriter, HostFrame, ProtocolError, WorkerFrame};
 use cellhost_sandbox::cgroup::KernelCgroup;
@@ -55,6 +56,53 @@ const PROBE_WAIT: Duration = Duration::from_millis(300);
 const BACKGROUND_CAP: usize = 16 * 1024;
 /// Live text kept for `peek`, per stream.
 const PEEK_TAIL: usize = 64 * 1024;
+/// Read buffer per stream while output is light.
+const READ_BUF: usize = 64 * 1024;
+/// Read buffer and pipe capacity per stream while a cell writes a lot (a
+/// read filled the small buffer): fewer reads and fewer wake-ups of the
+/// writer per byte. Back to the small sizes once reads are small again.
+const READ_BUF_BULK: usize = 1024 * 1024;
+/// A read this small ends bulk mode.
+const SMALL_READ: usize = 4 * 1024;
+/// Pipes of this process grown to `READ_BUF_BULK` at once (16 MiB). Grown
+/// pipes count against the user's pipe budget (`fs.pipe-user-pages-soft`,
+/// 64 MiB by default); past it, every new pipe of that user gets only two
+/// pages, so many busy kernels must not use it all.
+static BULK_PIPES: PipeBudget = PipeBudget::new(16);
+
+/// A count of grown pipes with a cap.
+struct PipeBudget {
+    used: AtomicUsize,
+    cap: usize,
+}
+
+impl PipeBudget {
+    const fn new(cap: usize) -> Self {
+        PipeBudget {
+            used: AtomicUsize::new(0),
+            cap,
+        }
+    }
+
+    /// A grant for one grown pipe, or `None` when the cap is reached.
+    fn take(&'static self) -> Option<PipeGrant> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| PipeGrant(self))
+    }
+}
+
+/// One grown pipe's share of the budget, returned on drop.
+struct PipeGrant(&'static PipeBudget);
+
+impl Drop for PipeGrant {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// State visible to handles without asking the driver.
 #[derive(Debug, Default)]
@@ -180,6 +228,10 @@ pub(crate) struct Driver {
     writer: FrameWriter<OwnedWriteHalf>,
     pipes: [Option<pipe::Receiver>; 2],
     bufs: [Vec<u8>; 2],
+    /// Per stream: in bulk mode (big read buffer).
+    bulk: [bool; 2],
+    /// Per stream: the pipe is grown to `READ_BUF_BULK`.
+    grown: [Option<PipeGrant>; 2],
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     cmds_open: bool,
     ctl_open: bool,
@@ -246,7 +298,9 @@ impl Driver {
             reader,
             writer,
             pipes: [Some(stdout), Some(stderr)],
-            bufs: [vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]],
+            bufs: [vec![0u8; READ_BUF], vec![0u8; READ_BUF]],
+            bulk: [false, false],
+            grown: [None, None],
             cmd_rx,
             cmds_open: true,
             ctl_open: true,
@@ -725,12 +779,42 @@ impl Driver {
                 a.marker_seen[stream] = true;
                 self.raw_background[stream].extend_from_slice(&scan.after);
             }
-            return;
-        }
-        if self.raw_background[stream].len() < 4 * BACKGROUND_CAP {
+        } else if self.raw_background[stream].len() < 4 * BACKGROUND_CAP {
             self.raw_background[stream].extend_from_slice(chunk);
         } else {
             self.background.dropped += n as u64;
+        }
+        self.adapt_read_size(stream, n);
+    }
+
+    /// Enters bulk mode when a read filled the small buffer: a big read
+    /// buffer, and a big pipe while the process-wide budget allows (the
+    /// kernel may refuse too: then the bigger reads alone help). Leaves it
+    /// when a read is small; the pipe shrinks back once it holds less than
+    /// the small size (retried at each read until then).
+    fn adapt_read_size(&mut self, stream: usize, n: usize) {
+        if !self.bulk[stream] && n == self.bufs[stream].len() {
+            self.bulk[stream] = true;
+            self.bufs[stream].resize(READ_BUF_BULK, 0);
+            if let Some(grant) = BULK_PIPES.take()
+                && let Some(p) = &self.pipes[stream]
+                && rustix::pipe::fcntl_setpipe_size(p, READ_BUF_BULK).is_ok()
+            {
+                self.grown[stream] = Some(grant);
+            }
+        } else if self.bulk[stream] && n < SMALL_READ {
+            self.bulk[stream] = false;
+            let buf = &mut self.bufs[stream];
+            buf.truncate(READ_BUF);
+            buf.shrink_to_fit();
+        }
+        if !self.bulk[stream] && self.grown[stream].is_some() {
+            let shrunk = self.pipes[stream]
+                .as_ref()
+                .is_none_or(|p| rustix::pipe::fcntl_setpipe_size(p, READ_BUF).is_ok());
+            if shrunk {
+                self.grown[stream] = None;
+            }
         }
     }
 
@@ -1210,25 +1294,38 @@ fn push_capture(a: &mut ActiveCell, stream: usize, bytes: &[u8]) {
     let Some(cap) = a.capture[stream].as_mut() else {
         return;
     };
-    let text = cap.push(bytes);
-    if text.is_empty() {
-        return;
-    }
     let peek = &mut a.peek[stream];
-    peek.push_str(&text);
-    if peek.len() > PEEK_TAIL {
-        let mut cut = peek.len() - PEEK_TAIL;
-        while !peek.is_char_boundary(cut) {
-            cut += 1;
+    // The live text is assembled only for a subscriber; `peek` keeps a tail.
+    let mut live_text = a.q.options.live.as_ref().map(|_| String::new());
+    cap.push_with(bytes, |piece| {
+        keep_tail(peek, piece);
+        if let Some(t) = live_text.as_mut() {
+            t.push_str(piece);
         }
-        peek.drain(..cut);
-    }
-    if let Some(live) = &a.q.options.live {
+    });
+    if let (Some(live), Some(text)) = (&a.q.options.live, live_text)
+        && !text.is_empty()
+    {
         let _ = live.send(if stream == 0 {
             LiveEvent::Stdout(text)
         } else {
             LiveEvent::Stderr(text)
         });
+    }
+}
+
+/// Appends `text` to `peek`, keeping at most the last `PEEK_TAIL` bytes
+/// (cut at a character boundary); of a long `text` only that tail is copied.
+fn keep_tail(peek: &mut String, text: &str) {
+    if text.len() >= PEEK_TAIL {
+        peek.clear();
+        peek.push_str(&text[text.ceil_char_boundary(text.len() - PEEK_TAIL)..]);
+        return;
+    }
+    peek.push_str(text);
+    if peek.len() > PEEK_TAIL {
+        let cut = peek.ceil_char_boundary(peek.len() - PEEK_TAIL);
+        peek.drain(..cut);
     }
 }
 
@@ -1302,5 +1399,44 @@ async fn sleep_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_tail_holds_the_last_bytes_on_char_boundaries() {
+        let mut peek = String::new();
+        let mut all = String::new();
+        for i in 0..20_000 {
+            let piece = if i % 3 == 0 {
+                format!("é{i}\n")
+            } else {
+                "x".repeat(i % 97)
+            };
+            keep_tail(&mut peek, &piece);
+            all.push_str(&piece);
+        }
+        assert!(peek.len() <= PEEK_TAIL && peek.len() + 1 >= PEEK_TAIL);
+        assert!(all.ends_with(&peek));
+        let big = "ü".repeat(PEEK_TAIL);
+        keep_tail(&mut peek, &big);
+        assert_eq!(peek.len(), PEEK_TAIL);
+        assert!(big.ends_with(&peek));
+    }
+
+    #[test]
+    fn pipe_budget_caps_grants_and_returns_them_on_drop() {
+        static BUDGET: PipeBudget = PipeBudget::new(2);
+        let a = BUDGET.take().expect("first");
+        let b = BUDGET.take().expect("second");
+        assert!(BUDGET.take().is_none(), "cap of 2 reached");
+        drop(a);
+        let c = BUDGET.take().expect("a grant came back");
+        assert!(BUDGET.take().is_none());
+        drop((b, c));
+        assert_eq!(BUDGET.used.load(Ordering::Acquire), 0);
     }
 }

@@ -5,53 +5,62 @@
 //! raw bytes split anywhere: the longest suffix of a read that is a prefix of
 //! the marker is held back until the next read decides it.
 
+use std::borrow::Cow;
+
 use memchr::memmem;
 
 /// Scans one stream for one marker.
 #[derive(Debug)]
 pub(crate) struct MarkerScanner {
-    marker: Vec<u8>,
+    finder: memmem::Finder<'static>,
     held: Vec<u8>,
 }
 
-/// What a chunk held.
+/// What a chunk held. Borrows the chunk unless bytes held back from the
+/// previous chunk had to be joined to it.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Scan {
+pub(crate) struct Scan<'a> {
     /// Bytes that belong to the cell.
-    pub before: Vec<u8>,
+    pub before: Cow<'a, [u8]>,
     /// The marker was found.
     pub found: bool,
     /// Bytes after the marker (not the cell's).
-    pub after: Vec<u8>,
+    pub after: Cow<'a, [u8]>,
 }
 
 impl MarkerScanner {
     pub(crate) fn new(marker: &[u8]) -> Self {
         MarkerScanner {
-            marker: marker.to_vec(),
+            finder: memmem::Finder::new(marker).into_owned(),
             held: Vec::new(),
         }
     }
 
-    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Scan {
+    pub(crate) fn feed<'a>(&mut self, chunk: &'a [u8]) -> Scan<'a> {
+        if self.held.is_empty() {
+            return self.scan(chunk, Cow::Borrowed);
+        }
+        // Rare: a possible marker prefix was held back; join it.
         let mut data = std::mem::take(&mut self.held);
         data.extend_from_slice(chunk);
-        if let Some(i) = memmem::find(&data, &self.marker) {
-            let after = data[i + self.marker.len()..].to_vec();
-            data.truncate(i);
+        self.scan(&data, |b| Cow::Owned(b.to_vec()))
+    }
+
+    fn scan<'a, 'b>(&mut self, data: &'b [u8], out: impl Fn(&'b [u8]) -> Cow<'a, [u8]>) -> Scan<'a> {
+        let marker = self.finder.needle();
+        if let Some(i) = self.finder.find(data) {
             return Scan {
-                before: data,
+                before: out(&data[..i]),
                 found: true,
-                after,
+                after: out(&data[i + marker.len()..]),
             };
         }
-        let keep = longest_prefix_suffix(&data, &self.marker);
+        let keep = longest_prefix_suffix(data, marker);
         self.held = data[data.len() - keep..].to_vec();
-        data.truncate(data.len() - keep);
         Scan {
-            before: data,
+            before: out(&data[..data.len() - keep]),
             found: false,
-            after: Vec::new(),
+            after: Cow::Borrowed(&[]),
         }
     }
 
@@ -92,8 +101,8 @@ mod tests {
                         continue;
                     }
                     let r = s.feed(part);
-                    before.extend(r.before);
-                    after.extend(r.after);
+                    before.extend_from_slice(&r.before);
+                    after.extend_from_slice(&r.after);
                     found += r.found as usize;
                 }
                 assert_eq!(found, 1, "cut {cut} {cut2}");
@@ -106,9 +115,9 @@ mod tests {
     #[test]
     fn near_prefix_is_released_when_it_turns_out_not_to_be_the_marker() {
         let mut s = MarkerScanner::new(b"@@end@@");
-        assert_eq!(s.feed(b"abc@@e").before, b"abc");
+        assert_eq!(&*s.feed(b"abc@@e").before, b"abc");
         let r = s.feed(b"x");
-        assert_eq!(r.before, b"@@ex");
+        assert_eq!(&*r.before, b"@@ex");
         assert!(!r.found);
         assert!(s.take_held().is_empty());
     }

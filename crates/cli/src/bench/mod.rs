@@ -18,6 +18,7 @@
 //! Peers (`--peers`): ipykernel driven by jupyter_client, a fresh
 //! `python -c` per cell, and nbclient, from the interpreter's environment.
 
+mod limits;
 mod sessions;
 mod stats;
 mod surfaces;
@@ -134,6 +135,7 @@ pub fn run(args: BenchArgs) -> u8 {
     for n in &ctx.notes {
         let _ = writeln!(doc, "- {n}");
     }
+    doc.push_str(&limits::section(&list));
     if let Err(e) = std::fs::write(&args.output, doc) {
         eprintln!("cellhost: cannot write {}: {e}", args.output.display());
         return 1;
