@@ -104,6 +104,7 @@ def _cwd():
 
 
 def _after_fork_child():
+    streams.after_fork_in_child()
     if _channel is not None:
         _channel.after_fork_in_child()
 
@@ -124,6 +125,7 @@ def _run_cell(frame):
     _channel.send({"type": "started", "id": cid})
     streams.restore_fds()
     streams.install(sys)
+    streams.set_ring_tag(frame.get("marker", ""), bool((frame.get("options") or {}).get("rings")))
     signal.signal(signal.SIGINT, _on_sigint)
     me = threading.get_ident()
     state.background_idents = frozenset(t.ident for t in threading.enumerate() if t.ident != me)
@@ -158,6 +160,7 @@ def _run_cell(frame):
     except BaseException:
         pass
     streams.flush_all(sys)
+    streams.end_of_cell_rings()
     streams.restore_fds()
     usage, _ = _usage(cpu_before)
     with state.lock:
@@ -202,7 +205,8 @@ def run():
     signal.signal(signal.SIGINT, _on_sigint)
     threading.Thread(target=_reader, name="cellhost-control", daemon=True).start()
     _channel.send({"type": "ready", "pid": os.getpid(), "python": sys.version,
-                   "executable": sys.executable, "protocol": PROTOCOL})
+                   "executable": sys.executable, "protocol": PROTOCOL,
+                   "rings": streams.create_rings()})
     while True:
         try:
             frame = _queue.get()
@@ -222,6 +226,7 @@ def run():
             # ended; the cell's response was already built or is sent below.
             if kind == "execute" and state.current == frame.get("id"):
                 state.current = None
+                streams.end_of_cell_rings()
                 streams.write_marker(frame["marker"])
                 _channel.send({"type": "response", "id": frame["id"], "status": "interrupted",
                                "execution_count": state.execution_count, "result": None,
@@ -231,6 +236,7 @@ def run():
             _channel.send({"type": "log", "msg": "worker error: %s: %s" % (type(exc).__name__, exc)})
             if kind == "execute" and state.current == frame.get("id"):
                 state.current = None
+                streams.end_of_cell_rings()
                 streams.write_marker(frame["marker"])
                 _channel.send({"type": "response", "id": frame["id"], "status": "error",
                                "execution_count": state.execution_count, "result": None,

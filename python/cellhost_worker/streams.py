@@ -8,7 +8,10 @@ the host as ``background`` frames so they never mix into a later cell.
 """
 import fcntl
 import io
+import mmap
 import os
+import select
+import struct
 import threading
 
 from . import state
@@ -18,6 +21,141 @@ _saved = {}          # 1/2 -> high, close-on-exec copy of the original pipe
 _identity = {}       # 1/2 -> (st_dev, st_ino) of the original pipe
 channel = None       # set by main
 _libc_fflush = None
+
+# Output rings (see cellhost_protocol::frame::RingOffer): a large write goes
+# into shared memory and only a token goes into the pipe, in its place.
+RING_HEADER = 4096
+RING_SIZE = 4 << 20
+RING_MIN = 64 << 10
+RING_WAIT_S = 1.0
+_rings = {}          # 1/2 -> _Ring
+
+
+class _Ring:
+    def __init__(self, name):
+        memfd = os.memfd_create("cellhost-" + name, os.MFD_CLOEXEC)
+        efd = os.eventfd(0, os.EFD_CLOEXEC)
+        try:
+            os.ftruncate(memfd, RING_HEADER + RING_SIZE)
+            self.mm = mmap.mmap(memfd, RING_HEADER + RING_SIZE)
+            self.memfd = fcntl.fcntl(memfd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+            self.efd = fcntl.fcntl(efd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+        finally:
+            os.close(memfd)
+            os.close(efd)
+        self.name = name
+        self.write_pos = 0
+        self.used = False
+        # The current cell's marker nonce while the host reads this ring;
+        # set and cleared under the lock, so no token can follow the
+        # cell's end marker.
+        self.tag = None
+        self.lock = threading.Lock()
+
+    def _read_pos(self):
+        return struct.unpack_from("<Q", self.mm, 8)[0]
+
+    def _room(self, n):
+        """Waits until `n` bytes fit; False if the host took nothing for a while."""
+        while RING_SIZE - (self.write_pos - self._read_pos()) < n:
+            ready, _, _ = select.select([self.efd], [], [], RING_WAIT_S)
+            if not ready:
+                return False
+            try:
+                os.eventfd_read(self.efd)
+            except BlockingIOError:
+                pass
+        return True
+
+    def write(self, fd, data):
+        """Writes `data` through the ring (tokens into `fd`); what does not
+        get room in time, or comes between cells, goes through `fd` itself,
+        in order."""
+        view = memoryview(data)
+        with self.lock:
+            tag = self.tag
+            if tag is None:
+                _write_all(fd, view)
+                return
+            while view:
+                n = min(len(view), RING_SIZE // 2)
+                if not self._room(n):
+                    _write_all(fd, view)
+                    return
+                off = self.write_pos % RING_SIZE
+                first = min(n, RING_SIZE - off)
+                state.critical_enter()
+                try:
+                    self.mm[RING_HEADER + off:RING_HEADER + off + first] = view[:first]
+                    if n > first:
+                        self.mm[RING_HEADER:RING_HEADER + n - first] = view[first:n]
+                    token = b"\x01cellhost-ring-%s:%d:%d\x01" % (tag, self.write_pos, n)
+                    self.write_pos += n
+                    self.used = True
+                    _write_all(fd, token)
+                finally:
+                    state.critical_exit()
+                view = view[n:]
+
+    def release(self):
+        """Gives the ring's pages back once the host has read everything."""
+        if self.used and self._read_pos() == self.write_pos:
+            try:
+                self.mm.madvise(mmap.MADV_REMOVE, RING_HEADER, RING_SIZE)
+                self.used = False
+            except (OSError, AttributeError, ValueError):
+                pass
+
+
+def create_rings():
+    """The rings offered in `ready` (none if this system has no memfd)."""
+    offers = []
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            ring = _Ring(name)
+        except (OSError, AttributeError, ValueError):
+            continue
+        _rings[fd] = ring
+        offers.append({"stream": name, "memfd": ring.memfd, "eventfd": ring.efd, "size": RING_SIZE})
+    return offers
+
+
+def set_ring_tag(marker, enabled):
+    """At a cell's start: its marker's nonce when the host reads the rings."""
+    tag = None
+    if enabled and marker.startswith("\x01cellhost-end-") and marker.endswith("\x01"):
+        tag = marker[len("\x01cellhost-end-"):-1].encode("ascii")
+    for ring in _rings.values():
+        with ring.lock:
+            ring.tag = tag
+
+
+def end_of_cell_rings():
+    """Before a cell's end marker: later writes go through the pipes."""
+    for ring in _rings.values():
+        with ring.lock:
+            ring.tag = None
+            ring.release()
+
+
+def after_fork_in_child():
+    """A forked child must not write into its parent's rings."""
+    _rings.clear()
+
+
+def _write_all(fd, view):
+    view = memoryview(view)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _is_original(fd):
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == _identity.get(fd)
 
 
 def save_original_fds():
@@ -121,10 +259,13 @@ class FdStream(io.TextIOBase):
         if bg and threading.get_ident() in bg and channel is not None and os.getpid() == state.WORKER_PID:
             channel.send({"type": "background", "stream": self._name, "text": as_text()})
             return
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
+        if len(data) >= RING_MIN:
+            ring = _rings.get(self._fd)
+            if ring is not None and ring.tag is not None and os.getpid() == state.WORKER_PID \
+                    and _is_original(self._fd):
+                ring.write(self._fd, data)
+                return
+        _write_all(self._fd, data)
 
 
 def line_buffer_c_stdout():

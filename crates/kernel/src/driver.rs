@@ -39,6 +39,7 @@ use crate::result::{
     BackgroundOutput, CellError, CellResult, CellStatus, CrashReport, DisplayOutput, InterruptReport,
     KernelRef, Usage,
 };
+use crate::ring::{OutputRing, Piece, RingTokens};
 use crate::tools::{self, ToolCall, ToolCallRecord};
 
 /// How long after a `response` the end markers may take before the cell
@@ -162,6 +163,8 @@ struct ActiveCell {
     q: QueuedCell,
     marker: Vec<u8>,
     scan: [MarkerScanner; 2],
+    /// Ring tokens of this cell per stream (when the worker may use rings).
+    tokens: [Option<RingTokens>; 2],
     marker_seen: [bool; 2],
     capture: [Option<StreamCapture>; 2],
     peek: [String; 2],
@@ -227,6 +230,8 @@ pub(crate) struct Driver {
     reader: FrameReader<OwnedReadHalf>,
     writer: FrameWriter<OwnedWriteHalf>,
     pipes: [Option<pipe::Receiver>; 2],
+    /// The worker's output rings, when the host could take them.
+    rings: [Option<OutputRing>; 2],
     bufs: [Vec<u8>; 2],
     /// Per stream: in bulk mode (big read buffer).
     bulk: [bool; 2],
@@ -286,6 +291,7 @@ impl Driver {
         info: KernelInfo,
         early_stderr: Vec<u8>,
         cgroup: Option<KernelCgroup>,
+        rings: [Option<OutputRing>; 2],
     ) -> Self {
         let label = config.label();
         let (tool_done_tx, tool_done_rx) = mpsc::unbounded_channel();
@@ -298,6 +304,7 @@ impl Driver {
             reader,
             writer,
             pipes: [Some(stdout), Some(stderr)],
+            rings,
             bufs: [vec![0u8; READ_BUF], vec![0u8; READ_BUF]],
             bulk: [false, false],
             grown: [None, None],
@@ -774,8 +781,12 @@ impl Driver {
             && !a.marker_seen[stream]
         {
             let scan = a.scan[stream].feed(chunk);
-            push_capture(a, stream, &scan.before);
+            push_output(a, &mut self.rings[stream], stream, &scan.before);
             if scan.found {
+                if let Some(t) = a.tokens[stream].as_mut() {
+                    let held = t.take_held();
+                    push_capture(a, stream, &held);
+                }
                 a.marker_seen[stream] = true;
                 self.raw_background[stream].extend_from_slice(&scan.after);
             }
@@ -1008,6 +1019,7 @@ impl Driver {
             options: ExecuteOptions {
                 silent: q.options.silent,
                 session_dir: None,
+                rings: self.rings.iter().any(Option::is_some),
             },
         };
         let mut a = ActiveCell {
@@ -1016,6 +1028,7 @@ impl Driver {
                 MarkerScanner::new(marker.as_bytes()),
                 MarkerScanner::new(marker.as_bytes()),
             ],
+            tokens: [0, 1].map(|s| self.rings[s].as_ref().map(|_| RingTokens::new(&hex))),
             marker_seen: [false, false],
             capture: [
                 Some(cap(&self.config.stdout_limits, "stdout")),
@@ -1055,7 +1068,11 @@ impl Driver {
         };
         for s in 0..2 {
             let held = a.scan[s].take_held();
-            push_capture(&mut a, s, &held);
+            push_output(&mut a, &mut self.rings[s], s, &held);
+            if let Some(t) = a.tokens[s].as_mut() {
+                let held = t.take_held();
+                push_capture(&mut a, s, &held);
+            }
         }
         let [out, err] = [a.capture[0].take(), a.capture[1].take()].map(|c| c.map(StreamCapture::finish));
         let mut truncated = std::collections::BTreeMap::new();
@@ -1283,6 +1300,37 @@ impl Drop for Driver {
         // Runtime shutdown or a panic: never leave the tree behind.
         if self.exit.is_none() {
             self.child.kill_and_reap();
+        }
+    }
+}
+
+/// Hands a cell's bytes from the pipe to its capture, with the ring
+/// tokens among them replaced by the bytes they stand for.
+fn push_output(a: &mut ActiveCell, ring: &mut Option<OutputRing>, stream: usize, bytes: &[u8]) {
+    let Some(tokens) = a.tokens[stream].as_mut() else {
+        push_capture(a, stream, bytes);
+        return;
+    };
+    for piece in tokens.feed(bytes) {
+        match piece {
+            Piece::Bytes(b) => push_capture(a, stream, &b),
+            Piece::Ring { pos, len, raw } => {
+                let taken = match ring.as_mut() {
+                    Some(r) => r.consume(pos, len, |b| push_capture(a, stream, b)),
+                    None => Ok(false),
+                };
+                match taken {
+                    Ok(true) => {}
+                    Ok(false) => push_capture(a, stream, &raw),
+                    Err(e) => {
+                        // The ring is unusable from now on; the worker
+                        // falls back to the pipe when it gets no room.
+                        tracing::warn!("output ring failed, back to the pipe only: {e}");
+                        *ring = None;
+                        push_capture(a, stream, &raw);
+                    }
+                }
+            }
         }
     }
 }

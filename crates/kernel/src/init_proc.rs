@@ -10,6 +10,18 @@ use std::time::Duration;
 
 use cellhost_sandbox::signal;
 
+/// A pidfd for `pid` (which need not be a child of this process).
+///
+/// # Errors
+/// `pid` is 0, or the process is gone.
+pub(crate) fn pidfd_of(pid: u32) -> io::Result<OwnedFd> {
+    let p = rustix::process::Pid::from_raw(pid as i32).ok_or_else(|| io::Error::other("pid 0"))?;
+    Ok(rustix::process::pidfd_open(
+        p,
+        rustix::process::PidfdFlags::empty(),
+    )?)
+}
+
 /// The process that supervises one kernel's tree.
 pub(crate) enum InitProc {
     /// Started by the host: waited for with `waitpid`.

@@ -111,6 +111,10 @@ pub struct KernelInfo {
     pub python_version: String,
     /// The confinement layers in force for this kernel (mode `off`: none).
     pub sandbox: SandboxStatus,
+    /// Streams whose large writes come through a shared-memory ring
+    /// (`stdout`, `stderr`), not the pipe alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_rings: Vec<String>,
     /// Host pid of the template this kernel was forked from (`None`: a
     /// cold start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -261,10 +265,7 @@ impl Kernel {
             .set_nonblocking(true)
             .map_err(|e| io_err("control socket", e))?;
         let ctl = tokio::net::UnixStream::from_std(host_end).map_err(|e| io_err("control socket", e))?;
-        let pid_raw = rustix::process::Pid::from_raw(init_pid as i32)
-            .ok_or_else(|| io_err("pidfd", std::io::Error::other("pid 0")))?;
-        let pidfd = rustix::process::pidfd_open(pid_raw, rustix::process::PidfdFlags::empty())
-            .map_err(|e| io_err("pidfd_open", e.into()))?;
+        let pidfd = crate::init_proc::pidfd_of(init_pid).map_err(|e| io_err("pidfd_open", e))?;
         // `AsyncFd::new` is deprecated because an arbitrary `AsRawFd` may close
         // its fd early; an `OwnedFd` keeps it open for the AsyncFd's whole
         // life, which is exactly the condition `register` asks for.
@@ -363,7 +364,7 @@ impl Kernel {
                 });
             }
         }
-        let (pid, python_version) = match ready {
+        let (pid, python_version, ring_offers) = match ready {
             Err(_) => {
                 return Err(KernelError::StartupTimeout {
                     kernel: label,
@@ -387,6 +388,7 @@ impl Kernel {
                 pid,
                 python,
                 protocol,
+                rings,
                 ..
             })))) => {
                 if protocol != PROTOCOL_VERSION {
@@ -396,7 +398,7 @@ impl Kernel {
                         host: PROTOCOL_VERSION,
                     });
                 }
-                (pid, python)
+                (pid, python, rings)
             }
             Ok(Ok(Ok(Some(other)))) => {
                 return Err(KernelError::Spawn {
@@ -419,7 +421,15 @@ impl Kernel {
                     .map(|p| *p as u32)
             })
             .unwrap_or(pid);
+        let rings = open_rings(host_pid, &ring_offers, &label);
+        let output_rings = ["stdout", "stderr"]
+            .iter()
+            .zip(&rings)
+            .filter(|(_, r)| r.is_some())
+            .map(|(n, _)| n.to_string())
+            .collect();
         let info = KernelInfo {
+            output_rings,
             session: config.session.clone(),
             generation: config.generation,
             pid: host_pid,
@@ -453,6 +463,7 @@ impl Kernel {
             info.clone(),
             stderr_early,
             cgroup,
+            rings,
         );
         tokio::spawn(driver.run());
         Ok(Kernel {
@@ -828,6 +839,38 @@ pub(crate) fn worker_env(
         env.push(("TMPDIR".into(), "/tmp".into()));
     }
     env
+}
+
+/// Takes the worker's output rings; a ring the host cannot take is left
+/// unused (its stream goes through the pipe only).
+fn open_rings(
+    worker: u32,
+    offers: &[cellhost_protocol::frame::RingOffer],
+    label: &str,
+) -> [Option<crate::ring::OutputRing>; 2] {
+    let mut rings = [None, None];
+    if offers.is_empty() {
+        return rings;
+    }
+    let pidfd = match crate::init_proc::pidfd_of(worker) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::debug!(kernel = %label, "no output rings: {e}");
+            return rings;
+        }
+    };
+    for offer in offers {
+        let slot = match offer.stream.as_str() {
+            "stdout" => 0,
+            "stderr" => 1,
+            _ => continue,
+        };
+        match crate::ring::OutputRing::open(&pidfd, offer) {
+            Ok(r) => rings[slot] = Some(r),
+            Err(e) => tracing::debug!(kernel = %label, "no {} ring: {e}", offer.stream),
+        }
+    }
+    rings
 }
 
 fn describe_limits(l: &CgroupLimits) -> String {

@@ -24,6 +24,7 @@ pub mod kernel;
 mod marker;
 mod outputs;
 pub mod result;
+mod ring;
 pub mod session;
 mod spawn;
 pub mod template;

@@ -71,7 +71,7 @@ impl MarkerScanner {
 }
 
 /// Length of the longest suffix of `data` that is a proper prefix of `marker`.
-fn longest_prefix_suffix(data: &[u8], marker: &[u8]) -> usize {
+pub(crate) fn longest_prefix_suffix(data: &[u8], marker: &[u8]) -> usize {
     let max = (marker.len() - 1).min(data.len());
     (1..=max)
         .rev()

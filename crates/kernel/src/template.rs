@@ -50,7 +50,7 @@ use cellhost_sandbox::forkplan::fork_plan;
 
 use crate::config::KernelConfig;
 use crate::error::KernelError;
-use crate::init_proc::InitProc;
+use crate::init_proc::{InitProc, pidfd_of};
 use crate::kernel::{Kernel, Prepared, worker_env};
 use crate::{spawn, worker_files};
 
@@ -224,12 +224,7 @@ impl Template {
             import_ms: v.get("import_ms").and_then(Value::as_f64).unwrap_or(0.0),
             threads: v.get("threads").and_then(Value::as_i64).unwrap_or(-1),
         };
-        let pidfd = rustix::process::Pid::from_raw(pid as i32)
-            .ok_or_else(|| std::io::Error::other("the template reported pid 0"))
-            .and_then(|p| {
-                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).map_err(Into::into)
-            });
-        let pidfd = match pidfd {
+        let pidfd = match pidfd_of(pid) {
             Ok(fd) => fd,
             Err(e) => {
                 init.kill_and_reap();
@@ -379,12 +374,7 @@ impl Template {
             }
         };
         tracing::debug!(kernel = %label, pid, ms = started.elapsed().as_secs_f64() * 1e3, "forked");
-        let pidfd = rustix::process::Pid::from_raw(pid)
-            .ok_or_else(|| std::io::Error::other("the template reported pid 0"))
-            .and_then(|p| {
-                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).map_err(Into::into)
-            })
-            .map_err(|e| io_err(&label, "pidfd of the forked init", e))?;
+        let pidfd = pidfd_of(pid as u32).map_err(|e| io_err(&label, "pidfd of the forked init", e))?;
         rustix::io::ioctl_fionbio(&st_r, true).map_err(|e| io_err(&label, "status pipe", e.into()))?;
         let init = InitProc::Adopted {
             pid: pid as u32,

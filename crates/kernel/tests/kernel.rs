@@ -13,6 +13,13 @@ use cellhost_kernel::{
 };
 use tempfile::TempDir;
 
+#[path = "kernel_tests/bulk_output.rs"]
+mod bulk_output;
+#[path = "kernel_tests/output_ring.rs"]
+mod output_ring;
+#[path = "kernel_tests/worker_imports.rs"]
+mod worker_imports;
+
 fn python() -> PathBuf {
     match std::env::var_os("CELLHOST_TEST_PYTHON") {
         Some(p) => PathBuf::from(p),
@@ -1799,6 +1806,14 @@ async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
     let ns = cellhost_sandbox::procfs::ns_pids(k.info().pid as i32);
     assert_eq!(ns.last(), Some(&2), "{ns:?}");
     assert_eq!(k.info().template, Some(t.info().pid));
+    assert_eq!(k.info().output_rings, vec!["stdout", "stderr"]);
+    let r = run(&k, "import sys\nsys.stdout.write('r' * 300000)").await;
+    assert_eq!(
+        r.truncated.get("stdout").map(|t| t.total_bytes),
+        Some(300000),
+        "{:?}",
+        r.truncated
+    );
     // Its cgroup namespace is rooted at its own group, which holds it.
     let r = run(&k, "print(open('/proc/self/cgroup').read().count('cellhost'))").await;
     assert_eq!(r.stdout, "0\n", "{r:#?}");

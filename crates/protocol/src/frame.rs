@@ -16,7 +16,40 @@ pub struct ExecuteOptions {
     /// frames; this is only informative for user code).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_dir: Option<String>,
+    /// The host reads the worker's output rings: large writes may go
+    /// through them (announced in the pipe by a token carrying the cell's
+    /// marker nonce, see [`RingOffer`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rings: bool,
 }
+
+/// An output ring the worker offers in `ready`: a memfd of
+/// [`RING_HEADER`] + `size` bytes and an eventfd, both open in the worker
+/// under the given descriptor numbers (the host takes copies with
+/// `pidfd_getfd`).
+///
+/// The worker copies a large write (64 KiB or more) into the data area at
+/// `write_pos % size` (wrapping) and then writes the token
+/// `\x01cellhost-ring-<marker nonce>:<write_pos>:<len>\x01` to the stream's
+/// pipe, in order with everything else written there. The host, on reading
+/// the token, takes `len` bytes from the ring as if they had come through
+/// the pipe, stores its new read position as a little-endian `u64` at byte
+/// 8 of the header, and adds 1 to the eventfd. The worker never has more
+/// than `size` bytes unread, and waits on the eventfd for room.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingOffer {
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    /// The worker's descriptor of the memfd.
+    pub memfd: i32,
+    /// The worker's descriptor of the eventfd.
+    pub eventfd: i32,
+    /// Bytes in the data area.
+    pub size: u64,
+}
+
+/// Bytes before a ring's data area (one page; the read position is at 8).
+pub const RING_HEADER: u64 = 4096;
 
 /// Frames the host sends to a worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,6 +145,10 @@ pub enum WorkerFrame {
         executable: String,
         /// Protocol version the worker speaks.
         protocol: u32,
+        /// Shared-memory rings the worker offers for large writes to its
+        /// stdout and stderr (none: every byte goes through the pipes).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rings: Vec<RingOffer>,
     },
     /// A MIME bundle shown during cell `id`.
     Display {

@@ -2,18 +2,10 @@
 //! reads, bigger pipe) arrives whole and in order, and the next cells'
 //! small output is exact.
 //!
-//! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
-use std::path::PathBuf;
+use cellhost_kernel::{CellStatus, ExecOptions, Kernel};
 
-use cellhost_kernel::{CellStatus, ExecOptions, Kernel, KernelConfig};
-
-fn python() -> PathBuf {
-    match std::env::var_os("CELLHOST_TEST_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => cellhost_kernel::resolve_python(None).expect("python3 for tests"),
-    }
-}
+use super::config;
 
 /// `count` numbered lines, as the cell below writes them.
 fn lines(tag: &str, count: usize) -> String {
@@ -23,10 +15,7 @@ fn lines(tag: &str, count: usize) -> String {
 #[tokio::test]
 async fn bulk_output_is_whole_and_later_small_output_exact() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = KernelConfig::new(python(), dir.path().join("session"));
-    cfg.session = "bulk".into();
-    cfg.cwd = Some(dir.path().to_path_buf());
-    let k = Kernel::spawn(cfg).await.expect("spawn");
+    let k = Kernel::spawn(config(&dir)).await.expect("spawn");
     // ~6 MB on stdout in pieces of many sizes, ~2 MB on stderr, interleaved.
     let code = "import sys, os\n\
         out = ''.join('out %07d\\n' % i for i in range(500000))\n\
