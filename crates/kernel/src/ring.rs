@@ -77,21 +77,22 @@ impl OutputRing {
         if pos != self.read_pos || len == 0 || len > self.size / 2 {
             return Ok(false);
         }
+        if self.buf.len() != PIECE {
+            // Sized once: no zeroing per piece.
+            self.buf = vec![0; PIECE];
+        }
         let mut done = 0u64;
         while done < len {
             let at = (pos + done) % self.size;
             let n = (len - done).min(self.size - at).min(PIECE as u64) as usize;
-            self.buf.resize(n, 0);
-            self.file.read_exact_at(&mut self.buf, RING_HEADER + at)?;
-            sink(&self.buf);
+            let piece = &mut self.buf[..n];
+            self.file.read_exact_at(piece, RING_HEADER + at)?;
+            sink(piece);
             done += n as u64;
         }
         self.read_pos += len;
         self.file.write_all_at(&self.read_pos.to_le_bytes(), 8)?;
         rustix::io::write(&self.notify, &1u64.to_ne_bytes())?;
-        if self.buf.capacity() > PIECE {
-            self.buf = Vec::new();
-        }
         Ok(true)
     }
 }
