@@ -1,18 +1,20 @@
 """Running one cell in the persistent namespace."""
 import ast
-import inspect
 import linecache
 import os
 import traceback
 
 from . import state
 
+# inspect.CO_COROUTINE, without importing inspect (about 3 ms at start).
+_CO_COROUTINE = 0x80
+
 WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
 _loop = None
 
 
 def _run_code(code_obj, namespace):
-    if code_obj.co_flags & inspect.CO_COROUTINE:
+    if code_obj.co_flags & _CO_COROUTINE:
         # Imported on first use: asyncio (with ssl) is a third of the
         # worker's start-up, and most cells never await at top level.
         import asyncio
