@@ -23,7 +23,7 @@ pub const LIMITS: &[(&str, &[&str], &str)] = &[
     (
         "W2",
         &["W2", "W2S"],
-        "Starting Python and importing the worker. The worker's imports took 52 ms, 22 ms of it asyncio with ssl; asyncio is now imported on the first top-level await, leaving 25 ms (json, inspect, the worker's modules). The sandbox adds 14–17 ms (the W2S rows); in a trace, its longest single step is the init writing its pid into the cgroup v1 `cgroup.procs`. \
+        "Starting Python and importing the worker. The worker's imports took 52 ms, 22 ms of it asyncio with ssl; asyncio is now imported on the first top-level await, and inspect not at all, leaving about 21 ms (json, socket, ast, the worker's modules). The sandbox adds 14–17 ms (the W2S rows); in a trace, its longest single step is the init writing its pid into the cgroup v1 `cgroup.procs`. \
          `PY -X importtime -c \"import sys; sys.path.insert(0, 'python'); import cellhost_worker.main\"`; `strace -f -tt -e trace=execve,openat cellhost run NOTEBOOK` shows the timeline.",
     ),
     (
@@ -59,7 +59,7 @@ pub const LIMITS: &[(&str, &[&str], &str)] = &[
     (
         "W7",
         &["W7"],
-        "The notebook's first cell: importing numpy, pandas and matplotlib.pyplot takes about 0.45–0.5 s of the run's 0.7 s. That is as long as in a plain `python -c`: measured alternately, 509/608, 595/571, 519/475 and 540/527 ms (plain/kernel). Then come the two figure cells (about 0.16 s together: cProfile shows `savefig(bbox_inches=\"tight\")` drawing each figure twice, and PNG encoding is about 12 ms of the 0.11 s), the kernel's start (about 45 ms), about 10 ms for each of the five other cells, and 25 ms of host CPU. Most of the peer's extra time is its kernel's start (about 0.5 s in W2's peer row). \
+        "The notebook's first cell: importing numpy, pandas and matplotlib.pyplot takes about 0.45–0.5 s of the run's 0.7 s. That is as long as in a plain `python -c`: measured alternately, 509/608, 595/571, 519/475 and 540/527 ms (plain/kernel). Then come the two figure cells (about 0.16 s together: cProfile shows `savefig(bbox_inches=\"tight\")` drawing each figure twice, and PNG encoding is about 12 ms of the 0.11 s), the kernel's start (about 45 ms), about 10 ms for each of the five other cells, and 25 ms of host CPU. Most of the peer's extra time is its kernel's start (about 0.4–0.5 s in W2's peer row); `jupyter execute` adds its own start-up and imports on top. \
          Per-cell times are on `cellhost run`'s stderr; `PY -X importtime -c \"import numpy, pandas, matplotlib.pyplot\"`; `/usr/bin/time cellhost run examples/penguins.ipynb`.",
     ),
     (
