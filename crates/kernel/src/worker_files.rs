@@ -23,7 +23,7 @@ fn content_hash() -> u64 {
 /// The cache directory: `$CELLHOST_CACHE_DIR`, `$XDG_CACHE_HOME/cellhost`,
 /// `~/.cache/cellhost`, else under the temp dir. Empty or relative values
 /// are skipped: the cache must never depend on the caller's cwd.
-fn cache_root() -> PathBuf {
+pub fn cache_root() -> PathBuf {
     let absolute = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
     if let Some(dir) = absolute(std::env::var_os("CELLHOST_CACHE_DIR")) {
         return dir;

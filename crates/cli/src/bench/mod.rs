@@ -16,13 +16,16 @@
 //! daemon socket and the HTTP API; HTTP50 50 concurrent HTTP clients of 100
 //! cells each (throughput, p99, lost or misattributed output).
 //! Peers (`--peers`): ipykernel driven by jupyter_client, a fresh
-//! `python -c` per cell, and nbclient, from the interpreter's environment.
+//! `python -c` per cell, and nbclient, from the interpreter's environment;
+//! when it lacks them, from the bench venv the command sets up once
+//! (`python/requirements.txt`'s pins, under the cache directory).
 
 mod limits;
 mod sessions;
 mod stats;
 mod surfaces;
 mod template;
+mod venv;
 mod workloads;
 
 use std::fmt::Write as _;
@@ -45,12 +48,14 @@ pub const ALL: &[&str] = &[
 pub struct BenchArgs {
     #[command(flatten)]
     pub kernel: KernelArgs,
-    /// Comma-separated workloads (W1, W2, W3, W4, KILL, HOSTKILL, W7, POOL,
+    /// Comma-separated workloads (W1, W2, W2S, W2T, W3, W4, KILL, HOSTKILL, W7, POOL,
     /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
-    /// Also measure the peers (needs ipykernel, jupyter_client, nbclient in
-    /// the interpreter's environment: the project venv pins them).
+    /// Also measure the peers: ipykernel + jupyter_client, `python -c`,
+    /// nbclient. When the interpreter lacks them, the bench sets up its own
+    /// venv with the pinned packages once (~/.cache/cellhost/bench-venv-*)
+    /// and runs every workload with it.
     #[arg(long)]
     pub peers: bool,
     /// Cells for W1.
@@ -71,7 +76,7 @@ pub struct BenchArgs {
 }
 
 /// Runs `bench`; returns the exit code.
-pub fn run(args: BenchArgs) -> u8 {
+pub fn run(mut args: BenchArgs) -> u8 {
     let mut list: Vec<String> = args
         .workload
         .split(',')
@@ -86,6 +91,26 @@ pub fn run(args: BenchArgs) -> u8 {
             ALL.join(", ")
         );
         return EXIT_USAGE;
+    }
+    if args.peers {
+        // The peers need the pinned Jupyter stack: set up the bench venv
+        // when the interpreter lacks it.
+        let python = match cellhost_kernel::resolve_python(args.kernel.python.as_deref()) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
+        };
+        if !venv::has_peers(&python) {
+            match venv::ensure(&python) {
+                Ok(p) => args.kernel.python = Some(p),
+                Err(e) => {
+                    eprintln!("cellhost: cannot set up the bench venv: {e}");
+                    return 1;
+                }
+            }
+        }
     }
     let rt = match common::runtime() {
         Ok(rt) => rt,
