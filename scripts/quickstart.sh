@@ -23,7 +23,7 @@ LOCKED=()
 [[ -f "$ROOT/Cargo.lock" ]] && LOCKED=(--locked)
 cargo build --release "${LOCKED[@]}" -p cellhost
 
-BIN="$ROOT/target/release/cellhost"
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/cellhost"
 [[ -x "$BIN" ]] || die "build finished but $BIN is missing"
 
 INPUT="$ROOT/examples/penguins.ipynb"

@@ -1,4 +1,4 @@
-//! `cellhost serve [--listen ADDR] [--token-file PATH]`: the HTTP API
+//! `cellhost serve [--listen ADDR] [--token-file PATH] [--workdir DIR]`: the HTTP API
 //! (REST + server-sent events, `/openapi.json`) and the MCP endpoint
 //! (streamable HTTP at `/mcp`), both behind bearer tokens.
 
@@ -26,6 +26,11 @@ pub struct ServeArgs {
     /// `STATE_DIR/server/tokens`, created with one token at first start.
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// A directory every session works in (read-write for all of them, and
+    /// so shared between owners). Default: each kernel works in its own
+    /// session directory, so owners and sessions share no files.
+    #[arg(long, value_name = "DIR")]
+    workdir: Option<PathBuf>,
 }
 
 /// Runs `serve`.
@@ -46,12 +51,31 @@ pub fn run(args: ServeArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let template = match common::kernel_config(&args.kernel, "serve", &common::new_session_dir("serve")) {
+    let mut template = match common::kernel_config(&args.kernel, "serve", &common::new_session_dir("serve")) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cellhost: {e}");
             return EXIT_USAGE;
         }
+    };
+    // Many owners share one server: the directory it was started from is
+    // not theirs to share unless asked for.
+    template.cwd = match &args.workdir {
+        Some(dir) => match std::fs::canonicalize(dir) {
+            Ok(d) if d.is_dir() && common::workdir_allowed(&d) => Some(d),
+            Ok(d) => {
+                eprintln!(
+                    "cellhost: --workdir {}: not a directory a kernel may work in (not your home or a directory holding it)",
+                    d.display()
+                );
+                return EXIT_USAGE;
+            }
+            Err(e) => {
+                eprintln!("cellhost: --workdir {}: {e}", dir.display());
+                return EXIT_USAGE;
+            }
+        },
+        None => None,
     };
     common::block_on(async move {
         let reg = match common::start_registry(template, None, false).await {

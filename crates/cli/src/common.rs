@@ -61,9 +61,35 @@ pub fn new_session_dir(prefix: &str) -> PathBuf {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    state_dir()
-        .join("sessions")
-        .join(format!("{prefix}-{stamp}-{}", std::process::id()))
+    let root = state_dir().join("sessions");
+    sweep_old_sessions(&root, SESSION_DIR_MAX_AGE);
+    root.join(format!("{prefix}-{stamp}-{}", std::process::id()))
+}
+
+/// Session directories of one-off commands (their figures and spilled
+/// output, which the command names when it ends) are kept this long.
+const SESSION_DIR_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Removes session directories under `root` not modified for `max_age`.
+/// Returns how many went. Errors (a directory in use, no permission) keep
+/// the directory.
+pub fn sweep_old_sessions(root: &Path, max_age: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut n = 0;
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > max_age);
+        if old && e.path().is_dir() && std::fs::remove_dir_all(e.path()).is_ok() {
+            n += 1;
+        }
+    }
+    n
 }
 
 /// Parses `--timeout SECONDS` (0 = no deadline).
@@ -202,6 +228,23 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn old_session_dirs_are_swept_and_recent_ones_kept() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let recent = root.path().join("exec-recent");
+        std::fs::create_dir_all(recent.join("cells")).expect("mkdir");
+        assert_eq!(sweep_old_sessions(root.path(), Duration::from_secs(3600)), 0);
+        assert!(recent.is_dir());
+        // Everything is older than zero seconds once a moment has passed.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(sweep_old_sessions(root.path(), Duration::ZERO), 1);
+        assert!(!recent.exists());
+        assert_eq!(
+            sweep_old_sessions(&root.path().join("missing"), Duration::ZERO),
+            0
+        );
+    }
 
     #[test]
     fn home_and_its_ancestors_are_never_a_kernel_workdir() {

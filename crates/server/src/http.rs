@@ -226,12 +226,12 @@ struct CreateBody {
 
 fn session_json(st: &AppState, owner: &str, name: &str) -> Value {
     let key = st.registry.key(owner, name);
-    match st.registry.kernel(&key) {
-        Some(k) => json!({
+    match st.registry.kernel_and_generation(&key) {
+        Some((k, generation)) => json!({
             "name": name,
             "alive": true,
             "busy": k.is_busy(),
-            "generation": k.info().generation,
+            "generation": generation,
             "pid": k.info().pid,
             "python": k.info().python,
         }),

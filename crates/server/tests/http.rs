@@ -279,6 +279,14 @@ async fn sessions_execute_variables_history_restart_delete() {
     assert_eq!(rs.status, 200, "{}", rs.body);
     let r = exec(a, ALICE, "ana", "'x' in globals()").await.json();
     assert_eq!(r["result"]["text/plain"], "False", "restart clears state: {r}");
+    // The listing gives the session's generation (regression: it gave the
+    // kernel's own count, always 1).
+    let list = call(a, "GET", "/v1/sessions", Some(ALICE), None).await.json();
+    assert_eq!(
+        list["sessions"][0]["generation"], r["kernel"]["generation"],
+        "{list} vs {r}"
+    );
+    assert_eq!(list["sessions"][0]["generation"], 2, "{list}");
 
     // Big output: cut inline, pageable by the owner only.
     let r = exec(a, ALICE, "ana", "print('y' * 200000)").await.json();

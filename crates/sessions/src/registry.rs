@@ -491,6 +491,19 @@ impl Registry {
         g.kernel.clone().filter(Kernel::is_alive)
     }
 
+    /// The live kernel of a key with the session's generation (the
+    /// session's count, which a pooled kernel's own
+    /// [`cellhost_kernel::KernelInfo::generation`] does not know).
+    pub fn kernel_and_generation(&self, key: &Key) -> Option<(Kernel, u64)> {
+        let slots = self.slots.lock().ok()?;
+        let slot = slots.get(key)?;
+        let g = slot.lock();
+        g.kernel
+            .clone()
+            .filter(Kernel::is_alive)
+            .map(|k| (k, g.generation))
+    }
+
     /// Is the key's configuration the one the warm pool holds?
     fn poolable(&self, key: &Key) -> bool {
         key.python == self.cfg.template.python

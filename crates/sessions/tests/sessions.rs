@@ -325,6 +325,24 @@ async fn warm_pool_hands_out_fresh_kernels_only() {
         .await
         .expect("other");
     assert_ne!(r2.kernel.pid, r.kernel.pid, "a used kernel was handed out again");
+    // A pooled kernel as the session's second generation: the session's
+    // count is what the registry reports (the kernel itself says 1).
+    if let Some(kernel) = reg.kernel(&other) {
+        kernel.kill().await;
+    }
+    let t0 = Instant::now();
+    while reg.stats().pooled < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pool never refilled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r3 = reg
+        .execute(&other, "1", ExecOptions::default(), &o())
+        .await
+        .expect("second generation");
+    assert_eq!(r3.kernel.generation, 2);
+    let (kernel, generation) = reg.kernel_and_generation(&other).expect("live");
+    assert_eq!(generation, 2);
+    assert_eq!(kernel.info().generation, 1, "expected a pooled kernel");
     // A non-default configuration does not take from the pool.
     let odd = reg.key("o", "odd").with_cwd(std::env::temp_dir());
     reg.execute(&odd, "1", ExecOptions::default(), &o())
