@@ -150,7 +150,7 @@ pub fn run(mut args: BenchArgs) -> u8 {
     let mut doc = String::from("# Benchmarks\n\n");
     let _ = writeln!(
         doc,
-        "Made by `cellhost bench --workload {} {}--python {}` on a 2-core, 24 GiB Debian 12 machine, which is shared and noisy: read the ratios, which compare systems measured in the same run. *ratio* = the peer's p50 / cellhost's p50 (above 1: cellhost is faster).\n",
+        "Made by `cellhost bench --workload {} {}--python {}` on a 2-core, 24 GiB Debian 12 machine, which is shared and noisy: read the ratios, which compare systems measured in the same run. *ratio* = how many times cellhost is faster: the peer's p50 ÷ cellhost's p50 for times, cellhost's ÷ the peer's for throughputs (MB/s); a row's note says when it compares something else.\n",
         args.workload,
         if args.peers { "--peers " } else { "" },
         ctx.cfg.python.display()
