@@ -77,7 +77,7 @@ async fn many_times_the_ring_wraps_and_waits_without_losing_a_byte() {
 }
 
 #[tokio::test]
-async fn a_look_alike_token_is_plain_text() {
+async fn hk15_forged_ring_tokens_are_plain_text() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = kernel(&dir, 1 << 20).await;
     let r = run(
@@ -94,6 +94,26 @@ async fn a_look_alike_token_is_plain_text() {
     // And the ring still works after it.
     let r = run(&k, "import sys\nsys.stdout.write('z' * 200000)").await;
     assert_eq!(r.stdout, "z".repeat(200000));
+    k.kill().await;
+}
+
+#[tokio::test]
+async fn hk12_invalid_utf8_through_the_ring() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = kernel(&dir, 4 << 20).await;
+    // 300 KB of bytes that are not UTF-8, with a 2-byte character cut in
+    // half between two large writes (the ring keeps the raw bytes).
+    let r = run(
+        &k,
+        "import sys
+b = sys.stdout.buffer
+b.write(b'\\xff' * 150000 + b'\\xc3')
+b.write(b'\\xa9' + b'x' * 150000)",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
+    let want = format!("{}é{}", "\u{fffd}".repeat(150000), "x".repeat(150000));
+    assert!(r.stdout == want, "got {} chars", r.stdout.chars().count());
     k.kill().await;
 }
 
