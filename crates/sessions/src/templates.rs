@@ -3,27 +3,48 @@
 //! session's kernel — from the warm pool or beyond it — appears with that
 //! stack ready in milliseconds ([`cellhost_kernel::Template`]).
 //!
-//! A template is started the first time a kernel of its interpreter is
-//! needed. When a template cannot start, or a fork fails (a sandboxed
-//! template needs root), the kernel is started cold instead and the reason
-//! is logged; a template that failed to start is retried after 60 s.
+//! A template is started in the background the first time a kernel of its
+//! interpreter is needed; kernels wait for it during its first 5 s at most
+//! (a preload list that imports slowly, or hangs, never holds kernels up
+//! longer) and start cold otherwise. When a template cannot start, or a fork fails (a
+//! sandboxed template needs root; a template that died or stopped
+//! answering), the kernel starts cold and the reason is logged; a failed
+//! template is tried again after 60 s, one that failed a fork at the next
+//! kernel.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cellhost_kernel::{Kernel, KernelConfig, KernelError, Template};
 use cellhost_sandbox::profile::SandboxMode;
+use tokio::sync::watch;
 
 /// How long a template that failed to start is not tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// How long a kernel waits for a template that is still starting.
+const WAIT_FOR_TEMPLATE: Duration = Duration::from_secs(5);
+
 type Key = (PathBuf, bool);
+
+/// `None` while starting; then the template, or `None` if it failed.
+type Started = Option<Option<Template>>;
+
+enum Entry {
+    /// Started at that instant.
+    Starting(watch::Receiver<Started>, Instant),
+    Ready(Template),
+    Failed(Instant),
+}
 
 /// The templates of one registry.
 pub struct Templates {
     preload: Vec<String>,
-    map: tokio::sync::Mutex<HashMap<Key, Result<Template, Instant>>>,
+    map: Mutex<HashMap<Key, Entry>>,
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Templates {
@@ -39,7 +60,8 @@ impl Templates {
     pub fn new(preload: Vec<String>) -> Self {
         Templates {
             preload,
-            map: tokio::sync::Mutex::new(HashMap::new()),
+            map: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -48,56 +70,111 @@ impl Templates {
         &self.preload
     }
 
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Starts a kernel for `cfg`: forked from its template when there is a
     /// preload list, else (or when the template cannot help) cold.
     ///
     /// # Errors
     /// The errors of [`Kernel::spawn`].
-    pub async fn spawn(&self, cfg: KernelConfig) -> Result<Kernel, KernelError> {
+    pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
         if !self.preload.is_empty()
             && let Some(t) = self.template_for(&cfg).await
         {
             match t.fork(cfg.clone()).await {
                 Ok(k) => return Ok(k),
-                Err(e) => tracing::warn!("template fork failed, starting a cold kernel: {e}"),
+                Err(e) => {
+                    tracing::warn!("template fork failed, starting a cold kernel: {e}");
+                    // The next kernel starts a new template.
+                    let mut map = self.map();
+                    if let Some(Entry::Ready(cur)) = map.get(&key_of(&cfg))
+                        && cur.info().pid == t.info().pid
+                    {
+                        map.remove(&key_of(&cfg));
+                    }
+                }
             }
         }
         Kernel::spawn(cfg).await
     }
 
-    /// The template of `cfg`'s interpreter, started if needed.
-    pub async fn template_for(&self, cfg: &KernelConfig) -> Option<Template> {
-        let key = (cfg.python.clone(), cfg.sandbox.mode != SandboxMode::Off);
-        let mut map = self.map.lock().await;
-        if let Some(entry) = map.get(&key) {
-            match entry {
-                Ok(t) if t.is_alive() => return Some(t.clone()),
-                Ok(_) => tracing::warn!("the template of {} died: starting another", cfg.python.display()),
-                Err(at) if at.elapsed() < RETRY_AFTER => return None,
-                Err(_) => {}
-            }
-        }
-        let mut base = cfg.clone();
-        base.session = "template".into();
-        base.tool_host = None;
-        match Template::start(base, self.preload.clone()).await {
-            Ok(t) => {
-                if !t.info().failed.is_empty() {
-                    tracing::warn!("template: modules not preloaded: {:?}", t.info().failed);
+    /// The template of `cfg`'s interpreter: a ready one, or one started now
+    /// (waited for at most 5 s); `None` when there is none to use.
+    pub async fn template_for(self: &Arc<Self>, cfg: &KernelConfig) -> Option<Template> {
+        let key = key_of(cfg);
+        let (mut rx, since) = {
+            let mut map = self.map();
+            match map.get(&key) {
+                Some(Entry::Ready(t)) if t.is_alive() => return Some(t.clone()),
+                Some(Entry::Ready(_)) => {
+                    tracing::warn!("the template of {} died: starting another", cfg.python.display());
+                    self.start(&mut map, key, cfg)
                 }
-                map.insert(key, Ok(t.clone()));
-                Some(t)
+                Some(Entry::Failed(at)) if at.elapsed() < RETRY_AFTER => return None,
+                Some(Entry::Starting(rx, since)) => (rx.clone(), *since),
+                _ => self.start(&mut map, key, cfg),
             }
-            Err(e) => {
-                tracing::warn!("cannot start a template for {}: {e}", cfg.python.display());
-                map.insert(key, Err(Instant::now()));
-                None
-            }
+        };
+        // Only the first 5 s of a template's start are waited for: later
+        // kernels go cold at once while a slow one is still importing.
+        let wait = WAIT_FOR_TEMPLATE.saturating_sub(since.elapsed());
+        match tokio::time::timeout(wait, rx.wait_for(Option::is_some)).await {
+            Ok(Ok(v)) => v.clone().flatten(),
+            _ => None,
         }
     }
 
-    /// Retires every template (kernels forked from them live on).
-    pub async fn shutdown(&self) {
-        self.map.lock().await.clear();
+    /// Starts a template in the background; its entry says when it is ready.
+    fn start(
+        self: &Arc<Self>,
+        map: &mut HashMap<Key, Entry>,
+        key: Key,
+        cfg: &KernelConfig,
+    ) -> (watch::Receiver<Started>, Instant) {
+        let (tx, rx) = watch::channel(None);
+        let now = Instant::now();
+        map.insert(key.clone(), Entry::Starting(rx.clone(), now));
+        let mut base = cfg.clone();
+        base.session = "template".into();
+        base.tool_host = None;
+        let me = self.clone();
+        tokio::spawn(async move {
+            let started = Template::start(base, me.preload.clone()).await;
+            let out = {
+                let mut map = me.map();
+                match started {
+                    Ok(t) if !me.closed.load(Ordering::SeqCst) => {
+                        if !t.info().failed.is_empty() {
+                            tracing::warn!("template: modules not preloaded: {:?}", t.info().failed);
+                        }
+                        map.insert(key, Entry::Ready(t.clone()));
+                        Some(t)
+                    }
+                    // Shut down meanwhile: the template goes with this value.
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::warn!("cannot start a template for {}: {e}", key.0.display());
+                        map.insert(key, Entry::Failed(Instant::now()));
+                        None
+                    }
+                }
+            };
+            let _ = tx.send(Some(out));
+        });
+        (rx, now)
     }
+
+    /// Retires every template (kernels forked from them live on); a
+    /// template still starting is retired when it is ready.
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let all: Vec<Entry> = self.map().drain().map(|(_, e)| e).collect();
+        drop(all);
+    }
+}
+
+fn key_of(cfg: &KernelConfig) -> Key {
+    (cfg.python.clone(), cfg.sandbox.mode != SandboxMode::Off)
 }

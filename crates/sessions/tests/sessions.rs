@@ -852,3 +852,44 @@ fn host_sigkill_ends_forked_kernels() {
     let left: Vec<u32> = pids.into_iter().filter(|p| pid_alive(*p)).collect();
     assert!(left.is_empty(), "survived the host: {left:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_template_never_holds_kernels_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mods = dir.path().join("mods");
+    std::fs::create_dir_all(&mods).expect("mkdir");
+    // Imports for 8 s: longer than a kernel waits for its template.
+    std::fs::write(mods.join("slow_stack.py"), "import time\ntime.sleep(8)\n").expect("module");
+    let mut cfg = reg_config(dir.path());
+    cfg.template
+        .env
+        .push(("PYTHONPATH".into(), mods.clone().into_os_string()));
+    cfg.preload = vec!["slow_stack".into()];
+    let reg = start(cfg, false).await;
+    let probe = "import sys\nprint('slow_stack' in sys.modules)";
+    // The first kernel waits a while for the template, then starts cold.
+    let first = reg.key("o", "first");
+    let r = reg
+        .execute(&first, probe, ExecOptions::default(), &o())
+        .await
+        .expect("first");
+    assert_eq!(r.stdout, "False\n", "{r:#?}");
+    // Kernels started while it is still importing do not wait at all, and
+    // once it is ready they are forked from it.
+    let mut forked = false;
+    for i in 0..200 {
+        let k = reg.key("o", &format!("k{i}"));
+        let r = reg
+            .execute(&k, probe, ExecOptions::default(), &o())
+            .await
+            .expect("cell");
+        reg.dispose(&k).await;
+        if r.stdout == "True\n" {
+            forked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(forked, "no kernel was ever forked from the template");
+    reg.shutdown().await;
+}
