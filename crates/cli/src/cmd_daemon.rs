@@ -165,7 +165,7 @@ fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
         }
     };
     common::block_on(async move {
-        let reg = match common::start_registry(template, None, false).await {
+        let reg = match common::start_registry(template, None, false, None).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");

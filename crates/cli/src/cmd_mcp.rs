@@ -23,7 +23,7 @@ pub fn run(args: McpArgs) -> u8 {
                 return EXIT_USAGE;
             }
         };
-        let registry = match common::start_registry(template, None, false).await {
+        let registry = match common::start_registry(template, None, false, None).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: cannot start the session registry: {e}");

@@ -106,7 +106,7 @@ pub fn run(args: RunArgs) -> u8 {
         }
         cfg.cell_timeout = timeout;
         // One kernel is needed: no warm pool.
-        let registry = match common::start_registry(cfg, Some(0), true).await {
+        let registry = match common::start_registry(cfg, Some(0), true, None).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");

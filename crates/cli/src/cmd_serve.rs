@@ -27,8 +27,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
     /// A directory every session works in (read-write for all of them, and
-    /// so shared between owners). Default: each kernel works in its own
-    /// session directory, so owners and sessions share no files.
+    /// so shared between owners). Default: each session works in a
+    /// directory of its own, `STATE_DIR/work/OWNER-…/SESSION-…`, kept
+    /// across its kernels, so owners and sessions share no files.
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
 }
@@ -77,8 +78,11 @@ pub fn run(args: ServeArgs) -> u8 {
         },
         None => None,
     };
+    // Without a shared workdir, each session gets one of its own, kept
+    // across its kernels (restarts, crashes) under the state directory.
+    let workdirs = template.cwd.is_none().then(|| common::state_dir().join("work"));
     common::block_on(async move {
-        let reg = match common::start_registry(template, None, false).await {
+        let reg = match common::start_registry(template, None, false, workdirs).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");

@@ -155,7 +155,8 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
 /// cannot be opened is reported and the command goes on without it),
 /// `pool_size` overriding the configured warm pool when given, and the
 /// configured `preload` template unless `one_shot` (a command that runs
-/// one kernel would only pay the template's imports on top).
+/// one kernel would only pay the template's imports on top), and a
+/// workdir of its own for each session under `session_workdirs` if given.
 ///
 /// # Errors
 /// The configuration is invalid, or the registry cannot make its staging
@@ -164,6 +165,7 @@ pub async fn start_registry(
     template: KernelConfig,
     pool_size: Option<usize>,
     one_shot: bool,
+    session_workdirs: Option<PathBuf>,
 ) -> Result<std::sync::Arc<cellhost_sessions::Registry>, String> {
     use cellhost_sessions::{Journal, Registry, RegistryConfig};
     let config = config()?;
@@ -186,6 +188,7 @@ pub async fn start_registry(
     if one_shot {
         rc.preload.clear();
     }
+    rc.session_workdirs = session_workdirs;
     Registry::start(rc, journal)
         .await
         .map_err(|e| format!("cannot start the session registry: {e}"))

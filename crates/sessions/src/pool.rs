@@ -59,7 +59,9 @@ impl ToolHost for SessionTools {
     }
 }
 
-type Pooled = (Kernel, Option<Arc<SessionTools>>);
+/// A ready kernel, its tools, and its own working directory when the pool
+/// gives each kernel one (to become its session's).
+type Pooled = (Kernel, Option<Arc<SessionTools>>, Option<PathBuf>);
 
 /// Prespawned kernels of one configuration.
 pub struct Pool {
@@ -71,12 +73,22 @@ pub struct Pool {
     seq: AtomicU64,
     closed: std::sync::atomic::AtomicBool,
     templates: Arc<Templates>,
+    own_workdirs: bool,
 }
 
 impl Pool {
     /// A pool of `target` kernels of `template`, their files under `dir`,
     /// started by `templates` (forked when it has a preload list).
-    pub fn new(template: KernelConfig, dir: PathBuf, target: usize, templates: Arc<Templates>) -> Self {
+    ///
+    /// With `own_workdirs`, each kernel works in a directory of its own
+    /// (`<dir>/work-k<n>`), handed out with it.
+    pub fn new(
+        template: KernelConfig,
+        dir: PathBuf,
+        target: usize,
+        templates: Arc<Templates>,
+        own_workdirs: bool,
+    ) -> Self {
         Pool {
             template,
             dir,
@@ -86,6 +98,7 @@ impl Pool {
             seq: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             templates,
+            own_workdirs,
         }
     }
 
@@ -104,9 +117,9 @@ impl Pool {
         let got = {
             let mut q = self.ready.lock().ok()?;
             let mut got = None;
-            while let Some((k, t)) = q.pop_front() {
+            while let Some((k, t, w)) = q.pop_front() {
                 if k.is_alive() && k.cells_settled() == 0 && !k.is_busy() {
-                    got = Some((k, t));
+                    got = Some((k, t, w));
                     break;
                 }
                 // A dead or used kernel is dropped (and so killed).
@@ -117,18 +130,28 @@ impl Pool {
         got
     }
 
-    fn config(&self) -> (KernelConfig, Option<Arc<SessionTools>>) {
+    fn config(&self) -> (KernelConfig, Option<Arc<SessionTools>>, Option<PathBuf>) {
         let n = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
         let mut cfg = self.template.clone();
         cfg.session = format!("pool-{n}");
         cfg.generation = 1;
         cfg.session_dir = self.dir.join(format!("k{n}"));
+        // Beside the session directory, not inside it: a sandbox binds both
+        // into a private /tmp when they live there, and a directory nested
+        // in another bind could not be moved away later.
+        let workdir = self
+            .own_workdirs
+            .then(|| self.dir.join(format!("work-k{n}")))
+            .filter(|w| std::fs::create_dir_all(w).is_ok());
+        if workdir.is_some() {
+            cfg.cwd = workdir.clone();
+        }
         let tools = cfg
             .tool_host
             .take()
             .map(|inner| Arc::new(SessionTools::new(inner, None, cfg.session.clone())));
         cfg.tool_host = tools.clone().map(|t| t as Arc<dyn ToolHost>);
-        (cfg, tools)
+        (cfg, tools, workdir)
     }
 
     /// Starts the refill task: keeps `target` kernels ready, one spawn at a
@@ -144,7 +167,7 @@ impl Pool {
                     self.wake.notified().await;
                     continue;
                 }
-                let (cfg, tools) = self.config();
+                let (cfg, tools, workdir) = self.config();
                 match self.templates.spawn(cfg).await {
                     Ok(k) => {
                         failures = 0;
@@ -153,7 +176,7 @@ impl Pool {
                             break;
                         }
                         if let Ok(mut q) = self.ready.lock() {
-                            q.push_back((k, tools));
+                            q.push_back((k, tools, workdir));
                         }
                     }
                     Err(e) => {
@@ -177,7 +200,7 @@ impl Pool {
             .lock()
             .map(|mut q| q.drain(..).collect())
             .unwrap_or_default();
-        for (k, _) in all {
+        for (k, _, _) in all {
             k.kill().await;
         }
     }

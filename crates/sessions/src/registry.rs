@@ -109,6 +109,11 @@ pub struct RegistryConfig {
     /// Modules a per-interpreter template imports before it forks kernels
     /// (pooled ones and the rest); empty: every kernel starts cold.
     pub preload: Vec<String>,
+    /// Give each session a working directory of its own under this root
+    /// (`<root>/<owner>/<session>`, kept across its kernels) instead of the
+    /// template's cwd; `None` (default): kernels work in the template's cwd,
+    /// or in their session directory when it has none.
+    pub session_workdirs: Option<PathBuf>,
     /// Staging directories of dead hosts older than this are swept (7 days).
     pub staging_max_age: Duration,
     /// Sandbox profile of keys made by [`Registry::key`].
@@ -137,6 +142,7 @@ impl RegistryConfig {
             reaper_interval: None,
             pool_size: 2,
             preload: Vec::new(),
+            session_workdirs: None,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             default_profile: "default".into(),
         }
@@ -255,6 +261,17 @@ impl std::fmt::Debug for Registry {
 }
 
 /// Characters safe in a directory name.
+/// `s` as one path component: its safe characters and a hash of the whole,
+/// so distinct names never share a directory (`a/b` and `a_b` differ).
+fn path_name(s: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{}-{:08x}", sanitize(s), h as u32)
+}
+
 fn sanitize(s: &str) -> String {
     let mut out: String = s
         .chars()
@@ -331,6 +348,7 @@ impl Registry {
                 staging.join("pool"),
                 cfg.pool_size,
                 templates.clone(),
+                cfg.session_workdirs.is_some(),
             ))
         });
         let reg = Arc::new(Registry {
@@ -512,10 +530,25 @@ impl Registry {
             && key.profile == self.cfg.default_profile
     }
 
+    /// The session's own working directory, when the registry gives each
+    /// session one (and the key names no cwd): `ROOT/<owner>/<session>`,
+    /// each name made safe for a path and kept distinct by a hash.
+    fn session_workdir(&self, key: &Key) -> Option<PathBuf> {
+        let root = self.cfg.session_workdirs.as_ref()?;
+        key.cwd
+            .is_none()
+            .then(|| root.join(path_name(&key.owner)).join(path_name(&key.session)))
+    }
+
     fn kernel_config(&self, key: &Key, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
         let mut cfg = self.cfg.template.clone();
         cfg.python = key.python.clone();
         cfg.cwd = key.cwd.clone();
+        if let Some(w) = self.session_workdir(key)
+            && std::fs::create_dir_all(&w).is_ok()
+        {
+            cfg.cwd = Some(w);
+        }
         cfg.session = key.session.clone();
         cfg.generation = generation;
         // A profile named like a sandbox mode (`off`, `auto`, `enforce`)
@@ -603,15 +636,30 @@ impl Registry {
             k.kill().await;
             let _ = vslot;
         }
+        let workdir = self.session_workdir(&slot.key);
+        // A pooled kernel's own directory becomes a new session's workdir;
+        // a session that has one already gets a kernel started in it.
         if self.poolable(&slot.key)
+            && workdir.as_ref().is_none_or(|w| !w.exists())
             && let Some(pool) = &self.pool
-            && let Some((k, tools)) = pool.take()
+            && let Some((k, tools, own)) = pool.take()
         {
-            if let Some(t) = tools {
-                t.set_session(&slot.key.session);
+            let placed = match (&workdir, own) {
+                (None, _) => true,
+                (Some(w), Some(own)) => {
+                    w.parent().is_some_and(|p| std::fs::create_dir_all(p).is_ok())
+                        && std::fs::rename(&own, w).is_ok()
+                }
+                (Some(_), None) => false,
+            };
+            if placed {
+                if let Some(t) = tools {
+                    t.set_session(&slot.key.session);
+                }
+                self.from_pool.fetch_add(1, Ordering::Relaxed);
+                return Ok(k);
             }
-            self.from_pool.fetch_add(1, Ordering::Relaxed);
-            return Ok(k);
+            k.kill().await;
         }
         let (cfg, _tools) = self.kernel_config(&slot.key, generation);
         let k = self.templates.spawn(cfg).await?;

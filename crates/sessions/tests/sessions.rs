@@ -611,6 +611,20 @@ fn child_host(helper: &str, env: &str, dir: &Path) -> (std::process::Child, std:
     (child, out)
 }
 
+/// Every file below `dir`.
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 fn libc_sigkill() -> i32 {
     9
 }
@@ -891,5 +905,68 @@ async fn a_slow_template_never_holds_kernels_up() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(forked, "no kernel was ever forked from the template");
+    reg.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_session_keeps_its_own_workdir_across_kernels() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = reg_config(dir.path());
+    cfg.template.cwd = None;
+    cfg.pool_size = 1;
+    cfg.session_workdirs = Some(dir.path().join("work"));
+    let reg = start(cfg, false).await;
+    let t0 = Instant::now();
+    while reg.stats().pooled < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let list = "import os\nprint(sorted(os.listdir('.')))";
+    let a = reg.key("o", "a/b");
+    let r = reg
+        .execute(
+            &a,
+            "open('mine.txt', 'w').write('a')",
+            ExecOptions::default(),
+            &o(),
+        )
+        .await
+        .expect("a");
+    assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
+    assert_eq!(reg.stats().from_pool, 1, "the pooled kernel was not used");
+    // The pooled kernel's directory became the session's.
+    let work = dir.path().join("work");
+    let found: Vec<_> = walk_files(&work)
+        .into_iter()
+        .filter(|p| p.ends_with("mine.txt"))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    // A new kernel of the same session starts in that directory.
+    if let Some(k) = reg.kernel(&a) {
+        k.kill().await;
+    }
+    let r = reg
+        .execute(
+            &a,
+            "import os\nprint(os.getcwd())\nprint(sorted(os.listdir('.')))",
+            ExecOptions::default(),
+            &o(),
+        )
+        .await
+        .expect("a again");
+    assert_eq!(r.kernel.generation, 2);
+    let mut lines = r.stdout.lines();
+    let cwd = std::path::PathBuf::from(lines.next().unwrap_or_default());
+    assert_eq!(Some(cwd.as_path()), found[0].parent(), "{r:#?}");
+    assert_eq!(lines.next(), Some("['mine.txt']"));
+    // Another session (even one whose name sanitises alike) has its own.
+    for (owner, name) in [("o", "a_b"), ("p", "a/b")] {
+        let k = reg.key(owner, name);
+        let r = reg
+            .execute(&k, list, ExecOptions::default(), &o())
+            .await
+            .expect("other");
+        assert_eq!(r.stdout, "[]\n", "{owner}/{name}");
+    }
     reg.shutdown().await;
 }
