@@ -7,10 +7,10 @@
 //! interpreter is needed; kernels wait for it during its first 5 s at most
 //! (a preload list that imports slowly, or hangs, never holds kernels up
 //! longer) and start cold otherwise. When a template cannot start, or a fork fails (a
-//! sandboxed template needs root; a template that died or stopped
-//! answering), the kernel starts cold and the reason is logged; a failed
-//! template is tried again after 60 s, one that failed a fork at the next
-//! kernel.
+//! sandboxed template needs root; a template that stopped answering or
+//! refused to fork), the kernel starts cold and the reason is logged; such a
+//! template is retired and tried again after 60 s. A template that died is
+//! replaced by the next kernel that needs it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -87,12 +87,14 @@ impl Templates {
                 Ok(k) => return Ok(k),
                 Err(e) => {
                     tracing::warn!("template fork failed, starting a cold kernel: {e}");
-                    // The next kernel starts a new template.
+                    // A template that cannot fork (say a preloaded module
+                    // started threads) is retired and retried after 60 s:
+                    // kernels meanwhile start cold without waiting for it.
                     let mut map = self.map();
                     if let Some(Entry::Ready(cur)) = map.get(&key_of(&cfg))
                         && cur.info().pid == t.info().pid
                     {
-                        map.remove(&key_of(&cfg));
+                        map.insert(key_of(&cfg), Entry::Failed(Instant::now()));
                     }
                 }
             }

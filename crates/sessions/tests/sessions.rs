@@ -970,3 +970,38 @@ async fn each_session_keeps_its_own_workdir_across_kernels() {
     }
     reg.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_that_cannot_fork_leaves_kernels_cold_and_working() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mods = dir.path().join("mods");
+    std::fs::create_dir_all(&mods).expect("mkdir");
+    // Starts a thread at import: the template refuses to fork.
+    std::fs::write(
+        mods.join("threaded_stack.py"),
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n",
+    )
+    .expect("module");
+    let mut cfg = reg_config(dir.path());
+    cfg.template
+        .env
+        .push(("PYTHONPATH".into(), mods.clone().into_os_string()));
+    cfg.preload = vec!["threaded_stack".into()];
+    let reg = start(cfg, false).await;
+    for name in ["a", "b", "c"] {
+        let k = reg.key("o", name);
+        let r = reg
+            .execute(
+                &k,
+                "import sys\nprint('threaded_stack' in sys.modules)",
+                ExecOptions::default(),
+                &o(),
+            )
+            .await
+            .expect("cell");
+        assert_eq!(r.stdout, "False\n", "{name}: {r:#?}");
+        let kernel = reg.kernel(&k).expect("kernel");
+        assert_eq!(kernel.info().template, None, "{name} was forked");
+    }
+    reg.shutdown().await;
+}
