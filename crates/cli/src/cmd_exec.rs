@@ -106,18 +106,7 @@ pub fn run(args: ExecArgs) -> u8 {
         let printed = printer.await.unwrap_or_default();
         session.shutdown().await;
         match result {
-            Ok(r) => {
-                if args.json {
-                    match serde_json::to_string_pretty(&r) {
-                        Ok(s) => println!("{s}"),
-                        Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),
-                    }
-                } else {
-                    render::print_rest(&printed, &r);
-                    render::print_result(&r, true);
-                }
-                r.status.exit_code() as u8
-            }
+            Ok(r) => render::finish_streamed(&printed, &r, args.json),
             Err(e) => {
                 eprintln!("cellhost: {e}");
                 1

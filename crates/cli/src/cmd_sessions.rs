@@ -117,18 +117,7 @@ pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Optio
         watcher.abort();
         let printed = printer.await.unwrap_or_default();
         match outcome {
-            Ok(r) => {
-                if json {
-                    match serde_json::to_string_pretty(&r) {
-                        Ok(s) => println!("{s}"),
-                        Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),
-                    }
-                } else {
-                    render::print_rest(&printed, &r);
-                    render::print_result(&r, true);
-                }
-                r.status.exit_code() as u8
-            }
+            Ok(r) => render::finish_streamed(&printed, &r, json),
             Err((m, usage)) => error_code(&m, usage),
         }
     })

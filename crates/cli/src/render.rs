@@ -139,6 +139,22 @@ pub async fn print_live(mut rx: mpsc::UnboundedReceiver<LiveEvent>) -> [String; 
     printed
 }
 
+/// Ends a cell whose output streamed live: the whole result as JSON with
+/// `json`, else the rest of the bounded view and the result. Returns the
+/// exit code of the cell's status.
+pub fn finish_streamed(printed: &[String; 2], r: &CellResult, json: bool) -> u8 {
+    if json {
+        match serde_json::to_string_pretty(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),
+        }
+    } else {
+        print_rest(printed, r);
+        print_result(r, true);
+    }
+    r.status.exit_code() as u8
+}
+
 /// Writes the part of the result's bounded streams that the live view did
 /// not show (for a cut stream: the omission line and the tail).
 pub fn print_rest(printed: &[String; 2], r: &CellResult) {

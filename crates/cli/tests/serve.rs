@@ -90,42 +90,27 @@ fn serve_with_token_file_curl_mcp_auth_and_sigterm() {
     // The MCP endpoint is behind the same tokens.
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
     let mcp = format!("{url}/mcp");
-    let no_token = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-X",
-        "POST",
-        "-H",
-        "Content-Type: application/json",
-        "-H",
-        "Accept: application/json, text/event-stream",
-        "-d",
-        init,
-        &mcp,
-    ]);
+    // The HTTP status of an MCP initialize posted with `extra` headers.
+    let initialize = |extra: &[&str]| {
+        let mut args = vec!["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"];
+        for h in extra {
+            args.extend(["-H", h]);
+        }
+        args.extend([
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            "Accept: application/json, text/event-stream",
+            "-d",
+            init,
+            &mcp,
+        ]);
+        curl(&args)
+    };
+    let no_token = initialize(&[]);
     assert_eq!(no_token, "401");
     let auth = format!("Authorization: Bearer {token}");
-    let with_token = curl(&[
-        "-s",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code}",
-        "-X",
-        "POST",
-        "-H",
-        &auth,
-        "-H",
-        "Content-Type: application/json",
-        "-H",
-        "Accept: application/json, text/event-stream",
-        "-d",
-        init,
-        &mcp,
-    ]);
+    let with_token = initialize(&[&auth]);
     assert_eq!(with_token, "200", "MCP initialize through /mcp");
 
     let st = Command::new("kill")

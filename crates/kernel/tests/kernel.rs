@@ -35,6 +35,16 @@ fn has_module(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// `name` cannot be imported by the test interpreter; says the test is
+/// skipped.
+fn missing_module(name: &str) -> bool {
+    let missing = !has_module(name);
+    if missing {
+        eprintln!("skipped: {name} is not installed in {}", python().display());
+    }
+    missing
+}
+
 struct Fixture {
     session: Session,
     dir: TempDir,
@@ -250,8 +260,7 @@ async fn replaced_stdout_without_flush_is_survived() {
 
 #[tokio::test]
 async fn matplotlib_figures_come_back_as_files() {
-    if !has_module("matplotlib") {
-        eprintln!("skipped: matplotlib is not installed in {}", python().display());
+    if missing_module("matplotlib") {
         return;
     }
     let mut f = fixture();
@@ -615,8 +624,7 @@ async fn hk29_once(display: Option<&str>) {
 
 #[tokio::test]
 async fn hk29_plt_show_blocks() {
-    if !has_module("matplotlib") {
-        eprintln!("skipped: matplotlib is not installed in {}", python().display());
+    if missing_module("matplotlib") {
         return;
     }
     hk29_once(None).await;
@@ -1673,8 +1681,7 @@ async fn sandbox_interrupt_reaches_the_main_thread_in_the_namespace() {
 
 #[tokio::test]
 async fn sandbox_matplotlib_font_cache_is_built_once_by_the_host() {
-    if !has_module("matplotlib") {
-        eprintln!("skipped: matplotlib is not installed in the test interpreter");
+    if missing_module("matplotlib") {
         return;
     }
     // The host builds the cache in the background on the first sandboxed
@@ -1705,8 +1712,7 @@ async fn sandbox_matplotlib_font_cache_is_built_once_by_the_host() {
 
 #[tokio::test]
 async fn ipython_display_calls_become_displays() {
-    if !has_module("IPython") {
-        eprintln!("skipped: IPython is not installed in {}", python().display());
+    if missing_module("IPython") {
         return;
     }
     let mut f = fixture();
@@ -1963,8 +1969,7 @@ fn is_zombie_free(pid: i32) -> bool {
 
 #[tokio::test]
 async fn template_blas_threads_survive_the_fork() {
-    if !has_module("numpy") {
-        eprintln!("skipped: numpy is not installed for {}", python().display());
+    if missing_module("numpy") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

@@ -13,7 +13,7 @@ use cellhost_server::{AppState, Scope, Tokens};
 use cellhost_sessions::{Registry, RegistryConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::stats::row;
+use super::stats::{Row, row};
 use super::workloads::Ctx;
 
 type R = Result<(), String>;
@@ -216,13 +216,14 @@ pub async fn http50(ctx: &mut Ctx<'_>) -> R {
     stop.notify_one();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     reg.shutdown().await;
-    let mut r = row("HTTP50", "50 clients × 100 cells, own sessions", &all);
-    r.note = format!(
-        "{:.0} cells/s; {bad} of {} cells lost or misattributed",
-        all.len() as f64 / wall,
-        all.len()
-    );
-    ctx.rows.push(r);
+    ctx.rows.push(many_clients_row(
+        "HTTP50",
+        "50 clients × 100 cells, own sessions",
+        &all,
+        bad,
+        wall,
+        "",
+    ));
     Ok(())
 }
 
@@ -383,12 +384,25 @@ pub async fn mcp50(ctx: &mut Ctx<'_>) -> R {
         bad += b;
     }
     let wall = t0.elapsed().as_secs_f64();
-    let mut r = row("MCP50", "50 stdio clients × 100 cells, own servers", &all);
+    ctx.rows.push(many_clients_row(
+        "MCP50",
+        "50 stdio clients × 100 cells, own servers",
+        &all,
+        bad,
+        wall,
+        " (server and kernel start-up included)",
+    ));
+    Ok(())
+}
+
+/// The row of a many-clients workload: latencies `all` (ms), `bad` cells
+/// lost or misattributed, `wall` seconds for all of them.
+fn many_clients_row(workload: &str, system: &str, all: &[f64], bad: usize, wall: f64, what: &str) -> Row {
+    let mut r = row(workload, system, all);
     r.note = format!(
-        "{:.0} cells/s (server and kernel start-up included); {bad} of {} cells lost or misattributed",
+        "{:.0} cells/s{what}; {bad} of {} cells lost or misattributed",
         all.len() as f64 / wall,
         all.len()
     );
-    ctx.rows.push(r);
-    Ok(())
+    r
 }
