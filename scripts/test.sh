@@ -40,4 +40,11 @@ LOCKED=()
 [[ -f "$ROOT/Cargo.lock" ]] && LOCKED=(--locked)
 status=0
 CELLHOST_TEST_PYTHON="$PY" cargo test "${LOCKED[@]}" --workspace --all-targets "$@" || status=$?
+
+# The escape suite again as an unprivileged user: every sandbox guarantee
+# must hold for root and non-root alike (root only: it switches users).
+if [[ "$status" == 0 && "$(id -u)" == 0 && $# == 0 ]]; then
+    say "escape suite as a non-root user (scripts/escape-nonroot.sh)"
+    bash "$ROOT/scripts/escape-nonroot.sh" || status=$?
+fi
 exit "$status"

@@ -16,9 +16,11 @@ pub fn python() -> String {
     std::env::var("CELLHOST_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// The binary under test.
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_cellhost")
+/// The binary under test: `CELLHOST_TEST_BIN` when set (the non-root run
+/// copies the binaries where its user can reach them), else the one cargo
+/// built.
+pub fn bin() -> String {
+    std::env::var("CELLHOST_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cellhost").to_string())
 }
 
 /// Whether the tests run as root.
