@@ -33,6 +33,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use crate::journal_schema::{self, SchemaError};
+
 /// Bytes of stdout/stderr kept at each end (head and tail) of a cell's row.
 pub const OUTPUT_KEEP: usize = 4096;
 
@@ -51,6 +53,16 @@ pub enum JournalError {
     /// The writer thread is gone (the journal was closed).
     #[error("journal {0}: closed")]
     Closed(String),
+    /// The file's schema cannot be used or brought up to date (see
+    /// [`crate::journal_schema`]).
+    #[error("journal {path}: {source}")]
+    Schema {
+        /// Database file.
+        path: String,
+        /// Why.
+        #[source]
+        source: SchemaError,
+    },
     /// I/O around the database file.
     #[error("journal {path}: {source}")]
     Io {
@@ -182,34 +194,6 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS sessions (
-  owner TEXT NOT NULL, session TEXT NOT NULL,
-  created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
-  python TEXT, cwd TEXT, tools TEXT, profile TEXT,
-  PRIMARY KEY (owner, session));
-CREATE TABLE IF NOT EXISTS kernels (
-  owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
-  pid INTEGER, started_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT,
-  PRIMARY KEY (owner, session, generation));
-CREATE TABLE IF NOT EXISTS cells (
-  id TEXT PRIMARY KEY, owner TEXT NOT NULL, session TEXT NOT NULL,
-  generation INTEGER NOT NULL, execution_count INTEGER NOT NULL DEFAULT 0,
-  code TEXT NOT NULL, status TEXT NOT NULL,
-  started_ms INTEGER NOT NULL, ended_ms INTEGER, duration_ms INTEGER,
-  stdout_head TEXT NOT NULL DEFAULT '', stdout_tail TEXT NOT NULL DEFAULT '',
-  stderr_head TEXT NOT NULL DEFAULT '', stderr_tail TEXT NOT NULL DEFAULT '',
-  display_files TEXT NOT NULL DEFAULT '[]', tool_calls TEXT NOT NULL DEFAULT '[]',
-  origin TEXT NOT NULL DEFAULT '', context TEXT,
-  files_read TEXT NOT NULL DEFAULT '[]', files_written TEXT NOT NULL DEFAULT '[]',
-  files_truncated INTEGER NOT NULL DEFAULT 0, error TEXT);
-CREATE INDEX IF NOT EXISTS cells_by_session ON cells (owner, session, started_ms);
-CREATE TABLE IF NOT EXISTS tool_calls (
-  cell_id TEXT NOT NULL, seq INTEGER NOT NULL, tool TEXT NOT NULL,
-  args_preview TEXT NOT NULL, duration_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
-  error TEXT, PRIMARY KEY (cell_id, seq));
-";
-
 fn open_conn(path: &Path, durability: Durability) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -261,8 +245,11 @@ impl Journal {
             path: pstr.clone(),
             source,
         };
-        let conn = open_conn(&path, durability).map_err(sq)?;
-        conn.execute_batch(SCHEMA).map_err(sq)?;
+        let mut conn = open_conn(&path, durability).map_err(sq)?;
+        journal_schema::migrate(&mut conn).map_err(|source| JournalError::Schema {
+            path: pstr.clone(),
+            source,
+        })?;
         let now = now_ms();
         let lost = conn
             .execute(
@@ -623,12 +610,31 @@ pub struct JournalReader {
 }
 
 impl JournalReader {
-    /// Opens `path` for reading.
+    /// Opens `path` for reading. A journal of an older schema is first
+    /// brought up to date (which needs write access to it).
     ///
     /// # Errors
-    /// [`JournalError`] when it is missing or not a journal.
+    /// [`JournalError`] when it is missing or not a journal,
+    /// [`JournalError::Schema`] when its schema is newer than this build's
+    /// or cannot be migrated.
     pub fn open(path: &Path) -> Result<JournalReader, JournalError> {
         let pstr = path.display().to_string();
+        let schema = |source| JournalError::Schema {
+            path: pstr.clone(),
+            source,
+        };
+        let found = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| journal_schema::version(&c))
+            .map_err(|source| JournalError::Sqlite {
+                path: pstr.clone(),
+                source,
+            })?;
+        if found != journal_schema::SCHEMA_VERSION {
+            let mut rw = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE)
+                .map_err(|e| schema(SchemaError::Sqlite(e)))?;
+            let _ = rw.busy_timeout(std::time::Duration::from_secs(5));
+            journal_schema::migrate(&mut rw).map_err(schema)?;
+        }
         let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(
             |source| JournalError::Sqlite {
                 path: pstr.clone(),
@@ -735,5 +741,82 @@ mod tests {
         assert_eq!(k.len(), 1);
         assert!(k[0].end_reason.is_some());
         assert_eq!(r.integrity_check().expect("check"), "ok");
+    }
+
+    /// Regression: a journal of an older layout made `history` fail with
+    /// `no such column` and left `run`'s cells `running`.
+    #[tokio::test]
+    async fn journal_of_an_older_layout_is_migrated_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.sqlite3");
+        {
+            let c = Connection::open(&path).expect("create");
+            c.execute_batch(
+                "CREATE TABLE sessions (owner TEXT NOT NULL, session TEXT NOT NULL,
+                   created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
+                   PRIMARY KEY (owner, session));
+                 CREATE TABLE kernels (owner TEXT NOT NULL, session TEXT NOT NULL,
+                   generation INTEGER NOT NULL, pid INTEGER, started_ms INTEGER NOT NULL,
+                   ended_ms INTEGER, PRIMARY KEY (owner, session, generation));
+                 CREATE TABLE cells (id TEXT PRIMARY KEY, owner TEXT NOT NULL,
+                   session TEXT NOT NULL, generation INTEGER NOT NULL, code TEXT NOT NULL,
+                   status TEXT NOT NULL, started_ms INTEGER NOT NULL, ended_ms INTEGER,
+                   duration_ms INTEGER);
+                 INSERT INTO cells (id, owner, session, generation, code, status, started_ms)
+                   VALUES ('old', 'o', 's', 1, 'x = 1', 'ok', 5);",
+            )
+            .expect("old layout");
+        }
+        // The reader alone (what `history` opens) migrates it.
+        let r = JournalReader::open(&path).expect("reader on an old journal");
+        let cells = r.cells("o", "s").expect("history of an old journal");
+        assert_eq!(cells.len(), 1);
+        assert_eq!((cells[0].id.as_str(), cells[0].status.as_str()), ("old", "ok"));
+        drop(r);
+        let j = Journal::open(&path, Durability::Normal).expect("open");
+        j.session_used("o", "s", "py", "", "", "default");
+        j.kernel_started("o", "s", 2, 42);
+        let start = CellStart {
+            id: "new".into(),
+            owner: "o".into(),
+            session: "s".into(),
+            generation: 2,
+            code: "y = 2".into(),
+            origin: "run".into(),
+            context: None,
+        };
+        j.cell_started(start.clone());
+        j.cell_failed(&start.id, "failed", "boom")
+            .await
+            .expect("settled row");
+        let cells = j.history("o", "s").await.expect("history");
+        let new = cells.iter().find(|c| c.id == "new").expect("new cell");
+        assert_eq!(new.status, "failed", "the new cell settled, not left running");
+        j.kernel_ended("o", "s", 2, "done");
+        j.close();
+        let r = JournalReader::open(&path).expect("reader");
+        let k = r.kernels("o", "s").expect("kernels");
+        assert_eq!(k.last().and_then(|k| k.end_reason.as_deref()), Some("done"));
+    }
+
+    #[test]
+    fn journal_of_a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("new.sqlite3");
+        Connection::open(&path)
+            .and_then(|c| c.execute_batch("PRAGMA user_version = 99;"))
+            .expect("future journal");
+        for err in [
+            Journal::open(&path, Durability::Normal).map(drop).err(),
+            JournalReader::open(&path).map(drop).err(),
+        ] {
+            match err {
+                Some(JournalError::Schema {
+                    source: SchemaError::Newer { found: 99, .. },
+                    ..
+                }) => {}
+                other => panic!("expected a newer-schema error, got {other:?}"),
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod journal;
+pub mod journal_schema;
 pub mod pool;
 pub mod registry;
 pub mod templates;

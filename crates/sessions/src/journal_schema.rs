@@ -1,0 +1,255 @@
+//! The journal's schema, its version and the migrations that bring an older
+//! journal up to date.
+//!
+//! The version lives in SQLite's `PRAGMA user_version`:
+//!
+//! | version | layout |
+//! | --- | --- |
+//! | 0 | a new, empty file, or a journal written before versioning: any subset of the tables and columns below |
+//! | 1 | the tables and columns of [`SCHEMA`] |
+//!
+//! Opening a journal runs every migration from its version to
+//! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
+//! migrated or left as it was. A journal of a newer version than this build
+//! knows is refused ([`SchemaError::Newer`]), never written.
+//!
+//! Adding a column: append it to [`SCHEMA`] *and* to [`COLUMNS`] (with a
+//! default, so `ALTER TABLE ... ADD COLUMN` can fill old rows), bump
+//! [`SCHEMA_VERSION`] and add a row to the table above; the unit tests open
+//! a journal of every earlier layout.
+
+use rusqlite::{Connection, params};
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
+/// tables an older journal lacks).
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+  owner TEXT NOT NULL, session TEXT NOT NULL,
+  created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
+  python TEXT, cwd TEXT, tools TEXT, profile TEXT,
+  PRIMARY KEY (owner, session));
+CREATE TABLE IF NOT EXISTS kernels (
+  owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
+  pid INTEGER, started_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT,
+  PRIMARY KEY (owner, session, generation));
+CREATE TABLE IF NOT EXISTS cells (
+  id TEXT PRIMARY KEY, owner TEXT NOT NULL, session TEXT NOT NULL,
+  generation INTEGER NOT NULL, execution_count INTEGER NOT NULL DEFAULT 0,
+  code TEXT NOT NULL, status TEXT NOT NULL,
+  started_ms INTEGER NOT NULL, ended_ms INTEGER, duration_ms INTEGER,
+  stdout_head TEXT NOT NULL DEFAULT '', stdout_tail TEXT NOT NULL DEFAULT '',
+  stderr_head TEXT NOT NULL DEFAULT '', stderr_tail TEXT NOT NULL DEFAULT '',
+  display_files TEXT NOT NULL DEFAULT '[]', tool_calls TEXT NOT NULL DEFAULT '[]',
+  origin TEXT NOT NULL DEFAULT '', context TEXT,
+  files_read TEXT NOT NULL DEFAULT '[]', files_written TEXT NOT NULL DEFAULT '[]',
+  files_truncated INTEGER NOT NULL DEFAULT 0, error TEXT);
+CREATE INDEX IF NOT EXISTS cells_by_session ON cells (owner, session, started_ms);
+CREATE TABLE IF NOT EXISTS tool_calls (
+  cell_id TEXT NOT NULL, seq INTEGER NOT NULL, tool TEXT NOT NULL,
+  args_preview TEXT NOT NULL, duration_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
+  error TEXT, PRIMARY KEY (cell_id, seq));
+";
+
+/// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
+/// TABLE ADD COLUMN)`: the declaration carries a default wherever the
+/// column is `NOT NULL`, so rows of an older journal get a value.
+pub const COLUMNS: &[(&str, &str, &str)] = &[
+    ("sessions", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("sessions", "session", "TEXT NOT NULL DEFAULT ''"),
+    ("sessions", "created_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("sessions", "last_used_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("sessions", "python", "TEXT"),
+    ("sessions", "cwd", "TEXT"),
+    ("sessions", "tools", "TEXT"),
+    ("sessions", "profile", "TEXT"),
+    ("kernels", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("kernels", "session", "TEXT NOT NULL DEFAULT ''"),
+    ("kernels", "generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("kernels", "pid", "INTEGER"),
+    ("kernels", "started_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("kernels", "ended_ms", "INTEGER"),
+    ("kernels", "end_reason", "TEXT"),
+    ("cells", "id", "TEXT"),
+    ("cells", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "session", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("cells", "execution_count", "INTEGER NOT NULL DEFAULT 0"),
+    ("cells", "code", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "status", "TEXT NOT NULL DEFAULT 'lost'"),
+    ("cells", "started_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("cells", "ended_ms", "INTEGER"),
+    ("cells", "duration_ms", "INTEGER"),
+    ("cells", "stdout_head", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "stdout_tail", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "stderr_head", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "stderr_tail", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "display_files", "TEXT NOT NULL DEFAULT '[]'"),
+    ("cells", "tool_calls", "TEXT NOT NULL DEFAULT '[]'"),
+    ("cells", "origin", "TEXT NOT NULL DEFAULT ''"),
+    ("cells", "context", "TEXT"),
+    ("cells", "files_read", "TEXT NOT NULL DEFAULT '[]'"),
+    ("cells", "files_written", "TEXT NOT NULL DEFAULT '[]'"),
+    ("cells", "files_truncated", "INTEGER NOT NULL DEFAULT 0"),
+    ("cells", "error", "TEXT"),
+    ("tool_calls", "cell_id", "TEXT NOT NULL DEFAULT ''"),
+    ("tool_calls", "seq", "INTEGER NOT NULL DEFAULT 0"),
+    ("tool_calls", "tool", "TEXT NOT NULL DEFAULT ''"),
+    ("tool_calls", "args_preview", "TEXT NOT NULL DEFAULT ''"),
+    ("tool_calls", "duration_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("tool_calls", "outcome", "TEXT NOT NULL DEFAULT ''"),
+    ("tool_calls", "error", "TEXT"),
+];
+
+/// Why a journal's schema cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// The journal was written by a newer cellhost.
+    #[error(
+        "schema version {found} is newer than this cellhost supports ({supported}); use a newer cellhost"
+    )]
+    Newer {
+        /// `PRAGMA user_version` of the file.
+        found: i64,
+        /// [`SCHEMA_VERSION`].
+        supported: i64,
+    },
+    /// SQLite failed while reading or migrating.
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// The journal's `PRAGMA user_version`.
+///
+/// # Errors
+/// SQLite's.
+pub fn version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA user_version", [], |r| r.get(0))
+}
+
+fn columns_of(conn: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
+    let mut st = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
+    let names = st.query_map(params![table], |r| r.get::<_, String>(0))?;
+    names.collect()
+}
+
+/// Brings the journal up to [`SCHEMA_VERSION`] in one transaction; returns
+/// the version it was at.
+///
+/// # Errors
+/// [`SchemaError::Newer`] for a journal of a newer version (left
+/// untouched); SQLite's errors otherwise (the transaction is rolled back).
+pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
+    let found = version(conn)?;
+    if found > SCHEMA_VERSION {
+        return Err(SchemaError::Newer {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(found);
+    }
+    let tx = conn.transaction()?;
+    if found < 1 {
+        // Version 0 to 1: whatever tables and columns are missing.
+        tx.execute_batch(SCHEMA)?;
+        for table in ["sessions", "kernels", "cells", "tool_calls"] {
+            let have = columns_of(&tx, table)?;
+            for (_, column, decl) in COLUMNS.iter().filter(|(t, _, _)| *t == table) {
+                if !have.iter().any(|h| h == column) {
+                    tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+                }
+            }
+        }
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout of the first release: [`SCHEMA`] without a version.
+    fn unversioned(conn: &Connection) {
+        conn.execute_batch(SCHEMA).expect("schema");
+    }
+
+    /// An older, narrower layout: cells without execution counts, origin,
+    /// context, files or error; kernels without end reasons; no tool calls.
+    fn narrow(conn: &Connection) {
+        conn.execute_batch(
+            "CREATE TABLE sessions (owner TEXT NOT NULL, session TEXT NOT NULL,
+               created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
+               PRIMARY KEY (owner, session));
+             CREATE TABLE kernels (owner TEXT NOT NULL, session TEXT NOT NULL,
+               generation INTEGER NOT NULL, pid INTEGER, started_ms INTEGER NOT NULL,
+               ended_ms INTEGER, PRIMARY KEY (owner, session, generation));
+             CREATE TABLE cells (id TEXT PRIMARY KEY, owner TEXT NOT NULL,
+               session TEXT NOT NULL, generation INTEGER NOT NULL, code TEXT NOT NULL,
+               status TEXT NOT NULL, started_ms INTEGER NOT NULL, ended_ms INTEGER,
+               duration_ms INTEGER, stdout_head TEXT NOT NULL DEFAULT '',
+               stdout_tail TEXT NOT NULL DEFAULT '');
+             INSERT INTO cells (id, owner, session, generation, code, status, started_ms)
+               VALUES ('old', 'o', 's', 1, 'x = 1', 'ok', 5);",
+        )
+        .expect("narrow schema");
+    }
+
+    #[test]
+    fn every_earlier_layout_migrates_to_every_column() {
+        for (name, make) in [
+            ("empty", (|_: &Connection| {}) as fn(&Connection)),
+            ("unversioned", unversioned),
+            ("narrow", narrow),
+        ] {
+            let mut conn = Connection::open_in_memory().expect("db");
+            make(&conn);
+            assert_eq!(migrate(&mut conn).expect(name), 0, "{name}");
+            assert_eq!(version(&conn).expect("version"), SCHEMA_VERSION, "{name}");
+            for (table, column, _) in COLUMNS {
+                let have = columns_of(&conn, table).expect("columns");
+                assert!(
+                    have.iter().any(|h| h == column),
+                    "{name}: {table}.{column} missing"
+                );
+            }
+            // A second open has nothing left to do.
+            assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");
+        }
+    }
+
+    #[test]
+    fn columns_list_matches_the_schema() {
+        let conn = Connection::open_in_memory().expect("db");
+        conn.execute_batch(SCHEMA).expect("schema");
+        for table in ["sessions", "kernels", "cells", "tool_calls"] {
+            let mut have = columns_of(&conn, table).expect("columns");
+            let mut listed: Vec<String> = COLUMNS
+                .iter()
+                .filter(|(t, _, _)| *t == table)
+                .map(|(_, c, _)| c.to_string())
+                .collect();
+            have.sort();
+            listed.sort();
+            assert_eq!(have, listed, "COLUMNS must list every column of {table}");
+        }
+    }
+
+    #[test]
+    fn newer_journal_is_refused_untouched() {
+        let mut conn = Connection::open_in_memory().expect("db");
+        conn.execute_batch("CREATE TABLE future (x); PRAGMA user_version = 99;")
+            .expect("future");
+        match migrate(&mut conn) {
+            Err(SchemaError::Newer { found: 99, supported }) => assert_eq!(supported, SCHEMA_VERSION),
+            other => panic!("expected Newer, got {other:?}"),
+        }
+        assert_eq!(version(&conn).expect("version"), 99);
+        assert!(columns_of(&conn, "cells").expect("columns").is_empty());
+    }
+}
