@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod floor;
 pub mod journal;
 pub mod pool;
 pub mod registry;
@@ -12,6 +13,7 @@ pub mod templates;
 pub mod tools;
 
 pub use config::{Config, ConfigError, Source};
+pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
 pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
