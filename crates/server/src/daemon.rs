@@ -293,16 +293,23 @@ fn usage_error(message: impl Into<String>) -> Reply {
     }
 }
 
-/// Answers a refused peer with one `peer_refused` error and closes.
+/// Answers a refused peer with one `peer_refused` error and closes. What
+/// the peer sends is read and dropped unparsed (at most 1 MiB, for at most
+/// 2 s), so its write does not fail before it can read the refusal.
 async fn refuse(stream: UnixStream, why: String) {
-    let (_r, mut w) = stream.into_split();
+    let (mut r, mut w) = stream.into_split();
     let reply = Reply::Error {
         message: format!("this daemon refuses the connecting process: {why}"),
         usage: false,
         code: Some(PEER_REFUSED.into()),
     };
-    let _ = tokio::time::timeout(Duration::from_secs(2), send(&mut w, &reply)).await;
-    let _ = w.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = send(&mut w, &reply).await;
+        let _ = w.shutdown().await;
+        let mut sink = tokio::io::sink();
+        let _ = tokio::io::copy(&mut (&mut r).take(1 << 20), &mut sink).await;
+    })
+    .await;
 }
 
 async fn serve_conn(stream: UnixStream, reg: Arc<Registry>, stop: Arc<Notify>) -> std::io::Result<()> {
