@@ -63,7 +63,10 @@ fn assert_refused(results: &[Value], ctx: &str) -> usize {
         if r["connected"] == true {
             connected += 1;
             let reply = &r["reply"];
-            assert_eq!(reply["event"], "error", "{ctx}: the daemon answered a kernel: {r}");
+            assert_eq!(
+                reply["event"], "error",
+                "{ctx}: the daemon answered a kernel: {r}"
+            );
             assert_eq!(reply["code"], "peer_refused", "{ctx}: {r}");
         } else {
             assert!(r["error"].is_string(), "{ctx}: {r}");
@@ -94,7 +97,11 @@ impl Env {
             .map(|a| a.iter().filter_map(|s| s["name"].as_str()).collect())
             .unwrap_or_default();
         assert!(names.contains(&"victim"), "{}", text(&o));
-        assert!(!names.contains(&"pwn"), "a kernel created a session: {}", text(&o));
+        assert!(
+            !names.contains(&"pwn"),
+            "a kernel created a session: {}",
+            text(&o)
+        );
     }
 }
 
@@ -160,11 +167,23 @@ fn escape_1_daemon_refuses_a_request_below_its_floor() {
     // The CLI: exit 2 and a message naming the floor.
     let py = python();
     let o = env.run(&[
-        "exec", "--python", &py, "--session", "weak", "--sandbox", "off", "--json", "print(1)",
+        "exec",
+        "--python",
+        &py,
+        "--session",
+        "weak",
+        "--sandbox",
+        "off",
+        "--json",
+        "print(1)",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("below") && err.contains("floor auto"), "{}", text(&o));
+    assert!(
+        err.contains("below") && err.contains("floor auto"),
+        "{}",
+        text(&o)
+    );
     // The wire: a typed error, and no session was made.
     let r = call(
         &env,

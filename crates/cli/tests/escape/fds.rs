@@ -64,7 +64,10 @@ fn json_of(o: &Output) -> Value {
 
 /// fd 57 was closed in the cell and the secret never came back.
 fn assert_fd_closed(stdout: &str, secret: &str, ctx: &str) {
-    assert!(!stdout.contains(secret), "{ctx}: the cell read the inherited fd: {stdout}");
+    assert!(
+        !stdout.contains(secret),
+        "{ctx}: the cell read the inherited fd: {stdout}"
+    );
     assert!(
         stdout.contains(&format!("CLOSED {}", libc_ebadf())),
         "{ctx}: fd {FD} is open in the kernel: {stdout}"
@@ -81,10 +84,17 @@ fn escape_2_one_shot_exec_inherits_no_descriptor() {
     let (file, secret) = env.secret();
     let py = python();
     for mode in ["off", "auto"] {
-        let o = env.with_inherited_fd(&file, &["exec", "--python", &py, "--json", "--sandbox", mode, PROBE]);
+        let o = env.with_inherited_fd(
+            &file,
+            &["exec", "--python", &py, "--json", "--sandbox", mode, PROBE],
+        );
         let v = json_of(&o);
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-        assert_fd_closed(v["stdout"].as_str().unwrap_or_default(), &secret, &format!("exec {mode}"));
+        assert_fd_closed(
+            v["stdout"].as_str().unwrap_or_default(),
+            &secret,
+            &format!("exec {mode}"),
+        );
     }
     // The host is fine: another cell runs.
     let (code, v) = env.exec_json(&["--sandbox", "auto"], "print(2 + 2)");
@@ -115,8 +125,14 @@ fn escape_2_run_inherits_no_descriptor() {
         );
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
         let nb = std::fs::read_to_string(&out).expect("executed notebook");
-        assert!(!nb.contains(&secret), "run {mode}: the cell read the inherited fd");
-        assert!(nb.contains("CLOSED 9"), "run {mode}: fd {FD} is open in the kernel: {nb}");
+        assert!(
+            !nb.contains(&secret),
+            "run {mode}: the cell read the inherited fd"
+        );
+        assert!(
+            nb.contains("CLOSED 9"),
+            "run {mode}: fd {FD} is open in the kernel: {nb}"
+        );
     }
 }
 
@@ -140,10 +156,24 @@ fn escape_2_daemon_keeps_no_descriptor_of_the_client_that_started_it() {
     // Client A holds fd 57 and starts the daemon.
     let o = env.with_inherited_fd(
         &file,
-        &["exec", "--python", &py, "--session", "a", "--json", "--sandbox", "auto", PROBE],
+        &[
+            "exec",
+            "--python",
+            &py,
+            "--session",
+            "a",
+            "--json",
+            "--sandbox",
+            "auto",
+            PROBE,
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert_fd_closed(json_of(&o)["stdout"].as_str().unwrap_or_default(), &secret, "session a");
+    assert_fd_closed(
+        json_of(&o)["stdout"].as_str().unwrap_or_default(),
+        &secret,
+        "session a",
+    );
     let daemon = env.daemon_pid().expect("daemon pid");
     let held = fd_targets(daemon);
     assert!(
@@ -163,12 +193,26 @@ fn escape_2_kernel_forked_from_a_template_inherits_no_descriptor() {
     let env = Env::new();
     // Kernels of the daemon come from its warm pool, forked from a template
     // that preloads a module (mode off: a template needs no root then).
-    std::fs::write(env.path().join("config.toml"), "preload = \"json\"\npool_size = 1\n").expect("config");
+    std::fs::write(
+        env.path().join("config.toml"),
+        "preload = \"json\"\npool_size = 1\n",
+    )
+    .expect("config");
     let (file, secret) = env.secret();
     let py = python();
     let o = env.with_inherited_fd(
         &file,
-        &["exec", "--python", &py, "--session", "a", "--json", "--sandbox", "off", PROBE],
+        &[
+            "exec",
+            "--python",
+            &py,
+            "--session",
+            "a",
+            "--json",
+            "--sandbox",
+            "off",
+            PROBE,
+        ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let first = json_of(&o)["stdout"].as_str().unwrap_or_default().to_string();

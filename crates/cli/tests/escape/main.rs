@@ -12,6 +12,7 @@
 mod common;
 mod daemon_peer;
 mod fds;
+mod modes;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
 #[test]
