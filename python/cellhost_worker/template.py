@@ -229,6 +229,9 @@ def _worker(req, fds, old_mask, go_r):
         for fd in {null, ctl, out, err} - {0, 1, 2, CONTROL_FD}:
             os.close(fd)
         err = 2
+        # A copy of the template holds whatever the template held: nothing
+        # but the protocol's descriptors reaches the kernel.
+        _close_others()
         os.environ.clear()
         os.environ.update(req.get("env") or {})
         if go.get("mplconfigdir"):
@@ -258,6 +261,15 @@ def _worker(req, fds, old_mask, go_r):
     except BaseException as exc:  # noqa: B902
         _die(err, "worker: %s: %s" % (type(exc).__name__, exc))
     os._exit(0)
+
+
+def _close_others():
+    """Closes every descriptor above the control socket (fd 3)."""
+    try:
+        top = os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        top = 65536
+    os.closerange(CONTROL_FD + 1, max(CONTROL_FD + 1, min(top, 1 << 16)))
 
 
 def _fork(sock, req, fds):

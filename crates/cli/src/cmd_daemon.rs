@@ -91,6 +91,9 @@ fn spawn_daemon(kernel: &KernelArgs) -> std::io::Result<std::process::Child> {
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .process_group(0);
+    // The daemon outlives this client and serves others: it must keep none
+    // of this client's descriptors (and hand none to its kernels).
+    cellhost_sandbox::fds::close_inherited_on_exec(&mut cmd);
     cmd.spawn()
 }
 
@@ -126,7 +129,7 @@ fn client_call(req: Request) -> u8 {
                 println!("daemon: {message}");
                 0
             }
-            Ok(Reply::Error { message, usage }) => {
+            Ok(Reply::Error { message, usage, .. }) => {
                 eprintln!("cellhost: {message}");
                 if usage { EXIT_USAGE } else { 1 }
             }
@@ -143,6 +146,9 @@ fn client_call(req: Request) -> u8 {
 }
 
 fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
+    // Started by hand (`cellhost daemon run 7<file`): whatever descriptor it
+    // was given stays out of every child it starts.
+    cellhost_sandbox::fds::cloexec_all();
     let idle = match idle {
         None => idle_default(),
         Some(s) if s.is_finite() && s > 0.0 => match Duration::try_from_secs_f64(s) {

@@ -166,6 +166,7 @@ pub fn run(args: RunArgs) -> u8 {
             };
             if !kernel_info_set && let Some(k) = registry.kernel(&key) {
                 nb.set_kernel_info(&k.info().python_version, &python.display().to_string());
+                nb.set_sandbox(serde_json::to_value(&r.kernel.sandbox).unwrap_or_default());
                 kernel_info_set = true;
             }
             let outputs = to_outputs(&r, &files_dir, i + 1, &mut figures, timeout);

@@ -107,7 +107,7 @@ pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Optio
                 }
                 Ok(Some(Reply::Display { .. })) => {}
                 Ok(Some(Reply::Result { result })) => break Ok(result),
-                Ok(Some(Reply::Error { message, usage })) => break Err((message, usage)),
+                Ok(Some(Reply::Error { message, usage, .. })) => break Err((message, usage)),
                 Ok(Some(other)) => break Err((format!("unexpected reply {other:?}"), false)),
                 Ok(None) => break Err(("the daemon closed the connection".into(), false)),
                 Err(e) => break Err((e.to_string(), false)),
@@ -131,7 +131,7 @@ pub fn sessions(args: SessionsArgs) -> u8 {
             Err(_) => Vec::new(),
             Ok(mut c) => match c.call(&Request::Sessions).await {
                 Ok(Reply::Sessions { sessions }) => sessions,
-                Ok(Reply::Error { message, usage }) => return error_code(&message, usage),
+                Ok(Reply::Error { message, usage, .. }) => return error_code(&message, usage),
                 Ok(other) => return error_code(&format!("unexpected reply {other:?}"), false),
                 Err(e) => return error_code(&e.to_string(), false),
             },
@@ -184,7 +184,7 @@ fn named(req: Request) -> u8 {
                     1
                 }
             }
-            Ok(Ok(Reply::Error { message, usage })) => error_code(&message, usage),
+            Ok(Ok(Reply::Error { message, usage, .. })) => error_code(&message, usage),
             Ok(Ok(other)) => error_code(&format!("unexpected reply {other:?}"), false),
             Ok(Err(e)) => error_code(&e.to_string(), false),
             Err(_) => error_code("the daemon did not answer within 30 s", false),

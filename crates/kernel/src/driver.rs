@@ -1220,6 +1220,7 @@ impl Driver {
                 reused,
                 state_reset: false,
                 reset_reason: None,
+                sandbox: crate::result::SandboxRef::of(&self.info.sandbox),
             },
             interrupt,
             crash,

@@ -99,6 +99,31 @@ pub struct KernelRef {
     /// Why the state was reset, when it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reset_reason: Option<String>,
+    /// The sandbox the kernel runs under, as applied.
+    #[serde(default)]
+    pub sandbox: SandboxRef,
+}
+
+/// The sandbox a kernel runs under, as applied (the full layer list is in
+/// the kernel's info).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRef {
+    /// The mode applied: `off`, `auto` or `enforce` — the mode asked for
+    /// (a kernel that cannot have it is refused, never started weaker).
+    pub mode: cellhost_sandbox::profile::SandboxMode,
+    /// Layers not in force (mode `auto` applies what the machine supports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+impl SandboxRef {
+    /// The summary of a kernel's sandbox status.
+    pub fn of(status: &cellhost_sandbox::profile::SandboxStatus) -> Self {
+        SandboxRef {
+            mode: status.mode,
+            missing: status.missing().map(|l| l.name.clone()).collect(),
+        }
+    }
 }
 
 /// What happened when a cell was interrupted or timed out.

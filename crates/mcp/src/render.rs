@@ -200,6 +200,7 @@ mod tests {
                 reused: true,
                 state_reset: true,
                 reset_reason: Some("the previous kernel died".into()),
+                sandbox: Default::default(),
             },
             interrupt: None,
             crash: None,

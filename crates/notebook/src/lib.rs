@@ -295,6 +295,23 @@ impl Notebook {
         }
     }
 
+    /// Records the sandbox the notebook ran under (`mode`, `missing`
+    /// layers) as `metadata.cellhost.sandbox`.
+    pub fn set_sandbox(&mut self, sandbox: Value) {
+        let Some(metadata) = self.metadata_mut() else {
+            return;
+        };
+        let cellhost = metadata
+            .entry("cellhost")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !cellhost.is_object() {
+            *cellhost = Value::Object(Map::new());
+        }
+        if let Some(obj) = cellhost.as_object_mut() {
+            obj.insert("sandbox".into(), sandbox);
+        }
+    }
+
     /// The notebook as nbformat writes it: keys sorted, one-space indent,
     /// sources, stream text and text-like MIME values (`text/*`,
     /// `image/svg+xml`, `application/javascript`) as lists of lines each

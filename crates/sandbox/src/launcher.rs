@@ -168,6 +168,12 @@ fn init_main(args: &[OsString]) -> ! {
             _ => fail("usage: __cellhost-kernel-init --host-pid PID -- PROGRAM [ARGS...]"),
         }
     }
+    // Nothing the host's caller left open without close-on-exec reaches the
+    // kernel: every descriptor but the standard streams (control socket and
+    // output pipes) and those the arguments name goes, before anything else.
+    // The one list of descriptors an init keeps (`--release-fd` is closed
+    // above, once read).
+    crate::fds::close_all_except(&[report.unwrap_or(-1)]);
     let program = &args[i..];
     if program.is_empty() && adopt.is_none() {
         fail("no program to run");
@@ -587,6 +593,9 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
         i += 2;
     }
     let Some(go) = go else { fail("--go-fd is required") };
+    // Started by the template's fork with every descriptor it held: keep
+    // only the standard streams and the two pipes named above.
+    crate::fds::close_all_except(&[go, barrier.unwrap_or(-1)]);
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
     if let Some(fd) = barrier {

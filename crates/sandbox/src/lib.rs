@@ -6,7 +6,9 @@
 //!   reaps everything, kills the whole tree when Python dies or the host asks
 //!   (or dies), and mirrors Python's exit status.
 //! * [`signal`]: thread-directed signals (`tgkill`) and process-tree sweeps.
-//! * [`mod@env`]: the environment allowlist.
+//! * [`mod@env`]: the environment allowlist; [`fds`]: no inherited
+//!   descriptor reaches a kernel or a host tool.
+//! * [`peer`]: who is on the other end of a control socket (never a kernel).
 //! * [`profile`]: the sandbox profile (mode off/auto/enforce, network,
 //!   paths, limits), what the init is told, and what it reports.
 //! * [`confine`]: the layers the init applies (rlimits, namespaces, mounts,
@@ -18,8 +20,10 @@
 pub mod cgroup;
 pub mod confine;
 pub mod env;
+pub mod fds;
 pub mod forkplan;
 pub mod launcher;
+pub mod peer;
 pub mod procfs;
 pub mod profile;
 pub mod signal;

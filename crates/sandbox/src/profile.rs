@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupLimits;
 
-/// How much confinement a kernel gets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How much confinement a kernel gets. Ordered by strength: `Off < Auto <
+/// Enforce` (the order a sandbox floor compares in).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxMode {
     /// No confinement beyond the environment allowlist (the pre-sandbox

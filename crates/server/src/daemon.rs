@@ -5,7 +5,17 @@
 //! exits after an idle period with no connection open, or on `stop`,
 //! SIGTERM or SIGINT — always through [`Registry::shutdown`] (every kernel
 //! killed and reaped, the journal flushed).
+//!
+//! Who may talk to it: every connection's peer is identified
+//! ([`cellhost_sandbox::peer::check_local_peer`]: `SO_PEERCRED` and a pidfd)
+//! before a line is read; a process of another uid, in another pid
+//! namespace, inside a kernel's cgroup or below a kernel init (any kernel,
+//! also of mode `off`) gets one `error` reply with code `peer_refused` and
+//! the connection is closed. A request's sandbox mode may raise the
+//! daemon's floor (the mode it was started with), never lower it
+//! (code `sandbox_below_floor`, see [`cellhost_sessions::floor`]).
 
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cellhost_kernel::{CellResult, DisplayOutput, ExecOptions, InterruptOutcome, LiveEvent};
+use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::{Origin, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -53,7 +64,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         python: Option<PathBuf>,
         /// Sandbox mode of the session (`off`, `auto`, `enforce`; default:
-        /// the daemon's).
+        /// the daemon's). Never below the daemon's own mode: a weaker one is
+        /// refused with code `sandbox_below_floor`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<String>,
     },
@@ -132,8 +144,16 @@ pub enum Reply {
         /// a failure of the daemon or kernel (exit 1).
         #[serde(default)]
         usage: bool,
+        /// Stable error code where there is one: `peer_refused` (the
+        /// connecting process may not use the daemon), `sandbox_below_floor`,
+        /// `sandbox_unavailable`, `bad_request`, and the registry's codes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
     },
 }
+
+/// The stable code of a refused peer.
+pub const PEER_REFUSED: &str = "peer_refused";
 
 /// Where the daemon's files live: `$XDG_RUNTIME_DIR/cellhost` when that is
 /// set, else `STATE_DIR/run`.
@@ -222,6 +242,13 @@ pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io
         tokio::select! {
             acc = listener.accept() => {
                 let Ok((stream, _)) = acc else { continue };
+                // Who connected is decided before anything is read from it:
+                // a kernel (or anything it started) gets one refusal.
+                if let Err(why) = cellhost_sandbox::peer::check_local_peer(stream.as_fd()) {
+                    tracing::warn!("daemon: refused a connection: {why}");
+                    tokio::spawn(refuse(stream, why.to_string()));
+                    continue;
+                }
                 activity.open.fetch_add(1, Ordering::SeqCst);
                 activity.touch();
                 let guard = OpenGuard(activity.clone());
@@ -262,7 +289,27 @@ fn usage_error(message: impl Into<String>) -> Reply {
     Reply::Error {
         message: message.into(),
         usage: true,
+        code: Some("bad_request".into()),
     }
+}
+
+/// Answers a refused peer with one `peer_refused` error and closes. What
+/// the peer sends is read and dropped unparsed (at most 1 MiB, for at most
+/// 2 s), so its write does not fail before it can read the refusal.
+async fn refuse(stream: UnixStream, why: String) {
+    let (mut r, mut w) = stream.into_split();
+    let reply = Reply::Error {
+        message: format!("this daemon refuses the connecting process: {why}"),
+        usage: false,
+        code: Some(PEER_REFUSED.into()),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = send(&mut w, &reply).await;
+        let _ = w.shutdown().await;
+        let mut sink = tokio::io::sink();
+        let _ = tokio::io::copy(&mut (&mut r).take(1 << 20), &mut sink).await;
+    })
+    .await;
 }
 
 async fn serve_conn(stream: UnixStream, reg: Arc<Registry>, stop: Arc<Notify>) -> std::io::Result<()> {
@@ -338,19 +385,27 @@ async fn handle(
             if session.is_empty() || session.len() > 128 {
                 return send(w, &usage_error("a session name is 1-128 characters")).await;
             }
-            let mut key = reg.key(DAEMON_OWNER, &session);
-            if let Some(p) = python {
-                key.python = p;
-            }
-            if let Some(m) = sandbox {
-                if !matches!(m.as_str(), "off" | "auto" | "enforce") {
+            let requested = match sandbox.as_deref().map(str::parse::<SandboxMode>) {
+                None => None,
+                Some(Ok(m)) => Some(m),
+                Some(Err(e)) => return send(w, &usage_error(e)).await,
+            };
+            let mut key = match reg.key_with_sandbox(DAEMON_OWNER, &session, requested) {
+                Ok(k) => k,
+                Err(e) => {
                     return send(
                         w,
-                        &usage_error(format!("sandbox mode must be off, auto or enforce, got {m:?}")),
+                        &Reply::Error {
+                            message: e.to_string(),
+                            usage: true,
+                            code: Some(e.code().into()),
+                        },
                     )
                     .await;
                 }
-                key.profile = m;
+            };
+            if let Some(p) = python {
+                key.python = p;
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let opts = ExecOptions {
@@ -382,6 +437,7 @@ async fn handle(
                         &Reply::Error {
                             message: e.to_string(),
                             usage: false,
+                            code: Some(e.code().into()),
                         },
                     )
                     .await

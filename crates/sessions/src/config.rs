@@ -126,6 +126,12 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
     ),
     ("sandbox_mode", Kind::Str, "\"auto\"", "off, auto or enforce"),
     ("network", Kind::Bool, "false", "network inside the sandbox"),
+    (
+        "sandbox_disable",
+        Kind::Str,
+        "\"\"",
+        "sandbox layers to leave out, comma-separated (reported missing; mode enforce then refuses kernels)",
+    ),
     ("journal", Kind::Bool, "true", "keep the SQLite journal"),
     (
         "journal_sync",
@@ -133,6 +139,21 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "\"normal\"",
         "normal (survives a process kill) or full (fsync per cell)",
     ),
+];
+
+/// Layer names `sandbox_disable` accepts.
+pub const SANDBOX_LAYERS: &[&str] = &[
+    "rlimits",
+    "pidns",
+    "netns",
+    "ipcns",
+    "utsns",
+    "mountns",
+    "cgroupns",
+    "landlock",
+    "capabilities",
+    "seccomp",
+    "cgroup",
 ];
 
 /// Errors of the configuration.
@@ -378,6 +399,14 @@ impl Config {
                 "sandbox_mode must be off, auto or enforce".into(),
             ));
         }
+        for layer in self.sandbox_disable() {
+            if !SANDBOX_LAYERS.contains(&layer.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "sandbox_disable: unknown layer {layer:?} (one of {})",
+                    SANDBOX_LAYERS.join(", ")
+                )));
+            }
+        }
         if !["normal", "full"].contains(&self.string("journal_sync").as_str()) {
             return Err(ConfigError::Invalid("journal_sync must be normal or full".into()));
         }
@@ -415,6 +444,15 @@ impl Config {
             .and_then(|e| e.value.as_str())
             .unwrap_or_default()
             .to_string()
+    }
+
+    /// The sandbox layers `sandbox_disable` leaves out.
+    pub fn sandbox_disable(&self) -> Vec<String> {
+        self.string("sandbox_disable")
+            .split(',')
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect()
     }
 
     /// The interpreter, if one is configured.
@@ -457,6 +495,7 @@ impl Config {
             cfg.sandbox.mode = mode;
         }
         cfg.sandbox.network = self.bool("network");
+        cfg.sandbox.disable = self.sandbox_disable();
         if !self.tools.is_empty() {
             cfg.tool_host = Some(std::sync::Arc::new(crate::tools::CommandTools::new(
                 self.tools.clone(),
@@ -476,7 +515,6 @@ impl Config {
             .filter(|m| !m.is_empty())
             .collect();
         rc.staging_max_age = Duration::from_secs_f64(self.float("staging_max_age_days") * 86400.0);
-        rc.default_profile = self.string("sandbox_mode");
     }
 
     /// `key = value  # source` lines, then the tools.

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod floor;
 pub mod journal;
 pub mod journal_schema;
 pub mod pool;
@@ -13,6 +14,7 @@ pub mod templates;
 pub mod tools;
 
 pub use config::{Config, ConfigError, Source};
+pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
 pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,

@@ -1,5 +1,5 @@
 //! The registry: kernels keyed by (owner, session, interpreter, cwd, tool
-//! set, sandbox profile), their lifecycle and the journal of every cell.
+//! set, sandbox mode), their lifecycle and the journal of every cell.
 //!
 //! - A [`Key`]'s session outlives its kernels: each new kernel is a new
 //!   generation, and the first result after a lost kernel says
@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cellhost_kernel::{CellResult, ExecOptions, Kernel, KernelConfig, KernelError, ToolHost};
+use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
@@ -49,6 +50,25 @@ pub enum RegistryError {
     /// The registry was shut down.
     #[error("the session registry is shut down")]
     ShutDown,
+    /// A request asked for a sandbox mode below the registry's floor.
+    #[error(transparent)]
+    SandboxBelowFloor(#[from] crate::floor::BelowFloor),
+}
+
+impl RegistryError {
+    /// The stable error code of the error, as every surface reports it
+    /// (`sandbox_below_floor`, `sandbox_unavailable`, `registry_full`,
+    /// `shut_down`, `restore`, `kernel`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RegistryError::SandboxBelowFloor(_) => crate::floor::BelowFloor::CODE,
+            RegistryError::Kernel(KernelError::SandboxUnavailable { .. }) => "sandbox_unavailable",
+            RegistryError::Kernel(_) => "kernel",
+            RegistryError::Full { .. } => "registry_full",
+            RegistryError::Restore(_) => "restore",
+            RegistryError::ShutDown => "shut_down",
+        }
+    }
 }
 
 /// What identifies a kernel. Owners never see each other's kernels: the
@@ -65,8 +85,10 @@ pub struct Key {
     pub cwd: Option<PathBuf>,
     /// Tools the session may call, sorted (`None`: every configured tool).
     pub tools: Option<Vec<String>>,
-    /// Sandbox profile name.
-    pub profile: String,
+    /// The sandbox mode the session's kernels run under: part of the key,
+    /// so a kernel of another mode (a pooled one included) is never handed
+    /// to the session.
+    pub sandbox: SandboxMode,
 }
 
 impl Key {
@@ -116,8 +138,6 @@ pub struct RegistryConfig {
     pub session_workdirs: Option<PathBuf>,
     /// Staging directories of dead hosts older than this are swept (7 days).
     pub staging_max_age: Duration,
-    /// Sandbox profile of keys made by [`Registry::key`].
-    pub default_profile: String,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -144,7 +164,6 @@ impl RegistryConfig {
             preload: Vec::new(),
             session_workdirs: None,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
-            default_profile: "default".into(),
         }
     }
 }
@@ -414,7 +433,7 @@ impl Registry {
     }
 
     /// A key for `session` of `owner` with the default interpreter, cwd,
-    /// tools and profile.
+    /// tools and the template's sandbox mode (the registry's floor).
     pub fn key(&self, owner: &str, session: &str) -> Key {
         Key {
             owner: owner.to_string(),
@@ -422,8 +441,32 @@ impl Registry {
             python: self.cfg.template.python.clone(),
             cwd: self.cfg.template.cwd.clone(),
             tools: None,
-            profile: self.cfg.default_profile.clone(),
+            sandbox: self.sandbox_floor(),
         }
+    }
+
+    /// The sandbox floor: the template's mode, which the registry was
+    /// started with. No key a request asks for may be weaker
+    /// ([`crate::floor`]).
+    pub fn sandbox_floor(&self) -> SandboxMode {
+        self.cfg.template.sandbox.mode
+    }
+
+    /// [`Registry::key`] with the sandbox mode a request asked for (`None`:
+    /// the floor).
+    ///
+    /// # Errors
+    /// [`RegistryError::SandboxBelowFloor`] when `requested` is weaker than
+    /// the floor.
+    pub fn key_with_sandbox(
+        &self,
+        owner: &str,
+        session: &str,
+        requested: Option<SandboxMode>,
+    ) -> Result<Key, RegistryError> {
+        let mut k = self.key(owner, session);
+        k.sandbox = crate::floor::sandbox_for_request(self.sandbox_floor(), requested)?;
+        Ok(k)
     }
 
     /// The key of a delegated child of `parent`: same owner and
@@ -527,7 +570,7 @@ impl Registry {
         key.python == self.cfg.template.python
             && key.cwd == self.cfg.template.cwd
             && key.tools.is_none()
-            && key.profile == self.cfg.default_profile
+            && key.sandbox == self.cfg.template.sandbox.mode
     }
 
     /// The session's own working directory, when the registry gives each
@@ -551,11 +594,9 @@ impl Registry {
         }
         cfg.session = key.session.clone();
         cfg.generation = generation;
-        // A profile named like a sandbox mode (`off`, `auto`, `enforce`)
-        // selects it; other names keep the template's sandbox.
-        if let Ok(mode) = key.profile.parse() {
-            cfg.sandbox.mode = mode;
-        }
+        // The key's mode is the kernel's, always (never the template's or
+        // the config's in its place).
+        cfg.sandbox.mode = key.sandbox;
         cfg.session_dir = self
             .staging
             .join(sanitize(&key.owner))
@@ -623,7 +664,7 @@ impl Registry {
                     .map(|c| c.display().to_string())
                     .unwrap_or_default(),
                 &key.tools_label(),
-                &key.profile,
+                key.sandbox.as_str(),
             );
             j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
         }

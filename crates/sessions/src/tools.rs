@@ -99,7 +99,10 @@ async fn run_command(spec: &ToolSpec, call: &ToolCall) -> Result<Value, String> 
     let Some((prog, args)) = spec.command.split_first() else {
         return Err(format!("tool '{name}' has an empty command"));
     };
-    let mut cmd = tokio::process::Command::new(prog);
+    let mut std_cmd = std::process::Command::new(prog);
+    // A tool gets its three pipes and nothing else the host holds open.
+    cellhost_sandbox::fds::close_inherited_on_exec(&mut std_cmd);
+    let mut cmd = tokio::process::Command::from(std_cmd);
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -10,6 +10,9 @@
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
 mod common;
+mod daemon_peer;
+mod fds;
+mod modes;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
 #[test]
