@@ -1008,6 +1008,21 @@ impl Redactor {
         };
     }
 
+    /// Whether `bytes` contain a registered secret (any of the forms
+    /// [`add_secrets`](Self::add_secrets) matches) anywhere, as raw bytes:
+    /// for binary payloads that cannot be masked, only refused. Patterns
+    /// are not consulted. Always false for a disabled redactor.
+    pub fn contains_secret(&self, bytes: &[u8]) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        match &self.exact {
+            Exact::None => false,
+            Exact::Ac(ac) => ac.is_match(bytes),
+            Exact::Naive(finders) => finders.iter().any(|f| f.find(bytes).is_some()),
+        }
+    }
+
     /// Length in bytes of the longest exact value matched (0 if none). A
     /// stream holds back at most this many bytes of an unfinished long line
     /// (and at least [`MIN_HOLD`]).
@@ -1697,6 +1712,18 @@ mod tests {
         ] {
             assert_eq!(r.redact(text), text, "{text}");
         }
+    }
+
+    #[test]
+    fn contains_secret_finds_registered_values_in_bytes() {
+        let r = redactor(&["s3cret-Value-42"]);
+        let mut png = b"\x89PNG\r\n\x1a\n\0\xff".to_vec();
+        assert!(!r.contains_secret(&png));
+        png.extend_from_slice(b"tEXts3cret-Value-42\0");
+        assert!(r.contains_secret(&png));
+        assert!(r.contains_secret(b"{\"k\": \"s3cret-Value-42\"}"));
+        assert!(!Redactor::disabled().contains_secret(b"s3cret-Value-42"));
+        assert!(!redactor(&[]).contains_secret(b"s3cret-Value-42"));
     }
 
     #[test]
