@@ -245,7 +245,7 @@ pub(crate) struct Driver {
     /// Background bytes not yet decoded (raw, between cells).
     raw_background: [Vec<u8>; 2],
     /// The pending `inspect_variables`: request id, limit, reply.
-    inspect: Option<(String, u32, oneshot::Sender<Result<Variables, KernelError>>)>,
+    inspect: Option<(String, u32, VariablesReply)>,
     exit: Option<ExitStatus>,
     drain_until: Option<Instant>,
     kill_requested: Option<Instant>,
@@ -264,6 +264,9 @@ pub(crate) struct Driver {
     tool_done_tx: mpsc::UnboundedSender<ToolDone>,
     tool_done_rx: mpsc::UnboundedReceiver<ToolDone>,
 }
+
+/// Where the answer to an `inspect_variables` goes.
+type VariablesReply = oneshot::Sender<Result<Variables, KernelError>>;
 
 /// A host call whose tool has answered.
 struct ToolDone {
