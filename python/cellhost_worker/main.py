@@ -122,13 +122,16 @@ def _run_cell(frame):
         state.queued.discard(cid)
         state.current = cid
         state.ki_raised = 0
+    state.start_written = False
     _channel.send({"type": "started", "id": cid})
     streams.restore_fds()
     streams.install(sys)
+    me = threading.get_ident()
+    # Every thread alive now, `_thread` ones included, is an earlier cell's.
+    streams.begin_cell(frame["marker"], frozenset(i for i in sys._current_frames() if i != me))
+    state.start_written = True
     streams.set_ring_tag(frame.get("marker", ""), bool((frame.get("options") or {}).get("rings")))
     signal.signal(signal.SIGINT, _on_sigint)
-    me = threading.get_ident()
-    state.background_idents = frozenset(t.ident for t in threading.enumerate() if t.ident != me)
     silent = bool((frame.get("options") or {}).get("silent"))
     if not silent:
         state.execution_count += 1
@@ -173,6 +176,14 @@ def _run_cell(frame):
         "result": result, "error": error, "usage": usage, "cwd": _cwd(),
         "sigint_handler": sigint_after, "files": fileaudit.take(),
     })
+
+
+def _end_markers(marker):
+    """A cell's end marker, after its start marker if that was not written."""
+    if not state.start_written:
+        streams.write_marker(streams.start_marker(marker))
+        state.start_written = True
+    streams.write_marker(marker)
 
 
 def _inspect(frame):
@@ -227,7 +238,7 @@ def run():
             if kind == "execute" and state.current == frame.get("id"):
                 state.current = None
                 streams.end_of_cell_rings()
-                streams.write_marker(frame["marker"])
+                _end_markers(frame["marker"])
                 _channel.send({"type": "response", "id": frame["id"], "status": "interrupted",
                                "execution_count": state.execution_count, "result": None,
                                "error": {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []},
@@ -237,7 +248,7 @@ def run():
             if kind == "execute" and state.current == frame.get("id"):
                 state.current = None
                 streams.end_of_cell_rings()
-                streams.write_marker(frame["marker"])
+                _end_markers(frame["marker"])
                 _channel.send({"type": "response", "id": frame["id"], "status": "error",
                                "execution_count": state.execution_count, "result": None,
                                "error": execute.format_exception(exc), "usage": None, "cwd": _cwd()})

@@ -17,6 +17,8 @@ execution_count = 0
 # Threads alive when the current cell started: their Python-level writes are
 # background output of earlier cells.
 background_idents = frozenset()
+# The current cell's start marker went to fd 1 and fd 2.
+start_written = False
 
 # A SIGINT that arrived while the main thread was inside a frame send is
 # raised when the send completes (a frame must never be cut in half).

@@ -29,6 +29,11 @@ RING_SIZE = 4 << 20
 RING_MIN = 64 << 10
 RING_WAIT_S = 1.0
 _rings = {}          # 1/2 -> _Ring
+# Held while a Python-level write decides where it goes and makes it, and
+# while a cell's start marker is written after the background set changed:
+# no write of a thread that just became background can land after the
+# start marker (in the new cell's stream).
+_write_lock = threading.Lock()
 
 
 class _Ring:
@@ -139,8 +144,25 @@ def end_of_cell_rings():
 
 
 def after_fork_in_child():
-    """A forked child must not write into its parent's rings."""
+    """A forked child must not write into its parent's rings (nor inherit a
+    write lock another thread held at the fork)."""
+    global _write_lock
     _rings.clear()
+    _write_lock = threading.Lock()
+
+
+def begin_cell(marker, background):
+    """At a cell's start: `background` (thread idents) from now on write
+    through frames, then the cell's start marker goes to fd 1 and fd 2.
+    Everything the host reads before it is background output."""
+    with _write_lock:
+        state.background_idents = background
+        write_marker(start_marker(marker))
+
+
+def start_marker(marker):
+    """The start marker of the cell whose end marker is `marker`."""
+    return marker.replace("cellhost-end-", "cellhost-start-", 1)
 
 
 def _write_all(fd, view):
@@ -255,6 +277,10 @@ class FdStream(io.TextIOBase):
             raise TypeError("reconfigure() got unexpected keyword arguments: %s" % ", ".join(sorted(unknown)))
 
     def _write_bytes(self, data, as_text):
+        with _write_lock:
+            self._write_locked(data, as_text)
+
+    def _write_locked(self, data, as_text):
         bg = state.background_idents
         if bg and threading.get_ident() in bg and channel is not None and os.getpid() == state.WORKER_PID:
             channel.send({"type": "background", "stream": self._name, "text": as_text()})

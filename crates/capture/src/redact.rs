@@ -15,7 +15,10 @@
 //!   in URLs (`scheme://user:pass@host`), `Authorization:` headers and
 //!   `Bearer` tokens, and `NAME=value` / `"name": "value"` / `name: value`
 //!   assignments whose name looks secret (password, passwd, secret, token,
-//!   credential, auth, cookie, api_key, `KEY`, …; see [`classify_name`]).
+//!   credential, auth, cookie, api_key, `KEY`, …; see [`classify_name`]),
+//!   except a bare short ordinary word after a name that is not env-style
+//!   (`passwd = hello` is kept; `PASSWD=hello`, `"passwd": "hello"` and
+//!   `passwd = hello1` are masked; see `is_plain_word`).
 //!
 //! # Mask format
 //!
@@ -458,6 +461,11 @@ impl Patterns {
                                 return;
                             }
                         }
+                        if bare && is_plain_word(value) && !is_env_name(name) {
+                            // `passwd = hello`: a short ordinary word after a
+                            // code- or prose-style name is not a credential.
+                            return;
+                        }
                         if value_is_secret(value, classify_name(name)) {
                             spans.push(Span::new(ls + vs, ls + ve, Style::Prefixed));
                         }
@@ -769,6 +777,34 @@ const STOP_VALUES: &[&str] = &[
     "ok",
 ];
 
+/// Longest bare word that [`is_plain_word`] lets through.
+const PLAIN_WORD_MAX: usize = 7;
+
+/// A short ordinary word: 1 to [`PLAIN_WORD_MAX`] ASCII letters, all
+/// lower-case or capitalised (`hello`, `Hello`), so no digit, symbol or
+/// inner capital. What is kept is exactly such a *bare* value after a name
+/// that is not env-style ([`is_env_name`]): `passwd = hello`,
+/// `token: expired`. Quoted values (`"password": "hello"`, data), values
+/// after `UPPER_SNAKE` names (`export GITHUB_TOKEN=abcdef`, a shell
+/// assignment), and anything with a digit, symbol, mixed case or 8+
+/// letters stay masked.
+fn is_plain_word(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= PLAIN_WORD_MAX
+        && b.iter().all(u8::is_ascii_alphabetic)
+        && b[1..].iter().all(u8::is_ascii_lowercase)
+}
+
+/// An environment-variable style name: upper-case letters, digits and `_`
+/// (`PASSWORD`, `DB_PASSWD`, `GITHUB_TOKEN`).
+fn is_env_name(name: &str) -> bool {
+    name.bytes().any(|b| b.is_ascii_uppercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// Whether an assignment's value is masked given its name's class.
 fn value_is_secret(v: &str, class: NameClass) -> bool {
     let t = v.trim();
@@ -970,6 +1006,21 @@ impl Redactor {
                     .collect(),
             ),
         };
+    }
+
+    /// Whether `bytes` contain a registered secret (any of the forms
+    /// [`add_secrets`](Self::add_secrets) matches) anywhere, as raw bytes:
+    /// for binary payloads that cannot be masked, only refused. Patterns
+    /// are not consulted. Always false for a disabled redactor.
+    pub fn contains_secret(&self, bytes: &[u8]) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        match &self.exact {
+            Exact::None => false,
+            Exact::Ac(ac) => ac.is_match(bytes),
+            Exact::Naive(finders) => finders.iter().any(|f| f.find(bytes).is_some()),
+        }
     }
 
     /// Length in bytes of the longest exact value matched (0 if none). A
@@ -1660,6 +1711,48 @@ mod tests {
             "TOKENIZERS_PARALLELISM=false",
         ] {
             assert_eq!(r.redact(text), text, "{text}");
+        }
+    }
+
+    #[test]
+    fn contains_secret_finds_registered_values_in_bytes() {
+        let r = redactor(&["s3cret-Value-42"]);
+        let mut png = b"\x89PNG\r\n\x1a\n\0\xff".to_vec();
+        assert!(!r.contains_secret(&png));
+        png.extend_from_slice(b"tEXts3cret-Value-42\0");
+        assert!(r.contains_secret(&png));
+        assert!(r.contains_secret(b"{\"k\": \"s3cret-Value-42\"}"));
+        assert!(!Redactor::disabled().contains_secret(b"s3cret-Value-42"));
+        assert!(!redactor(&[]).contains_secret(b"s3cret-Value-42"));
+    }
+
+    #[test]
+    fn short_plain_words_after_code_style_names_are_kept() {
+        let r = redactor(&[]);
+        for text in [
+            "passwd = hello",
+            "password = hello",
+            "password: admin",
+            "token: expired",
+            "Your password = Secret",
+            "db.password=blank",
+            "secret = x",
+        ] {
+            assert_eq!(r.redact(text), text, "{text}");
+        }
+        // Still masked: a digit or symbol, mixed case, 8+ letters, quoted
+        // (data), or after an env-style name.
+        for (input, want) in [
+            ("passwd = hello1", "passwd = ****[redacted]"),
+            ("passwd = hel!o", "passwd = ****[redacted]"),
+            ("passwd = heLLo", "passwd = ****[redacted]"),
+            ("passwd = hellohello", "passwd = ****[redacted]"),
+            ("password = \"hello\"", "password = \"****[redacted]\""),
+            ("{'password': 'hello'}", "{'password': '****[redacted]'}"),
+            ("PASSWD=hello", "PASSWD=****[redacted]"),
+            ("passwd = 1234", "passwd = ****[redacted]"),
+        ] {
+            assert_eq!(r.redact(input), want, "{input}");
         }
     }
 

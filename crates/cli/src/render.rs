@@ -60,6 +60,12 @@ pub fn notes(r: &CellResult) -> Vec<String> {
             v.push(format!("background stderr: {:?}", bg.stderr));
         }
     }
+    if let Some(d) = &r.displays_dropped {
+        v.push(format!(
+            "displays not kept: {} dropped ({} bytes) over the cell's display limit, {} withheld because their data contained a registered secret",
+            d.count, d.bytes, d.withheld
+        ));
+    }
     for d in &r.displays {
         for (mime, val) in &d.data {
             if let Some(p) = val.get("path").and_then(|p| p.as_str()) {

@@ -38,6 +38,9 @@ pub struct KernelConfig {
     pub stderr_limits: StreamLimits,
     /// Masks secrets in everything a cell outputs.
     pub redactor: Arc<Redactor>,
+    /// Bounds on the displays (and the last expression's bundle) one cell
+    /// may leave on the host: count, bytes, inline text.
+    pub display_limits: DisplayLimits,
     /// Default per-cell timeout (DESIGN.md: 300 s); `None` = no deadline.
     pub cell_timeout: Option<Duration>,
     /// Time between an interrupt and the kill of the whole tree (2 s).
@@ -56,6 +59,35 @@ pub struct KernelConfig {
     /// Confinement of the worker (default: mode `auto`, network off,
     /// memory 4 GiB, 512 processes); see [`SandboxProfile`].
     pub sandbox: SandboxProfile,
+}
+
+/// What one cell's displays may take on the host. Display frames are
+/// written by the host, outside the kernel's rlimits and cgroup, so the
+/// host bounds them: a display past `max_count`, or one whose data would
+/// pass `max_bytes`, is dropped (counted in the result's
+/// `displays_dropped`, and a note says so); the last expression's bundle
+/// counts against the same budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisplayLimits {
+    /// Displays kept per cell (default 100).
+    pub max_count: usize,
+    /// Bytes of display data kept per cell, files and inline text together
+    /// (default 50,000,000: a stream's spill budget,
+    /// [`StreamLimits::spill_bytes`]). Binary data counts as its base64 text.
+    pub max_bytes: u64,
+    /// Longest text entry (`text/html`, `text/plain`, …) kept inline, in
+    /// bytes (default 1 MiB); a longer one is replaced by a note.
+    pub max_inline_text: usize,
+}
+
+impl Default for DisplayLimits {
+    fn default() -> Self {
+        DisplayLimits {
+            max_count: 100,
+            max_bytes: 50_000_000,
+            max_inline_text: 1 << 20,
+        }
+    }
 }
 
 impl std::fmt::Debug for KernelConfig {
@@ -92,6 +124,7 @@ impl KernelConfig {
             stdout_limits: StreamLimits::stdout_default(),
             stderr_limits: StreamLimits::stderr_default(),
             redactor: Arc::new(redactor),
+            display_limits: DisplayLimits::default(),
             cell_timeout: Some(Duration::from_secs(300)),
             interrupt_grace: Duration::from_secs(2),
             startup_timeout: Duration::from_secs(60),

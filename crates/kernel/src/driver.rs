@@ -53,8 +53,10 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
 const KILL_GRACE: Duration = Duration::from_millis(1000);
 /// How long to wait for the reader thread's answer to an escalation probe.
 const PROBE_WAIT: Duration = Duration::from_millis(300);
-/// Background output kept for the next result, per stream.
-const BACKGROUND_CAP: usize = 16 * 1024;
+use crate::seal::{self, BACKGROUND_CAP};
+/// Bytes of a `background` frame redacted before the cap cuts it: the room
+/// left plus this much, so that a secret across the cut is still masked.
+const BACKGROUND_SLACK: usize = 64 * 1024;
 /// Live text kept for `peek`, per stream.
 const PEEK_TAIL: usize = 64 * 1024;
 /// Read buffer per stream while output is light.
@@ -162,6 +164,10 @@ struct Interrupt {
 struct ActiveCell {
     q: QueuedCell,
     marker: Vec<u8>,
+    /// Per stream, until the cell's start marker: bytes before it are
+    /// earlier cells' (background), never this cell's.
+    start_scan: [MarkerScanner; 2],
+    start_seen: [bool; 2],
     scan: [MarkerScanner; 2],
     /// Ring tokens of this cell per stream (when the worker may use rings).
     tokens: [Option<RingTokens>; 2],
@@ -174,6 +180,8 @@ struct ActiveCell {
     /// for this cell.
     started_code: bool,
     displays: Vec<DisplayOutput>,
+    /// What this cell's displays (and result bundle) may still take.
+    budget: outputs::DisplayBudget,
     started: Instant,
     deadline: Option<Instant>,
     interrupt: Option<Interrupt>,
@@ -198,17 +206,7 @@ struct Background {
 
 impl Background {
     fn push(&mut self, stream: usize, text: &str) {
-        let room = BACKGROUND_CAP.saturating_sub(self.text[stream].len());
-        if text.len() <= room {
-            self.text[stream].push_str(text);
-        } else {
-            let mut cut = room;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            self.text[stream].push_str(&text[..cut]);
-            self.dropped += (text.len() - cut) as u64;
-        }
+        seal::push_capped(&mut self.text[stream], &mut self.dropped, text);
     }
 
     fn take(&mut self) -> BackgroundOutput {
@@ -246,7 +244,8 @@ pub(crate) struct Driver {
     background: Background,
     /// Background bytes not yet decoded (raw, between cells).
     raw_background: [Vec<u8>; 2],
-    inspect: Option<(String, oneshot::Sender<Result<Variables, KernelError>>)>,
+    /// The pending `inspect_variables`: request id, limit, reply.
+    inspect: Option<(String, u32, VariablesReply)>,
     exit: Option<ExitStatus>,
     drain_until: Option<Instant>,
     kill_requested: Option<Instant>,
@@ -265,6 +264,9 @@ pub(crate) struct Driver {
     tool_done_tx: mpsc::UnboundedSender<ToolDone>,
     tool_done_rx: mpsc::UnboundedReceiver<ToolDone>,
 }
+
+/// Where the answer to an `inspect_variables` goes.
+type VariablesReply = oneshot::Sender<Result<Variables, KernelError>>;
 
 /// A host call whose tool has answered.
 struct ToolDone {
@@ -439,7 +441,7 @@ impl Driver {
                         })
                         .await
                     {
-                        Ok(()) => self.inspect = Some((id, reply)),
+                        Ok(()) => self.inspect = Some((id, limit, reply)),
                         Err(e) => {
                             let _ = reply.send(Err(KernelError::Protocol {
                                 kernel: self.label.clone(),
@@ -588,9 +590,23 @@ impl Driver {
                 let Some(a) = self.active.as_mut() else {
                     return;
                 };
-                let n = a.displays.len() + 1;
-                let data = outputs::save_bundle(data, &a.dir, &format!("display-{n}"), &self.config.redactor);
-                let d = DisplayOutput { data, metadata };
+                // Checked before anything is decoded or written: the host,
+                // not the kernel's limits, pays for what is kept.
+                if !a.budget.admit(outputs::bundle_size(&data, &metadata)) {
+                    return;
+                }
+                let n = a.budget.kept();
+                let redactor = &self.config.redactor;
+                let max_text = self.config.display_limits.max_inline_text;
+                let mut d =
+                    match outputs::save_bundle(data, &a.dir, &format!("display-{n}"), redactor, max_text) {
+                        outputs::Saved::Bundle(data) => DisplayOutput { data, metadata },
+                        outputs::Saved::Withheld(mime) => {
+                            a.budget.withheld();
+                            outputs::withheld_note(&mime)
+                        }
+                    };
+                seal::seal_display(&mut d, redactor);
                 if let Some(live) = &a.q.options.live {
                     let _ = live.send(LiveEvent::Display(d.clone()));
                 }
@@ -607,34 +623,36 @@ impl Driver {
                 variables,
                 truncated,
             } => {
-                if self.inspect.as_ref().is_some_and(|(i, _)| *i == id)
-                    && let Some((_, reply)) = self.inspect.take()
+                if self.inspect.as_ref().is_some_and(|(i, _, _)| *i == id)
+                    && let Some((_, limit, reply)) = self.inspect.take()
                 {
-                    let variables = variables
-                        .into_iter()
-                        .map(|v| outputs::redact_value(v, &self.config.redactor))
-                        .collect();
-                    let _ = reply.send(Ok(Variables { variables, truncated }));
+                    let _ = reply.send(Ok(seal::seal_variables(
+                        variables,
+                        truncated,
+                        limit,
+                        &self.config.redactor,
+                    )));
                 }
             }
-            WorkerFrame::Background { stream, text } => {
+            WorkerFrame::Background { stream, mut text } => {
                 let idx = usize::from(stream == "stderr");
-                let text = self.config.redactor.redact(&text).into_owned();
-                match self.active.as_mut() {
+                let (buf, dropped) = match self.active.as_mut() {
                     Some(a) => {
-                        let buf = if idx == 0 {
-                            &mut a.background.stdout
-                        } else {
-                            &mut a.background.stderr
-                        };
-                        if buf.len() < BACKGROUND_CAP {
-                            buf.push_str(&text);
-                        } else {
-                            a.background.dropped_bytes += text.len() as u64;
-                        }
+                        let b = &mut a.background;
+                        let buf = if idx == 0 { &mut b.stdout } else { &mut b.stderr };
+                        (buf, &mut b.dropped_bytes)
                     }
-                    None => self.background.push(idx, &text),
-                }
+                    None => (&mut self.background.text[idx], &mut self.background.dropped),
+                };
+                // Only what can still be kept is redacted (plus a margin so
+                // a secret across the cut is masked whole); the rest of a
+                // huge frame is counted, never copied.
+                let room = BACKGROUND_CAP.saturating_sub(buf.len());
+                let keep = text.floor_char_boundary(room.saturating_add(BACKGROUND_SLACK));
+                *dropped = dropped.saturating_add((text.len() - keep) as u64);
+                text.truncate(keep);
+                let text = self.config.redactor.redact(&text);
+                seal::push_capped(buf, dropped, &text);
             }
             WorkerFrame::InterruptAck {
                 id, handler, raised, ..
@@ -661,13 +679,18 @@ impl Driver {
             WorkerFrame::InterruptRaised { .. } | WorkerFrame::Ready { .. } => {}
             // The kernel init's report, read by the handshake.
             WorkerFrame::Sandbox { .. } => {}
-            WorkerFrame::Log { msg } => tracing::debug!(kernel = %self.label, "worker: {msg}"),
+            WorkerFrame::Log { mut msg } => {
+                seal::cut(&mut msg, seal::LOG_MAX);
+                let msg = self.config.redactor.redact(&msg);
+                tracing::debug!(kernel = %self.label, "worker: {msg}");
+            }
         }
     }
 
     /// Checks a host call's authority, budget and tool name, then runs it
     /// on its own task; refusals are answered at once.
-    async fn on_host_call(&mut self, id: String, cell: String, name: String, args: Value) {
+    async fn on_host_call(&mut self, id: String, cell: String, mut name: String, args: Value) {
+        seal::cut(&mut name, 256);
         let args_preview = self
             .config
             .redactor
@@ -675,9 +698,15 @@ impl Driver {
             .into_owned();
         let budget = self.config.tool_budget;
         let names = self.config.tool_names();
+        let args_len = args.to_string().len();
         let refusal = match self.active.as_mut() {
             Some(a) if a.q.id == cell && a.response.is_none() => {
-                if a.tool_count >= budget {
+                if args_len > seal::HOST_CALL_ARGS_MAX {
+                    Some(format!(
+                        "host call refused: its arguments are {args_len} bytes of JSON, more than the {} allowed",
+                        seal::HOST_CALL_ARGS_MAX
+                    ))
+                } else if a.tool_count >= budget {
                     Some(format!(
                         "the tool budget of {budget} calls per cell is spent; split the work across cells"
                     ))
@@ -776,11 +805,23 @@ impl Driver {
             }
             Ok(n) => n,
         };
-        let chunk = &self.bufs[stream][..n];
+        let mut chunk = std::borrow::Cow::Borrowed(&self.bufs[stream][..n]);
+        if let Some(a) = self.active.as_mut()
+            && !a.start_seen[stream]
+        {
+            let scan = a.start_scan[stream].feed(&chunk);
+            self.raw_background[stream].extend_from_slice(&scan.before);
+            if !scan.found {
+                self.adapt_read_size(stream, n);
+                return;
+            }
+            a.start_seen[stream] = true;
+            chunk = std::borrow::Cow::Owned(scan.after.into_owned());
+        }
         if let Some(a) = self.active.as_mut()
             && !a.marker_seen[stream]
         {
-            let scan = a.scan[stream].feed(chunk);
+            let scan = a.scan[stream].feed(&chunk);
             push_output(a, &mut self.rings[stream], stream, &scan.before);
             if scan.found {
                 if let Some(t) = a.tokens[stream].as_mut() {
@@ -791,7 +832,7 @@ impl Driver {
                 self.raw_background[stream].extend_from_slice(&scan.after);
             }
         } else if self.raw_background[stream].len() < 4 * BACKGROUND_CAP {
-            self.raw_background[stream].extend_from_slice(chunk);
+            self.raw_background[stream].extend_from_slice(&chunk);
         } else {
             self.background.dropped += n as u64;
         }
@@ -916,11 +957,25 @@ impl Driver {
     async fn after_event(&mut self) {
         // Background bytes between cells: decode and keep for the next result.
         for s in 0..2 {
-            if !self.raw_background[s].is_empty() && (self.active.is_none() || self.active_marker_seen(s)) {
+            if self.raw_background[s].is_empty() {
+                continue;
+            }
+            // Before the running cell's start marker: output of earlier
+            // cells that this result reports; after its end marker (or
+            // between cells): output the next result reports.
+            let before_start = self.active.as_ref().is_some_and(|a| !a.start_seen[s]);
+            if before_start || self.active.is_none() || self.active_marker_seen(s) {
                 let raw = std::mem::take(&mut self.raw_background[s]);
                 let text = cellhost_capture::render_once(&raw);
-                let text = self.config.redactor.redact(&text).into_owned();
-                self.background.push(s, &text);
+                let text = self.config.redactor.redact(&text);
+                match self.active.as_mut().filter(|_| before_start) {
+                    Some(a) => {
+                        let b = &mut a.background;
+                        let buf = if s == 0 { &mut b.stdout } else { &mut b.stderr };
+                        seal::push_capped(buf, &mut b.dropped_bytes, &text);
+                    }
+                    None => self.background.push(s, &text),
+                }
             }
         }
         let gone = self.exit.is_some() && self.pipes.iter().all(Option::is_none);
@@ -954,7 +1009,7 @@ impl Driver {
             for q in self.queue.drain(..) {
                 let _ = q.reply.send(Err(clone_dead(&err)));
             }
-            if let Some((_, reply)) = self.inspect.take() {
+            if let Some((_, _, reply)) = self.inspect.take() {
                 let _ = reply.send(Err(clone_dead(&err)));
             }
             self.set_shared(|s| {
@@ -1022,8 +1077,14 @@ impl Driver {
                 rings: self.rings.iter().any(Option::is_some),
             },
         };
+        let start = marker.replacen("cellhost-end-", "cellhost-start-", 1);
         let mut a = ActiveCell {
             marker: marker.clone().into_bytes(),
+            start_scan: [
+                MarkerScanner::new(start.as_bytes()),
+                MarkerScanner::new(start.as_bytes()),
+            ],
+            start_seen: [false, false],
             scan: [
                 MarkerScanner::new(marker.as_bytes()),
                 MarkerScanner::new(marker.as_bytes()),
@@ -1039,6 +1100,7 @@ impl Driver {
             response_at: None,
             started_code: false,
             displays: Vec::new(),
+            budget: outputs::DisplayBudget::new(self.config.display_limits.clone()),
             started,
             deadline: timeout.map(|t| started + t),
             interrupt: None,
@@ -1067,6 +1129,15 @@ impl Driver {
             return;
         };
         for s in 0..2 {
+            // A cell that never wrote its start marker (its worker died
+            // first): what came was not its own.
+            let early = a.start_scan[s].take_held();
+            if !early.is_empty() {
+                let text = cellhost_capture::render_once(&early);
+                let b = &mut a.background;
+                let buf = if s == 0 { &mut b.stdout } else { &mut b.stderr };
+                seal::push_capped(buf, &mut b.dropped_bytes, &self.config.redactor.redact(&text));
+            }
             let held = a.scan[s].take_held();
             push_output(&mut a, &mut self.rings[s], s, &held);
             if let Some(t) = a.tokens[s].as_mut() {
@@ -1103,7 +1174,7 @@ impl Driver {
         let mut execution_count = if a.q.options.silent {
             self.execution_count
         } else {
-            self.execution_count + 1
+            self.execution_count.saturating_add(1)
         };
         let mut result = None;
         let mut error = None;
@@ -1127,9 +1198,26 @@ impl Driver {
                 "interrupted" => CellStatus::Interrupted,
                 _ => CellStatus::Error,
             };
-            execution_count = ec;
-            self.execution_count = ec;
-            result = res.map(|r| outputs::save_bundle(r, &a.dir, "result", &redactor));
+            // The worker's count is believed only where it can be true: the
+            // previous count, or one more (a hostile worker must not make
+            // the host's own count overflow or jump).
+            if ec == self.execution_count || ec == self.execution_count.saturating_add(1) {
+                execution_count = ec;
+            }
+            self.execution_count = execution_count;
+            result = res.and_then(|r| {
+                if !a.budget.admit(outputs::bundle_size(&r, &serde_json::Map::new())) {
+                    return None;
+                }
+                let max_text = self.config.display_limits.max_inline_text;
+                match outputs::save_bundle(r, &a.dir, "result", &redactor, max_text) {
+                    outputs::Saved::Bundle(b) => Some(b),
+                    outputs::Saved::Withheld(mime) => {
+                        a.budget.withheld();
+                        Some(outputs::withheld_note(&mime).data)
+                    }
+                }
+            });
             error = er.and_then(|e| parse_error(e, &redactor));
             usage = us.and_then(|u| serde_json::from_value::<Usage>(u).ok());
             cwd = c;
@@ -1152,7 +1240,7 @@ impl Driver {
             });
         } else {
             status = CellStatus::Crashed;
-            crash = Some(self.crash_report());
+            crash = Some(self.crash_report(a.pid_hits_at_start));
         }
         let mut interrupt = None;
         if let Some(why) = &a.tree_killed {
@@ -1162,14 +1250,24 @@ impl Driver {
                     Cause::User => CellStatus::Interrupted,
                     Cause::Timeout => CellStatus::Timeout,
                 };
+                interrupt = Some(InterruptReport {
+                    delivered: i.delivered,
+                    target: Some(i.target.clone()),
+                    escalated: true,
+                    state_kept: false,
+                    reason: Some(why.clone()),
+                });
+            } else {
+                // Nobody interrupted the cell: the host killed its kernel
+                // (process limit reached), whatever the worker answered.
+                status = CellStatus::Crashed;
+                crash = Some(CrashReport {
+                    exit_code: None,
+                    signal: Some(libc::SIGKILL),
+                    signal_name: Some(signal::signal_name(libc::SIGKILL)),
+                    message: why.clone(),
+                });
             }
-            interrupt = Some(InterruptReport {
-                delivered: a.interrupt.as_ref().is_some_and(|i| i.delivered),
-                target: a.interrupt.as_ref().map(|i| i.target.clone()),
-                escalated: true,
-                state_kept: false,
-                reason: Some(why.clone()),
-            });
         } else if let Some(i) = &a.interrupt {
             let escalated = i.escalation.is_some();
             if escalated || status != CellStatus::Ok {
@@ -1203,6 +1301,9 @@ impl Driver {
         self.cells_settled += 1;
         let reused = self.cells_settled > 1;
         let truncated_any = !truncated.is_empty();
+        let displays_dropped = a.budget.report();
+        let mut displays = a.displays;
+        displays.extend(a.budget.drop_note());
         let mut res = CellResult {
             cell_id: a.q.id.clone(),
             status,
@@ -1210,7 +1311,8 @@ impl Driver {
             stdout,
             stderr,
             result,
-            displays: a.displays,
+            displays,
+            displays_dropped,
             error,
             truncated,
             kernel: KernelRef {
@@ -1233,6 +1335,9 @@ impl Driver {
             files,
         };
         res.hint = hints::hint_for(&res, &self.config.python, truncated_any);
+        // The one place a result leaves the kernel crate: every text field
+        // redacted, everything the worker sent bounded.
+        seal::seal_result(&mut res, &redactor);
         let settled = self.cells_settled;
         self.set_shared(|s| {
             s.running = None;
@@ -1241,7 +1346,9 @@ impl Driver {
         let _ = a.q.reply.send(Ok(res));
     }
 
-    fn crash_report(&self) -> CrashReport {
+    /// How the worker died; `pid_hits_at_start` is the cgroup's
+    /// `pids.events max` when the cell started.
+    fn crash_report(&self, pid_hits_at_start: u64) -> CrashReport {
         match self.exit {
             Some(st) => {
                 let signal_num = st.signal();
@@ -1253,6 +1360,15 @@ impl Driver {
                     message.push_str(&format!(
                         ": out of memory, the kernel's memory limit ({}) was reached and the OOM killer ended it",
                         self.config.limits.memory_bytes.map_or_else(|| "?".into(), |b| format!("{} MiB", b >> 20))
+                    ));
+                } else if let Some(cg) = self
+                    .cgroup
+                    .as_ref()
+                    .filter(|cg| cg.pids_limit_hits() > pid_hits_at_start)
+                {
+                    message.push_str(&format!(
+                        ": the kernel's process limit (pids.max {}) was reached (threads count too)",
+                        cg.pids_max().map_or_else(|| "?".into(), |n| n.to_string())
                     ));
                 } else if signal_num == Some(libc::SIGKILL) {
                     message.push_str(" (killed from outside: often the out-of-memory killer)");

@@ -25,6 +25,7 @@ mod marker;
 mod outputs;
 pub mod result;
 mod ring;
+mod seal;
 pub mod session;
 mod spawn;
 pub mod template;
@@ -32,7 +33,7 @@ pub mod tools;
 pub mod worker_files;
 
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
-pub use config::{KernelConfig, resolve_python};
+pub use config::{DisplayLimits, KernelConfig, resolve_python};
 pub use error::KernelError;
 pub use kernel::{
     CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, LiveEvent, Variables,

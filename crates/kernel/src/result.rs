@@ -79,6 +79,29 @@ pub struct DisplayOutput {
     pub metadata: Map<String, Value>,
 }
 
+/// Displays the host did not keep for a cell (see
+/// [`DisplayLimits`](crate::config::DisplayLimits)); a `text/plain` note
+/// among the displays says the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisplaysDropped {
+    /// Displays dropped because the cell's count or byte budget was spent
+    /// (the last expression's bundle included).
+    pub count: u64,
+    /// Bytes of the dropped displays' data (base64 text for binary data).
+    pub bytes: u64,
+    /// Displays withheld because their data contained a registered secret
+    /// (each replaced by a note; not counted in `count`).
+    #[serde(default)]
+    pub withheld: u64,
+}
+
+impl DisplaysDropped {
+    /// Nothing was dropped or withheld.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0 && self.withheld == 0
+    }
+}
+
 /// How one stream was cut to its inline size (the capture crate's record,
 /// which also says why a spill file is missing or short).
 pub use cellhost_capture::Truncation;
@@ -207,6 +230,10 @@ pub struct CellResult {
     pub result: Option<MimeBundle>,
     /// Displays shown during the cell, in order.
     pub displays: Vec<DisplayOutput>,
+    /// Displays the host dropped (over the cell's budget) or withheld (a
+    /// registered secret in binary data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub displays_dropped: Option<DisplaysDropped>,
     /// The exception, for status `error` (and `interrupted`/`timeout` when
     /// the worker reported KeyboardInterrupt).
     pub error: Option<CellError>,

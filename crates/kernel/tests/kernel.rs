@@ -17,6 +17,8 @@ use tempfile::TempDir;
 mod bulk_output;
 #[path = "kernel_tests/output_ring.rs"]
 mod output_ring;
+#[path = "kernel_tests/results_bounds.rs"]
+mod results_bounds;
 #[path = "kernel_tests/worker_imports.rs"]
 mod worker_imports;
 

@@ -107,6 +107,13 @@ pub fn text(r: &CellResult, image_notes: &[String]) -> String {
     if !image_notes.is_empty() {
         section(&mut s, "figures", &image_notes.join("\n"));
     }
+    if let Some(d) = &r.displays_dropped {
+        let _ = writeln!(
+            s,
+            "[displays not kept: {} dropped ({} bytes) over the cell's display limit, {} withheld because their data contained a registered secret]",
+            d.count, d.bytes, d.withheld
+        );
+    }
     for (stream, t) in &r.truncated {
         let _ = writeln!(
             s,
@@ -177,6 +184,7 @@ mod tests {
             stderr: String::new(),
             result: None,
             displays: Vec::new(),
+            displays_dropped: None,
             error: Some(CellError {
                 ename: "ZeroDivisionError".into(),
                 evalue: "division by zero".into(),

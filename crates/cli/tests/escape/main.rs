@@ -13,6 +13,7 @@ mod common;
 mod daemon_peer;
 mod fds;
 mod modes;
+mod results;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
 #[test]
