@@ -16,7 +16,7 @@ use crate::kernel::Variables;
 use crate::outputs::{self, value_size};
 use crate::result::{
     BackgroundOutput, CellError, CellResult, CrashReport, DisplayOutput, DisplaysDropped, FilesOpened,
-    InterruptReport, KernelRef, Usage,
+    InterruptReport, KernelRef, SandboxRef, Usage,
 };
 use crate::tools::ToolCallRecord;
 
@@ -163,8 +163,12 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         reused: _,
         state_reset: _,
         reset_reason,
+        sandbox: SandboxRef { mode: _, missing },
     } = kernel;
     redact(session, r);
+    for layer in missing {
+        redact(layer, r);
+    }
     if let Some(why) = reset_reason {
         redact(why, r);
     }
@@ -392,6 +396,10 @@ mod tests {
                 reused: false,
                 state_reset: true,
                 reset_reason: Some(s.clone()),
+                sandbox: SandboxRef {
+                    mode: cellhost_sandbox::profile::SandboxMode::Auto,
+                    missing: vec![s.clone()],
+                },
             },
             interrupt: Some(InterruptReport {
                 delivered: true,
