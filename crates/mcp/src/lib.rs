@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::response::IntoResponse;
 use cellhost_kernel::{ExecOptions, LiveEvent};
 use cellhost_sessions::{Key, Origin, Registry};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -35,7 +36,6 @@ use rmcp::model::{
     ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
-use axum::response::IntoResponse;
 use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};

@@ -82,17 +82,17 @@ fn python_sdk_client_over_streamable_http() {
         // Stands in for the HTTP layer's authentication: the caller comes
         // from a header here, from a bearer token in `cellhost serve`.
         let app = cellhost_mcp::http_router(registry.clone()).layer(axum::middleware::from_fn(
-                |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
-                    let caller = req
-                        .headers()
-                        .get("x-test-caller")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("anonymous")
-                        .to_string();
-                    req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
-                    next.run(req).await
-                },
-            ));
+            |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+                let caller = req
+                    .headers()
+                    .get("x-test-caller")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("anonymous")
+                    .to_string();
+                req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
+                next.run(req).await
+            },
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {

@@ -165,7 +165,11 @@ struct Watched {
 }
 
 impl AsyncRead for Watched {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut this.stream).poll_read(cx, buf);
@@ -344,7 +348,12 @@ fn refuse_busy(stream: TcpStream) {
     }
 }
 
-async fn serve_connection(stream: TcpStream, app: Router, limits: ServeLimits, mut stop: watch::Receiver<bool>) {
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    limits: ServeLimits,
+    mut stop: watch::Receiver<bool>,
+) {
     let state = ConnState::new();
     let io = TokioIo::new(Watched {
         stream,

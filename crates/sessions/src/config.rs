@@ -132,7 +132,8 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         Kind::Str,
         "\"normal\"",
         "normal (survives a process kill) or full (fsync per cell)",
-    ),    (
+    ),
+    (
         "serve_header_timeout_s",
         Kind::Float,
         "10.0",
@@ -603,7 +604,10 @@ mod tests {
             ("CELLHOST_SERVE_MAX_CONNECTIONS", "2000000"),
         ] {
             let e = Config::load_with(None, |x| (x == k).then(|| v.to_string())).expect_err(k);
-            assert!(e.to_string().contains(&k["CELLHOST_".len()..].to_lowercase()), "{e}");
+            assert!(
+                e.to_string().contains(&k["CELLHOST_".len()..].to_lowercase()),
+                "{e}"
+            );
         }
     }
 

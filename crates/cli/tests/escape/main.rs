@@ -10,6 +10,8 @@
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
 mod common;
+mod http_tenants;
+mod slow_clients;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
 #[test]
