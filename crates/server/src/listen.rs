@@ -8,7 +8,9 @@
 //!   [`ServeLimits::header_timeout`]: from accept for the first request,
 //!   from the first byte of the head for later ones (slowloris);
 //! - a keep-alive connection with no request in flight is closed after
-//!   [`ServeLimits::idle_timeout`] without a new request;
+//!   [`ServeLimits::idle_timeout`] without a new request, and so is one
+//!   whose client has not read any of its response for that long (its
+//!   writes blocked: a slow reader);
 //! - a request's body must be complete [`ServeLimits::body_timeout`] after
 //!   its head (the handler reading it then sees an error and answers 400);
 //! - at most [`ServeLimits::max_connections`] connections are served at
@@ -46,7 +48,9 @@ pub struct ServeLimits {
     /// ones. The connection is closed when it is exceeded.
     pub header_timeout: Duration,
     /// Longest time a keep-alive connection may wait, with no request in
-    /// flight, for the first byte of its next request.
+    /// flight, for the first byte of its next request; also the longest
+    /// time a response may stay unread (the socket refusing every write)
+    /// before the connection is closed.
     pub idle_timeout: Duration,
     /// Longest time a request's body may take to arrive after its head.
     pub body_timeout: Duration,
@@ -80,6 +84,9 @@ struct Phase {
     idle_since: Instant,
     /// When the head now being read began (accept for the first request).
     head_since: Option<Instant>,
+    /// Since when the socket has refused bytes of a response (the client
+    /// does not read); `None` while writes progress.
+    write_blocked_since: Option<Instant>,
 }
 
 struct ConnState {
@@ -95,6 +102,7 @@ impl ConnState {
                 in_flight: 0,
                 idle_since: now,
                 head_since: Some(now),
+                write_blocked_since: None,
             }),
             changed: Notify::new(),
         })
@@ -108,13 +116,17 @@ impl ConnState {
     /// When the connection must be closed (`None`: a request is in flight).
     fn deadline(&self, limits: &ServeLimits) -> Option<Instant> {
         self.with(|p| {
+            // A client that stops reading a response is as idle as one
+            // that sends nothing, even with the request in flight.
+            let stalled = p.write_blocked_since.map(|t| t + limits.idle_timeout);
             if p.in_flight > 0 {
-                return None;
+                return stalled;
             }
-            Some(match p.head_since {
+            let waiting = match p.head_since {
                 Some(t) => t + limits.header_timeout,
                 None => p.idle_since + limits.idle_timeout,
-            })
+            };
+            Some(stalled.map_or(waiting, |s| s.min(waiting)))
         })
     }
 
@@ -127,6 +139,24 @@ impl ConnState {
             } else {
                 false
             }
+        });
+        if started {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write was refused (`blocked`) or went through.
+    fn on_write(&self, blocked: bool) {
+        let started = self.with(|p| match (blocked, p.write_blocked_since) {
+            (true, None) => {
+                p.write_blocked_since = Some(Instant::now());
+                true
+            }
+            (false, Some(_)) => {
+                p.write_blocked_since = None;
+                false
+            }
+            _ => false,
         });
         if started {
             self.changed.notify_one();
@@ -182,7 +212,10 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.state.on_write(r.is_pending());
+        r
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -198,7 +231,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.state.on_write(r.is_pending());
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -417,5 +453,51 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ServeLimits {
+        ServeLimits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 4,
+        }
+    }
+
+    #[test]
+    fn deadlines_follow_the_connection_phase() {
+        let l = limits();
+        let s = ConnState::new();
+        let (accepted, idle_since) = s.with(|p| (p.head_since, p.idle_since));
+        let accepted = accepted.expect("a new connection waits for its first head");
+        // The first head is due a header timeout after accept.
+        assert_eq!(s.deadline(&l), Some(accepted + l.header_timeout));
+        // A request in flight has no deadline...
+        let req = s.request_started();
+        assert_eq!(s.deadline(&l), None);
+        // ...unless the client stops reading its response.
+        s.on_write(true);
+        let blocked = s.with(|p| p.write_blocked_since).expect("blocked");
+        assert_eq!(s.deadline(&l), Some(blocked + l.idle_timeout));
+        s.on_write(false);
+        assert_eq!(s.deadline(&l), None);
+        // Done: idle, due an idle timeout after the response.
+        drop(req);
+        let idle = s.with(|p| p.idle_since);
+        assert!(idle >= idle_since);
+        assert_eq!(s.deadline(&l), Some(idle + l.idle_timeout));
+        // The next head's first byte starts a header timeout.
+        s.on_read();
+        let head = s.with(|p| p.head_since).expect("a head began");
+        assert_eq!(s.deadline(&l), Some(head + l.header_timeout));
+        // Bytes of a body (request in flight) start no head.
+        let _req = s.request_started();
+        s.on_read();
+        assert_eq!(s.with(|p| p.head_since), None);
     }
 }
