@@ -646,12 +646,18 @@ fn tail(s: &str, max: usize) -> String {
     format!("…{}", &s[start..])
 }
 
-/// A fresh, unguessable owner id for one MCP connection or session.
+/// A fresh owner id for one MCP connection or session: 96 random bits and
+/// a process-wide sequence number, so two sessions never share an owner
+/// (and so each other's kernels) even if the OS random source failed.
 pub fn new_owner_id() -> String {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut b = [0u8; 12];
-    let _ = getrandom::fill(&mut b);
+    if let Err(e) = getrandom::fill(&mut b) {
+        tracing::warn!("no random source for an MCP owner id ({e}); using the sequence number alone");
+    }
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("mcp-{hex}")
+    format!("mcp-{hex}-{seq}")
 }
 
 /// Serves one MCP connection on standard input and output as `owner`,
