@@ -1,6 +1,8 @@
 //! `cellhost serve [--listen ADDR] [--token-file PATH] [--workdir DIR]`: the HTTP API
 //! (REST + server-sent events, `/openapi.json`) and the MCP endpoint
-//! (streamable HTTP at `/mcp`), both behind bearer tokens.
+//! (streamable HTTP at `/mcp`), both behind bearer tokens, every
+//! connection within the `serve_*` limits of the config (header, idle and
+//! body timeouts, a connection cap).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellhost_server::http::{self, AppState};
+use cellhost_server::listen::{ServeLimits, serve_with_limits};
 use cellhost_server::{DEFAULT_LISTEN, Tokens};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -81,6 +84,18 @@ pub fn run(args: ServeArgs) -> u8 {
     // Without a shared workdir, each session gets one of its own, kept
     // across its kernels (restarts, crashes) under the state directory.
     let workdirs = template.cwd.is_none().then(|| common::state_dir().join("work"));
+    let limits = match common::config() {
+        Ok(c) => ServeLimits {
+            header_timeout: c.duration("serve_header_timeout_s"),
+            idle_timeout: c.duration("serve_idle_timeout_s"),
+            body_timeout: c.duration("serve_body_timeout_s"),
+            max_connections: usize::try_from(c.int("serve_max_connections")).unwrap_or(1),
+        },
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
     common::block_on(async move {
         let reg = match common::start_registry(template, None, false, workdirs).await {
             Ok(r) => r,
@@ -115,7 +130,7 @@ pub fn run(args: ServeArgs) -> u8 {
         };
         let stop = Arc::new(tokio::sync::Notify::new());
         let stop2 = stop.clone();
-        let mut server = tokio::spawn(http::serve_router(listener, app, async move {
+        let mut server = tokio::spawn(serve_with_limits(listener, app, limits, async move {
             stop2.notified().await;
         }));
         let served = tokio::select! {
@@ -151,9 +166,9 @@ pub fn run(args: ServeArgs) -> u8 {
 }
 
 /// The MCP endpoint. The bearer-token layer (`http::protect`) runs first and
-/// records the caller; this hands its owner to the MCP service, which ties
+/// records the caller; this hands its owner to the MCP router, which binds
 /// each MCP session to the caller that opened it (a leaked `Mcp-Session-Id`
-/// is useless to anyone else).
+/// is useless to anyone else: every method answers 404 for it).
 fn axum_router_mcp(reg: Arc<cellhost_sessions::Registry>) -> cellhost_server::axum::Router {
     use cellhost_server::axum::extract::Request;
     use cellhost_server::axum::middleware::map_request;
@@ -167,7 +182,5 @@ fn axum_router_mcp(reg: Arc<cellhost_sessions::Registry>) -> cellhost_server::ax
         }
         req
     }
-    cellhost_server::axum::Router::new()
-        .nest_service("/mcp", cellhost_mcp::streamable_http_service(reg))
-        .layer(map_request(tag_caller))
+    cellhost_mcp::http_router(reg).layer(map_request(tag_caller))
 }

@@ -7,8 +7,9 @@
 //!
 //! - [`serve_stdio`] serves one connection on standard input/output
 //!   (`cellhost mcp`).
-//! - [`streamable_http_service`] is a tower service for axum's
-//!   `Router::nest_service("/mcp", …)` (`cellhost serve`).
+//! - [`http_router`] is the streamable HTTP endpoint at `/mcp`, an axum
+//!   router to merge behind the HTTP API's authentication (`cellhost
+//!   serve`); every MCP session is bound to the caller that opened it.
 //!
 //! Results are text for a language model (status first), the
 //! [`cellhost_kernel::CellResult`] as `structuredContent`, and every figure
@@ -25,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::response::IntoResponse;
 use cellhost_kernel::{ExecOptions, LiveEvent};
 use cellhost_sessions::{Key, Origin, Registry};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -34,6 +36,7 @@ use rmcp::model::{
     ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
@@ -118,9 +121,10 @@ struct Inner {
 
 /// Who sent an HTTP request, as the HTTP layer's authentication established
 /// it (e.g. the owner of a bearer token). Insert it into the request's
-/// extensions before [`streamable_http_service`]: an MCP session is bound
-/// to the caller of its first tool call, and tool calls of any other caller
-/// are refused, so knowing a session id is not enough to use it.
+/// extensions before [`http_router`]: an MCP session is bound to the caller
+/// of the `initialize` that created it, and every request of any other
+/// caller naming it answers 404, so knowing a session id is not enough to
+/// use, watch or end it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpCaller(pub String);
 
@@ -241,7 +245,9 @@ impl CellhostMcp {
         &self.inner.owner
     }
 
-    /// Binds the MCP session to its first HTTP caller; refuses others.
+    /// Binds the MCP session to its first HTTP caller (the one of its
+    /// `initialize`); refuses others. A second layer behind the binding
+    /// check of [`http_router`].
     fn check_caller(&self, ctx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
         let Some(HttpCaller(caller)) = ctx
             .extensions
@@ -588,6 +594,18 @@ generation, pid and whether a cell is running."
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CellhostMcp {
+    /// The handshake binds an HTTP session to its caller at once, not at
+    /// the first tool call.
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        self.check_caller(&context)?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(
@@ -628,12 +646,18 @@ fn tail(s: &str, max: usize) -> String {
     format!("…{}", &s[start..])
 }
 
-/// A fresh, unguessable owner id for one MCP connection or session.
+/// A fresh owner id for one MCP connection or session: 96 random bits and
+/// a process-wide sequence number, so two sessions never share an owner
+/// (and so each other's kernels) even if the OS random source failed.
 pub fn new_owner_id() -> String {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut b = [0u8; 12];
-    let _ = getrandom::fill(&mut b);
+    if let Err(e) = getrandom::fill(&mut b) {
+        tracing::warn!("no random source for an MCP owner id ({e}); using the sequence number alone");
+    }
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("mcp-{hex}")
+    format!("mcp-{hex}-{seq}")
 }
 
 /// Serves one MCP connection on standard input and output as `owner`,
@@ -654,28 +678,157 @@ pub async fn serve_stdio(registry: Arc<Registry>, owner: String) -> Result<(), M
     quit.map(|_| ()).map_err(|e| McpError::Task(e.to_string()))
 }
 
-/// The streamable HTTP MCP service, for `axum::Router::nest_service("/mcp", …)`.
-/// Each MCP session (started by `initialize`, named by the `Mcp-Session-Id`
-/// header) gets its own owner id; its kernels end with the session. Only
-/// loopback `Host` headers are accepted (DNS-rebinding protection); put
-/// authentication in front of it.
-pub fn streamable_http_service(
-    registry: Arc<Registry>,
-) -> StreamableHttpService<CellhostMcp, LocalSessionManager> {
-    streamable_http_service_with(registry, StreamableHttpServerConfig::default())
+/// Path of the MCP endpoint in [`http_router`].
+pub const MCP_PATH: &str = "/mcp";
+
+/// The answer to a request naming an MCP session that does not exist *or
+/// belongs to another caller*: the same bytes rmcp sends for an unknown
+/// session, so a foreign session id is not confirmed to exist.
+fn session_not_found() -> axum::response::Response {
+    (http::StatusCode::NOT_FOUND, "Not Found: Session not found").into_response()
 }
 
-/// [`streamable_http_service`] with an explicit transport configuration
-/// (allowed hosts, keep-alive, cancellation token, body limit).
-pub fn streamable_http_service_with(
-    registry: Arc<Registry>,
-    config: StreamableHttpServerConfig,
-) -> StreamableHttpService<CellhostMcp, LocalSessionManager> {
-    StreamableHttpService::new(
+/// Which authenticated caller opened each live MCP session.
+///
+/// A session is bound when rmcp answers the `initialize` that created it
+/// (the response carrying its new `Mcp-Session-Id`), before the client can
+/// know the id; a binding ends with a successful `DELETE` of its owner, and
+/// bindings of sessions rmcp ended itself (idle keep-alive, init timeout)
+/// are pruned at the next `initialize`.
+struct Bindings {
+    by_session: Mutex<HashMap<String, String>>,
+    sessions: Arc<LocalSessionManager>,
+}
+
+impl Bindings {
+    fn caller_of(&self, session: &str) -> Option<String> {
+        self.by_session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session)
+            .cloned()
+    }
+
+    async fn bind(&self, session: String, caller: String) {
+        let live: std::collections::HashSet<String> = self
+            .sessions
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|k| k.to_string())
+            .collect();
+        let mut map = self.by_session.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|id, _| live.contains(id));
+        map.insert(session, caller);
+    }
+
+    fn unbind(&self, session: &str) {
+        self.by_session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session);
+    }
+}
+
+struct Guarded {
+    service: StreamableHttpService<CellhostMcp, LocalSessionManager>,
+    bindings: Bindings,
+}
+
+/// The MCP endpoint at [`MCP_PATH`] (streamable HTTP), as an axum router to
+/// merge into the HTTP API, with every MCP session bound to the caller that
+/// opened it.
+///
+/// Every request must carry an [`HttpCaller`] in its extensions, put there
+/// by the authentication in front of this router (a request without one
+/// answers 401: a router mounted without authentication serves nothing).
+/// A request naming an `Mcp-Session-Id` — `POST` of any JSON-RPC message
+/// (a replayed `initialize`, `ping`, notifications, tool calls, responses),
+/// `GET` (the event stream, resumption) or `DELETE` — reaches the session
+/// only when its caller is the one whose `initialize` created it; any other
+/// answers 404 exactly like an unknown session and leaves the session
+/// untouched. Session ids are rmcp's random UUIDv4 (122 bits from the OS
+/// generator), so they cannot be guessed either.
+///
+/// Each MCP session gets its own owner id in the registry; its kernels end
+/// with the session. Only loopback `Host` headers are accepted
+/// (DNS-rebinding protection).
+pub fn http_router(registry: Arc<Registry>) -> axum::Router {
+    http_router_with(registry, StreamableHttpServerConfig::default())
+}
+
+/// [`http_router`] with an explicit transport configuration (allowed
+/// hosts, keep-alive, cancellation token, body limit).
+pub fn http_router_with(registry: Arc<Registry>, config: StreamableHttpServerConfig) -> axum::Router {
+    let sessions: Arc<LocalSessionManager> = Arc::new(LocalSessionManager::default());
+    let service = StreamableHttpService::new(
         move || Ok(CellhostMcp::new(registry.clone(), new_owner_id())),
-        LocalSessionManager::default().into(),
+        sessions.clone(),
         config.with_legacy_session_mode(true),
-    )
+    );
+    let guarded = Arc::new(Guarded {
+        service,
+        bindings: Bindings {
+            by_session: Mutex::new(HashMap::new()),
+            sessions,
+        },
+    });
+    // One handler for every method: there is no way to reach the rmcp
+    // service but through the binding check.
+    axum::Router::new()
+        .route(MCP_PATH, axum::routing::any(guarded_endpoint))
+        .with_state(guarded)
+}
+
+async fn guarded_endpoint(
+    axum::extract::State(g): axum::extract::State<Arc<Guarded>>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
+    let Some(HttpCaller(caller)) = req.extensions().get::<HttpCaller>().cloned() else {
+        return (
+            http::StatusCode::UNAUTHORIZED,
+            "the MCP endpoint needs an authenticated caller",
+        )
+            .into_response();
+    };
+    let named = req
+        .headers()
+        .get_all(HEADER_SESSION_ID)
+        .iter()
+        .map(|v| v.to_str().map(str::to_string))
+        .collect::<Vec<_>>();
+    match named.as_slice() {
+        [] => {
+            // No session named: at most an `initialize` creating one.
+            let resp = g.service.handle(req).await;
+            if let Some(id) = resp
+                .headers()
+                .get(HEADER_SESSION_ID)
+                .and_then(|v| v.to_str().ok())
+            {
+                g.bindings.bind(id.to_string(), caller).await;
+            }
+            resp.map(axum::body::Body::new)
+        }
+        [Ok(id)] => {
+            if g.bindings.caller_of(id).as_deref() != Some(caller.as_str()) {
+                if g.bindings.caller_of(id).is_some() {
+                    tracing::warn!("MCP request of caller {caller} for another caller's session refused");
+                }
+                return session_not_found();
+            }
+            let id = id.clone();
+            let delete = req.method() == http::Method::DELETE;
+            let resp = g.service.handle(req).await;
+            if delete && resp.status().is_success() {
+                g.bindings.unbind(&id);
+            }
+            resp.map(axum::body::Body::new)
+        }
+        // Several ids, or one that is not text: not a session of anyone.
+        _ => session_not_found(),
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! cellhost's MCP server over stdio: `tests/mcp_client.py` runs an analysis
 //! session on the penguins data against the `cellhost-mcp-test` binary
 //! (the same `serve_stdio` as `cellhost mcp`), and against
-//! `streamable_http_service` nested at `/mcp` in an axum router (as
+//! `http_router` (the endpoint at `/mcp`) (as
 //! `cellhost serve` mounts it): state kept across calls, a
 //! figure as image content, live output as progress notifications, a
 //! cancellation that interrupts a sleeping cell while a variable survives,
@@ -81,20 +81,18 @@ fn python_sdk_client_over_streamable_http() {
         let registry = Registry::start(rc, None).await.expect("registry");
         // Stands in for the HTTP layer's authentication: the caller comes
         // from a header here, from a bearer token in `cellhost serve`.
-        let app = axum::Router::new()
-            .nest_service("/mcp", cellhost_mcp::streamable_http_service(registry.clone()))
-            .layer(axum::middleware::from_fn(
-                |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
-                    let caller = req
-                        .headers()
-                        .get("x-test-caller")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("anonymous")
-                        .to_string();
-                    req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
-                    next.run(req).await
-                },
-            ));
+        let app = cellhost_mcp::http_router(registry.clone()).layer(axum::middleware::from_fn(
+            |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+                let caller = req
+                    .headers()
+                    .get("x-test-caller")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("anonymous")
+                    .to_string();
+                req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
+                next.run(req).await
+            },
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {

@@ -564,7 +564,9 @@ pub async fn serve(
     serve_router(listener, router(state), shutdown).await
 }
 
-/// Serves any router (the API with other services nested, e.g. MCP).
+/// Serves any router (the API with other services nested, e.g. MCP) within
+/// the default [`ServeLimits`](crate::ServeLimits); see
+/// [`crate::listen::serve_with_limits`] to choose them.
 ///
 /// # Errors
 /// I/O errors of the listener.
@@ -573,7 +575,7 @@ pub async fn serve_router(
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    crate::listen::serve_with_limits(listener, app, crate::ServeLimits::default(), shutdown).await
 }
 
 /// Puts the API's bearer-token check (401 without a valid token, 403 for a

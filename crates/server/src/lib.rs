@@ -3,7 +3,8 @@
 //! - [`http`]: the HTTP API (axum): sessions, execute (JSON or server-sent
 //!   events), interrupt, restart, variables, spilled output, history; the
 //!   OpenAPI document ([`openapi`]); bearer tokens mapped to owners
-//!   ([`auth`]);
+//!   ([`auth`]); its connections served within [`ServeLimits`]
+//!   ([`listen`]: header, idle and body timeouts, a connection cap);
 //! - [`daemon`]: the per-user daemon behind `cellhost exec --session`, JSON
 //!   lines over a Unix socket (mode 0600), exiting after an idle period.
 //!
@@ -13,10 +14,12 @@
 pub mod auth;
 pub mod daemon;
 pub mod http;
+pub mod listen;
 pub mod openapi;
 
 pub use auth::{Scope, Tokens};
 pub use http::{AppState, DEFAULT_LISTEN, MAX_BODY_BYTES, router};
+pub use listen::ServeLimits;
 
 /// The axum version the API is built with (for nesting other services).
 pub use axum;

@@ -139,6 +139,30 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "\"normal\"",
         "normal (survives a process kill) or full (fsync per cell)",
     ),
+    (
+        "serve_header_timeout_s",
+        Kind::Float,
+        "10.0",
+        "serve: time for a request's head to arrive (from accept, or from its first byte)",
+    ),
+    (
+        "serve_idle_timeout_s",
+        Kind::Float,
+        "60.0",
+        "serve: keep-alive time of a connection with no request in flight",
+    ),
+    (
+        "serve_body_timeout_s",
+        Kind::Float,
+        "30.0",
+        "serve: time for a request's body to arrive after its head",
+    ),
+    (
+        "serve_max_connections",
+        Kind::Int,
+        "1024",
+        "serve: connections served at once (more are answered 503 and closed)",
+    ),
 ];
 
 /// Layer names `sandbox_disable` accepts.
@@ -391,6 +415,23 @@ impl Config {
                 return Err(ConfigError::Invalid(format!("{k} must be a number >= 0")));
             }
         }
+        for k in [
+            "serve_header_timeout_s",
+            "serve_idle_timeout_s",
+            "serve_body_timeout_s",
+        ] {
+            let v = self.float(k);
+            if !v.is_finite() || v <= 0.0 || v > 86_400.0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{k} must be a number of seconds > 0 and at most 86400"
+                )));
+            }
+        }
+        if !(1..=1 << 20).contains(&self.int("serve_max_connections")) {
+            return Err(ConfigError::Invalid(
+                "serve_max_connections must be between 1 and 1048576".into(),
+            ));
+        }
         if self.int("max_live_kernels") == 0 {
             return Err(ConfigError::Invalid("max_live_kernels must be at least 1".into()));
         }
@@ -473,6 +514,11 @@ impl Config {
 
     fn secs(&self, key: &str) -> Duration {
         Duration::from_secs_f64(self.float(key).max(0.0))
+    }
+
+    /// A number-of-seconds setting as a duration (negative: zero).
+    pub fn duration(&self, key: &str) -> Duration {
+        self.secs(key)
     }
 
     /// The cell timeout (`None`: no deadline).
@@ -579,6 +625,28 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("[tools.grep]"), "{text}");
+    }
+
+    #[test]
+    fn serve_limits_are_checked() {
+        let c = Config::load_with(None, |_| None).expect("defaults");
+        assert_eq!(c.duration("serve_header_timeout_s"), Duration::from_secs(10));
+        assert_eq!(c.int("serve_max_connections"), 1024);
+        let env = |k: &str| (k == "CELLHOST_SERVE_HEADER_TIMEOUT_S").then(|| "0.5".to_string());
+        let c = Config::load_with(None, env).expect("env");
+        assert_eq!(c.duration("serve_header_timeout_s"), Duration::from_millis(500));
+        for (k, v) in [
+            ("CELLHOST_SERVE_IDLE_TIMEOUT_S", "0"),
+            ("CELLHOST_SERVE_BODY_TIMEOUT_S", "-1"),
+            ("CELLHOST_SERVE_MAX_CONNECTIONS", "0"),
+            ("CELLHOST_SERVE_MAX_CONNECTIONS", "2000000"),
+        ] {
+            let e = Config::load_with(None, |x| (x == k).then(|| v.to_string())).expect_err(k);
+            assert!(
+                e.to_string().contains(&k["CELLHOST_".len()..].to_lowercase()),
+                "{e}"
+            );
+        }
     }
 
     #[test]

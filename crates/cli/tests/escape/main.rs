@@ -12,8 +12,10 @@
 mod common;
 mod daemon_peer;
 mod fds;
+mod http_tenants;
 mod modes;
 mod results;
+mod slow_clients;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
 #[test]
