@@ -114,6 +114,9 @@ def _kernel_init(req, fds):
         # an init started through a constructor reads /proc/self/cmdline.
         barrier_r, barrier_w = os.pipe()
         launcher = req["launcher"]
+        # The worker joins its cgroups while B builds the kernel's new root,
+        # where /sys/fs/cgroup does not exist: open the files now.
+        cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in req.get("cgroup_procs") or ()]
         # The kernel's uid: one per kernel, from this process's host pid
         # (it becomes the kernel init), as cellhost_sandbox::profile::kernel_id.
         base = plan.get("uid_base")
@@ -135,7 +138,9 @@ def _kernel_init(req, fds):
         if c == 0:
             os.close(barrier_w)
             os.close(report)
-            _worker(req, (ctl, out, err), old_mask, go_r, kid)
+            _worker(req, (ctl, out, err), old_mask, go_r, kid, cg_fds)
+        for fd in cg_fds:
+            os.close(fd)
         os.close(go_r)
         for fd in (ctl, out, err):
             os.close(fd)
@@ -237,7 +242,7 @@ def _reseed():
             pass
 
 
-def _worker(req, fds, old_mask, go_r, kid):
+def _worker(req, fds, old_mask, go_r, kid, cg_fds):
     """Process C: waits for the ns-init's go, puts its descriptors in place,
     confines itself and becomes the worker."""
     ctl, out, err = fds
@@ -246,9 +251,9 @@ def _worker(req, fds, old_mask, go_r, kid):
         # While the ns-init mounts: join the kernel's cgroups (the first
         # write can wait for an RCU grace period), then take a cgroup
         # namespace rooted at the kernel's own group.
-        for f in req.get("cgroup_procs") or ():
-            with open(f, "w") as fh:
-                fh.write("0")
+        for fd in cg_fds:
+            os.write(fd, b"0")
+            os.close(fd)
         confine.unshare((req["plan"].get("unshare") or 0) & CLONE_NEWCGROUP)
         go_raw = _read_all(go_r)
         os.close(go_r)
