@@ -327,7 +327,11 @@ def _fork(sock, req, fds):
 
 
 def run():
-    config = json.loads(os.environ.pop("CELLHOST_TEMPLATE_CONFIG", "{}") or "{}")
+    # The template's configuration is the first message on its control
+    # socket, like a worker's: its environment is what every forked kernel's
+    # /proc/self/environ shows.
+    from .main import _read_config
+    config = _read_config(CONTROL_FD)
     import fcntl
     ctl = fcntl.fcntl(CONTROL_FD, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
     os.close(CONTROL_FD)

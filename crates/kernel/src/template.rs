@@ -147,10 +147,6 @@ impl Template {
         if sandboxed && let Some(mpl) = worker_files::sandbox_assets(&config.python, worker_dir) {
             env.push(("MPLCONFIGDIR".into(), mpl.into_os_string()));
         }
-        env.push((
-            "CELLHOST_TEMPLATE_CONFIG".into(),
-            serde_json::json!({ "preload": preload }).to_string().into(),
-        ));
         let launch = cellhost_sandbox::profile::LaunchSpec {
             host_pid: std::process::id() as i32,
             cgroup_procs: Vec::new(),
@@ -172,7 +168,8 @@ impl Template {
             python: python.clone(),
             reason: format!("cannot start the template's init {}: {e}", launcher.display()),
         })?;
-        if let Err(e) = spawn::write_launch(&host_end, &launch, None) {
+        let template_config = serde_json::json!({ "preload": preload });
+        if let Err(e) = spawn::write_launch(&host_end, &launch, Some(&template_config)) {
             let _ = child.kill();
             let _ = child.wait();
             return Err(io_err(&label, "launch message", e));

@@ -304,7 +304,10 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
             continue;
         }
         if e.kind == Kind::Hidden {
-            if !bound.iter().any(|b| e.path.starts_with(b)) {
+            if !bound.iter().any(|b| e.path.starts_with(b))
+                || covered.iter().any(|c| e.path.starts_with(c))
+                || fs::symlink_metadata(&e.path).is_err()
+            {
                 continue; // not inside the kernel's view anyway
             }
             let done = if e.is_dir {
