@@ -255,8 +255,25 @@ fn escape_1_oneshot_cell_reaches_no_host_socket_and_no_launch_secret() {
     let f = fixture(None);
     let v = f.run(&["--sandbox", "auto"]);
     assert_confined(&v, &f.env, &f.sockets, f.root_only.is_some());
-    let v = f.run(&["--sandbox", "enforce"]);
-    assert_confined(&v, &f.env, &f.sockets, f.root_only.is_some());
+    // Mode enforce: the same view, or (a host without some other layer,
+    // e.g. cgroups as a user) a refusal that names that layer — never one
+    // of this view's layers.
+    let py = common::python();
+    let code = f.code();
+    let o = f.env.run(&["exec", "--python", &py, "--json", "--sandbox", "enforce", &code]);
+    if o.status.code() == Some(0) {
+        let out: Value = serde_json::from_slice(&o.stdout).expect("json");
+        let line = out["stdout"].as_str().expect("stdout");
+        let v: Value = serde_json::from_str(line.trim()).expect("probe json");
+        assert_confined(&v, &f.env, &f.sockets, f.root_only.is_some());
+    } else {
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("mode `enforce` refuses"), "{}", common::text(&o));
+        for layer in ["`rootfs`", "`uid`", "`mountns`"] {
+            assert!(!err.contains(layer), "{}", common::text(&o));
+        }
+        assert!(!common::is_root(), "enforce refused as root: {}", common::text(&o));
+    }
     f.assert_healthy();
 }
 
