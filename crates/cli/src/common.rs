@@ -123,9 +123,11 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     // other sessions' files; the kernel's own session directory is bound
     // back on top) and the daemon's run directory with its socket.
     let state = state_dir();
-    cfg.sandbox
-        .hidden
-        .extend([cellhost_server::daemon::runtime_dir(&state), state.join("run"), state]);
+    cfg.sandbox.hidden.extend([
+        cellhost_server::daemon::runtime_dir(&state),
+        state.join("run"),
+        state,
+    ]);
     if let Some(mode) = args.sandbox {
         cfg.sandbox.mode = mode;
     }

@@ -75,8 +75,8 @@ pub(crate) fn write_launch(
     launch: &cellhost_sandbox::profile::LaunchSpec,
     worker_config: Option<&serde_json::Value>,
 ) -> io::Result<()> {
-    use std::io::Write;
     use cellhost_sandbox::launcher::encode_message;
+    use std::io::Write;
     let mut w = sock;
     let json = serde_json::to_vec(launch).map_err(io::Error::other)?;
     w.write_all(&encode_message(&json))?;

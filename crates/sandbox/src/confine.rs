@@ -371,10 +371,7 @@ pub fn drop_capabilities() -> LayerStatus {
                 break;
             }
             if held == 1 && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
-                return LayerStatus::missing(
-                    "capabilities",
-                    format!("PR_CAPBSET_DROP({cap}): {}", errno()),
-                );
+                return LayerStatus::missing("capabilities", format!("PR_CAPBSET_DROP({cap}): {}", errno()));
             }
             cap += 1;
         }

@@ -385,7 +385,15 @@ fn init_main(args: &[OsString]) -> ! {
         fail("fork failed");
     }
     if python == 0 {
-        exec_worker(&old, init_pid, &devnull, &program_path, &argv_ptrs, &worker_env.ptrs, None);
+        exec_worker(
+            &old,
+            init_pid,
+            &devnull,
+            &program_path,
+            &argv_ptrs,
+            &worker_env.ptrs,
+            None,
+        );
     }
 
     if keep_tree {
@@ -611,7 +619,8 @@ fn ns_init(
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
     let mut idmap_failures = Vec::new();
     let mut private_tmp = false;
-    let mut rootfs_layer = LayerStatus::missing("rootfs", "no mount namespace: the kernel sees the host's files");
+    let mut rootfs_layer =
+        LayerStatus::missing("rootfs", "no mount namespace: the kernel sees the host's files");
     if let Some(m) = layers.iter_mut().find(|l| l.name == "mountns")
         && m.enforced
     {

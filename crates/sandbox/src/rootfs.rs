@@ -145,7 +145,9 @@ struct Entry {
 }
 
 fn depth(p: &Path) -> usize {
-    p.components().filter(|c| matches!(c, Component::Normal(_))).count()
+    p.components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count()
 }
 
 fn resolve(path: &Path, kind: Kind) -> Option<Entry> {
@@ -226,12 +228,7 @@ fn mount_point(p: &Path, is_dir: bool, bound: &[PathBuf], covered: &[PathBuf]) -
     if fs::symlink_metadata(p).is_ok() {
         return Ok(());
     }
-    let deepest = |list: &[PathBuf]| {
-        list.iter()
-            .filter(|b| p.starts_with(b))
-            .map(|b| depth(b))
-            .max()
-    };
+    let deepest = |list: &[PathBuf]| list.iter().filter(|b| p.starts_with(b)).map(|b| depth(b)).max();
     if let Some(host) = deepest(bound)
         && deepest(covered).is_none_or(|c| c < host)
     {
@@ -297,9 +294,9 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
         let Some(fd) = &e.fd else { continue };
         // A path inside one already bound the same way adds nothing.
         if e.kind != Kind::Hidden
-            && bound_kinds
-                .iter()
-                .any(|(b, k, o)| e.path.starts_with(b) && *k == e.kind && (*k != Kind::ReadWrite || *o == e.owner))
+            && bound_kinds.iter().any(|(b, k, o)| {
+                e.path.starts_with(b) && *k == e.kind && (*k != Kind::ReadWrite || *o == e.owner)
+            })
         {
             continue;
         }
@@ -705,7 +702,10 @@ mod tests {
     fn entries_are_shallow_first_and_never_bind_the_kernels_own_dirs() {
         let mut notes = Vec::new();
         let list = entries(&spec(), &mut notes);
-        assert!(list.iter().all(|e| e.path != Path::new("/tmp") && e.path != Path::new("/proc")));
+        assert!(
+            list.iter()
+                .all(|e| e.path != Path::new("/tmp") && e.path != Path::new("/proc"))
+        );
         assert!(notes.iter().any(|n| n.starts_with("/tmp")), "{notes:?}");
         let depths: Vec<usize> = list.iter().map(|e| depth(&e.path)).collect();
         assert!(depths.windows(2).all(|w| w[0] <= w[1]), "{depths:?}");

@@ -120,8 +120,15 @@ fn assert_confined(v: &Value, env: &Env, sockets: &[PathBuf], root_only: bool) {
     for (p, r) in v["sockets"].as_object().expect("sockets") {
         assert_ne!(r, "CONNECTED", "host socket {p} reached from a cell: {v}");
     }
-    assert_eq!(v["sockets"].as_object().map(|m| m.len()), Some(sockets.len()), "{v}");
-    assert_eq!(v["control"], "CONNECTED", "the probe cannot see a reachable socket: {v}");
+    assert_eq!(
+        v["sockets"].as_object().map(|m| m.len()),
+        Some(sockets.len()),
+        "{v}"
+    );
+    assert_eq!(
+        v["control"], "CONNECTED",
+        "the probe cannot see a reachable socket: {v}"
+    );
     // pid 1 is a cold kernel's ns-init (a fork of the kernel init) or a
     // forked kernel's: numbers only, no path, no host pid, no spec.
     let cmdline = v["cmdline1"].as_str().expect("cmdline");
@@ -131,11 +138,20 @@ fn assert_confined(v: &Value, env: &Env, sockets: &[PathBuf], root_only: bool) {
             .split('\0')
             .skip(2)
             .all(|a| a.is_empty() || a.starts_with("--") || a.bytes().all(|b| b.is_ascii_digit()));
-    assert!(cmdline == cold || forked, "pid 1's command line says too much: {v}");
+    assert!(
+        cmdline == cold || forked,
+        "pid 1's command line says too much: {v}"
+    );
     let environ = v["environ1"].as_str().expect("environ");
-    assert!(environ.is_empty() || environ.starts_with('!'), "ns-init environ leaks: {v}");
+    assert!(
+        environ.is_empty() || environ.starts_with('!'),
+        "ns-init environ leaks: {v}"
+    );
     let own = v["self_environ"].as_str().expect("self environ");
-    assert!(!own.contains("CELLHOST_"), "worker environ names cellhost config: {own}");
+    assert!(
+        !own.contains("CELLHOST_"),
+        "worker environ names cellhost config: {own}"
+    );
     let state = env.state_dir().display().to_string();
     assert!(!own.contains(&state) && !cmdline.contains(&state), "{v}");
     assert_eq!(v["home_planted"], false, "the host's home is visible: {v}");
@@ -151,7 +167,10 @@ fn assert_confined(v: &Value, env: &Env, sockets: &[PathBuf], root_only: bool) {
         assert_eq!(v["uid"], me, "{v}");
     }
     if root_only {
-        assert_eq!(v["root_only"], "!PermissionError", "a root-only file was read: {v}");
+        assert_eq!(
+            v["root_only"], "!PermissionError",
+            "a root-only file was read: {v}"
+        );
     }
     if host_has_numpy() {
         assert_eq!(v["numpy"], "6", "{v}");
@@ -184,7 +203,11 @@ fn fixture(preload: Option<&str>) -> Fixture {
     let (code, v) = env.exec_json(&["--session", "victim", "--sandbox", "auto"], "secret = 41");
     assert_eq!(code, 0, "{v}");
     let daemon_sock = env.run_dir().join("daemon.sock");
-    assert!(daemon_sock.exists(), "no daemon socket at {}", daemon_sock.display());
+    assert!(
+        daemon_sock.exists(),
+        "no daemon socket at {}",
+        daemon_sock.display()
+    );
     let user_sock = env.path().join("run/user-bus.sock");
     let state_sock = env.state_dir().join("other.sock");
     std::fs::create_dir_all(env.state_dir()).expect("state");
@@ -242,7 +265,9 @@ impl Fixture {
 
     /// The host still serves: the victim session kept its state.
     fn assert_healthy(&self) {
-        let (code, v) = self.env.exec_json(&["--session", "victim", "--sandbox", "auto"], "print(secret + 1)");
+        let (code, v) = self
+            .env
+            .exec_json(&["--session", "victim", "--sandbox", "auto"], "print(secret + 1)");
         assert_eq!(code, 0, "{v}");
         assert_eq!(v["stdout"], "42\n", "{v}");
         let (code, v) = self.env.exec_json(&["--sandbox", "auto"], "print('fresh')");
@@ -260,7 +285,9 @@ fn escape_1_oneshot_cell_reaches_no_host_socket_and_no_launch_secret() {
     // of this view's layers.
     let py = common::python();
     let code = f.code();
-    let o = f.env.run(&["exec", "--python", &py, "--json", "--sandbox", "enforce", &code]);
+    let o = f
+        .env
+        .run(&["exec", "--python", &py, "--json", "--sandbox", "enforce", &code]);
     if o.status.code() == Some(0) {
         let out: Value = serde_json::from_slice(&o.stdout).expect("json");
         let line = out["stdout"].as_str().expect("stdout");
@@ -272,7 +299,11 @@ fn escape_1_oneshot_cell_reaches_no_host_socket_and_no_launch_secret() {
         for layer in ["`rootfs`", "`uid`", "`mountns`"] {
             assert!(!err.contains(layer), "{}", common::text(&o));
         }
-        assert!(!common::is_root(), "enforce refused as root: {}", common::text(&o));
+        assert!(
+            !common::is_root(),
+            "enforce refused as root: {}",
+            common::text(&o)
+        );
     }
     f.assert_healthy();
 }
@@ -332,7 +363,8 @@ fn escape_3_kernel_never_holds_host_root_and_doctor_names_the_layers() {
         assert!(out.contains("/proc/1/environ PermissionError"), "{out}");
     }
     let o = f.env.run(&["doctor", "--json", "--python", &common::python()]);
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", common::text(&o)));
+    let report: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", common::text(&o)));
     let layers = report["layers"].as_array().expect("layers");
     for name in ["rootfs", "uid"] {
         let l = layers
@@ -343,11 +375,18 @@ fn escape_3_kernel_never_holds_host_root_and_doctor_names_the_layers() {
     }
     let uid = layers.iter().find(|l| l["name"] == "uid").expect("uid");
     if common::is_root() {
-        assert!(uid["detail"].as_str().is_some_and(|d| d.contains("one per kernel")), "{uid}");
+        assert!(
+            uid["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("one per kernel")),
+            "{uid}"
+        );
     } else {
         let me = rustix::process::getuid().as_raw();
         assert!(
-            uid["detail"].as_str().is_some_and(|d| d.contains(&format!("host uid {me}"))),
+            uid["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(&format!("host uid {me}"))),
             "{uid}"
         );
     }
