@@ -283,6 +283,13 @@ impl Kernel {
                         Ok(Some(WorkerFrame::Sandbox { layers, .. })) if sandboxed => {
                             sandbox_frame = Some(layers);
                         }
+                        // A worker that died without reading its configuration
+                        // message resets the socket: it is gone, as at EOF.
+                        Err(cellhost_protocol::ProtocolError::Io(e))
+                            if e.kind() == std::io::ErrorKind::ConnectionReset =>
+                        {
+                            return Ok(Ok(None));
+                        }
                         f => return Ok(f),
                     },
                     n = tokio::io::AsyncReadExt::read(&mut stderr_rx, &mut buf) => match n {
