@@ -2,8 +2,9 @@
 
 Every decision (flags, paths, access masks, seccomp programs) is made by the
 host (``cellhost_sandbox::forkplan``); this module only makes the system
-calls, in the order a cold kernel's init uses: rlimits and namespaces in the
-kernel init, then Landlock, capabilities and seccomp in the worker. Each
+calls, in the order a cold kernel's init uses (``cellhost_sandbox::confine``):
+rlimits and namespaces in the kernel init, then the bounding set, the
+kernel's uid, Landlock, capabilities and seccomp in the worker. Each
 function raises ``OSError`` naming the step that failed.
 """
 import ctypes
@@ -16,7 +17,9 @@ _libc.prctl.restype = ctypes.c_int
 
 # <linux/prctl.h>, <linux/seccomp.h>
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
+PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -115,15 +118,41 @@ def apply_landlock(plan):
         os.close(fd)
 
 
+def drop_bounding_set():
+    """Clears the capability bounding set as far as this process may (it
+    needs ``CAP_SETPCAP``: before the uid changes)."""
+    cap = 0
+    while _prctl(PR_CAPBSET_READ, cap) >= 0:
+        _prctl(PR_CAPBSET_DROP, cap)
+        cap += 1
+
+
+def become_id(k):
+    """``setgroups([])``, ``setresgid(k)``, ``setresuid(k)``: the kernel's
+    uid and gid, no supplementary groups. The process stays dumpable (it is
+    the worker; a cold kernel's worker is dumpable after its exec)."""
+    os.setgroups([])
+    os.setresgid(k, k, k)
+    os.setresuid(k, k, k)
+    if os.getuid() != k or os.geteuid() != k or os.getegid() != k or os.getgroups():
+        raise OSError(0, "setresuid(%d): the ids did not change" % k)
+    _prctl(PR_SET_DUMPABLE, 1)
+
+
 def drop_capabilities(capset_nr):
-    """Clears the ambient set, the bounding set, and the effective,
-    permitted and inheritable sets."""
+    """Clears the ambient set, the bounding set (what is left of it), and
+    the effective, permitted and inheritable sets."""
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     cap = 0
-    while _prctl(PR_CAPBSET_DROP, cap) == 0:
+    while True:
+        held = _prctl(PR_CAPBSET_READ, cap)
+        if held < 0:
+            break
+        if held == 1 and _prctl(PR_CAPBSET_DROP, cap) != 0:
+            _fail("prctl(PR_CAPBSET_DROP, %d)" % cap)
         cap += 1
     if cap == 0:
-        _fail("prctl(PR_CAPBSET_DROP)")
+        _fail("prctl(PR_CAPBSET_READ)")
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
     data = (ctypes.c_uint32 * 6)()
     if _libc.syscall(_UL(capset_nr), ctypes.byref(header), ctypes.byref(data)) != 0:

@@ -192,9 +192,30 @@ def _inspect(frame):
     _channel.send({"type": "variables", "id": frame["id"], "variables": variables, "truncated": truncated})
 
 
+def _read_config(fd):
+    """The worker's configuration: the first message on the control socket
+    (its length in decimal, a newline, JSON), read before the channel
+    exists so nothing after it is consumed. Never in the environment,
+    which ``/proc/self/environ`` would keep for user code to read."""
+    header = b""
+    while not header.endswith(b"\n"):
+        b = os.read(fd, 1)
+        if not b or len(header) > 20:
+            return {}
+        header += b
+    n = int(header)
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data.decode() or "{}")
+
+
 def run():
     global _channel, _namespace
-    config = json.loads(os.environ.pop("CELLHOST_WORKER_CONFIG", "{}") or "{}")
+    config = _read_config(CONTROL_FD)
     ctl = fcntl.fcntl(CONTROL_FD, fcntl.F_DUPFD_CLOEXEC, streams.HIGH_FD)
     os.close(CONTROL_FD)
     _channel = channel_mod.Channel(ctl)

@@ -114,26 +114,39 @@ def _kernel_init(req, fds):
         # an init started through a constructor reads /proc/self/cmdline.
         barrier_r, barrier_w = os.pipe()
         launcher = req["launcher"]
-        args = [launcher, "__cellhost-ns-init", "--go-fd", str(go_w), "--barrier-fd", str(barrier_r),
-                "--unshared", str(flags)]
-        if req.get("spec") is not None:
-            args += ["--sandbox", json.dumps(req["spec"])]
+        # The worker joins its cgroups while B builds the kernel's new root,
+        # where /sys/fs/cgroup does not exist: open the files now.
+        cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in req.get("cgroup_procs") or ()]
+        # The kernel's uid: one per kernel, from this process's host pid
+        # (it becomes the kernel init), as cellhost_sandbox::profile::kernel_id.
+        base = plan.get("uid_base")
+        kid = None if base is None or os.geteuid() != 0 else base + (os.getpid() & 0x3FFFFF)
+        # The ns-init's spec goes on a memfd, never on its command line
+        # (it is pid 1 of the kernel: /proc/1/cmdline is readable there).
+        spec_fd = os.memfd_create("cellhost-ns-spec", 0)
+        os.write(spec_fd, json.dumps({"spec": req.get("spec"), "kernel_id": kid}).encode())
+        os.lseek(spec_fd, 0, os.SEEK_SET)
+        args = ["cellhost", "__cellhost-ns-init", "--go-fd", str(go_w), "--barrier-fd", str(barrier_r),
+                "--unshared", str(flags), "--spec-fd", str(spec_fd)]
         os.set_inheritable(go_w, True)
         os.set_inheritable(barrier_r, True)
-        b = os.posix_spawn(launcher, args, dict(os.environ))
+        b = os.posix_spawn(launcher, args, {})
         os.close(go_w)
         os.close(barrier_r)
+        os.close(spec_fd)
         c = os.fork()
         if c == 0:
             os.close(barrier_w)
             os.close(report)
-            _worker(req, (ctl, out, err), old_mask, go_r)
+            _worker(req, (ctl, out, err), old_mask, go_r, kid, cg_fds)
+        for fd in cg_fds:
+            os.close(fd)
         os.close(go_r)
         for fd in (ctl, out, err):
             os.close(fd)
         for fd in (report, barrier_w):
             os.set_inheritable(fd, True)
-        os.execv(launcher, [launcher, "__cellhost-kernel-init", "--host-pid", str(os.getppid()),
+        os.execv(launcher, ["cellhost", "__cellhost-kernel-init", "--host-pid", str(os.getppid()),
                             "--adopt", str(c), "--adopt-ns-init", str(b),
                             "--report-status", str(report), "--release-fd", str(barrier_w)])
     except BaseException as exc:  # noqa: B902
@@ -155,11 +168,15 @@ def _merge_layers(plan_layers, updates):
     return merged + list(by_name.values())
 
 
-def _confine_worker(plan):
-    """Landlock, capabilities, seccomp, in a cold kernel's order. Returns
-    the layers as ``LayerStatus`` objects."""
+def _confine_worker(plan, kid, idmap_failures):
+    """Bounding set, uid, Landlock, capabilities, seccomp, in a cold
+    kernel's order (``cellhost_sandbox::confine``). Returns the layers as
+    ``LayerStatus`` objects."""
     from . import confine
     layers = []
+    if plan.get("drop_capabilities"):
+        confine.drop_bounding_set()
+    layers.append(_take_uid(plan, kid, idmap_failures))
     ll = plan.get("landlock")
     if ll is not None:
         try:
@@ -192,6 +209,29 @@ def _confine_worker(plan):
     return layers
 
 
+def _take_uid(plan, kid, idmap_failures):
+    """The ``uid`` layer: as root, the kernel's own uid (see
+    ``cellhost_sandbox::rootfs::take_kernel_id``)."""
+    from . import confine
+    euid = os.geteuid()
+    if euid != 0:
+        return {"name": "uid", "enforced": True, "detail": "runs as host uid %d, not root" % euid}
+    if kid is None:
+        return {"name": "uid", "enforced": False,
+                "detail": plan.get("uid_missing") or "no kernel uid was chosen: the kernel runs as root"}
+    try:
+        confine.become_id(kid)
+    except OSError as exc:
+        return {"name": "uid", "enforced": False, "detail": "cannot take uid %d: %s" % (kid, exc)}
+    if idmap_failures:
+        return {"name": "uid", "enforced": False,
+                "detail": "runs as uid %d, but cannot write %s (no idmapped mount)"
+                          % (kid, "; ".join(idmap_failures))}
+    return {"name": "uid", "enforced": True,
+            "detail": "runs as uid %d and gid %d (one per kernel, no host account, not root), "
+                      "no supplementary groups; read-write paths idmapped to it" % (kid, kid)}
+
+
 def _reseed():
     """A fork shares its parent's random state: give every kernel its own."""
     np = sys.modules.get("numpy")
@@ -202,7 +242,7 @@ def _reseed():
             pass
 
 
-def _worker(req, fds, old_mask, go_r):
+def _worker(req, fds, old_mask, go_r, kid, cg_fds):
     """Process C: waits for the ns-init's go, puts its descriptors in place,
     confines itself and becomes the worker."""
     ctl, out, err = fds
@@ -211,9 +251,9 @@ def _worker(req, fds, old_mask, go_r):
         # While the ns-init mounts: join the kernel's cgroups (the first
         # write can wait for an RCU grace period), then take a cgroup
         # namespace rooted at the kernel's own group.
-        for f in req.get("cgroup_procs") or ():
-            with open(f, "w") as fh:
-                fh.write("0")
+        for fd in cg_fds:
+            os.write(fd, b"0")
+            os.close(fd)
         confine.unshare((req["plan"].get("unshare") or 0) & CLONE_NEWCGROUP)
         go_raw = _read_all(go_r)
         os.close(go_r)
@@ -242,7 +282,7 @@ def _worker(req, fds, old_mask, go_r):
         plan = req["plan"]
         if plan.get("mode", "off") != "off":
             layers = _merge_layers(plan.get("layers") or [], go.get("layers") or [])
-            layers += _confine_worker(plan)
+            layers += _confine_worker(plan, kid, go.get("idmap_failures") or [])
             frame = {"type": "sandbox", "mode": plan["mode"], "layers": layers}
             os.write(CONTROL_FD, (json.dumps(frame) + "\n").encode())
             if plan["mode"] == "enforce" and any(
@@ -299,7 +339,11 @@ def _fork(sock, req, fds):
 
 
 def run():
-    config = json.loads(os.environ.pop("CELLHOST_TEMPLATE_CONFIG", "{}") or "{}")
+    # The template's configuration is the first message on its control
+    # socket, like a worker's: its environment is what every forked kernel's
+    # /proc/self/environ shows.
+    from .main import _read_config
+    config = _read_config(CONTROL_FD)
     import fcntl
     ctl = fcntl.fcntl(CONTROL_FD, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
     os.close(CONTROL_FD)

@@ -118,6 +118,16 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     }
     let mut cfg = KernelConfig::new(python, dir);
     config.apply_to_kernel(&mut cfg);
+    // The host's control plane stays out of every kernel's view, even when
+    // the kernel's workdir holds it: the state directory (journal, tokens,
+    // other sessions' files; the kernel's own session directory is bound
+    // back on top) and the daemon's run directory with its socket.
+    let state = state_dir();
+    cfg.sandbox.hidden.extend([
+        cellhost_server::daemon::runtime_dir(&state),
+        state.join("run"),
+        state,
+    ]);
     if let Some(mode) = args.sandbox {
         cfg.sandbox.mode = mode;
     }

@@ -21,7 +21,7 @@ use crate::result::{CellResult, DisplayOutput};
 use crate::{spawn, worker_files};
 use cellhost_sandbox::cgroup::{CgroupLimits, KernelCgroup};
 use cellhost_sandbox::profile::{
-    InitSpec, LayerStatus, SANDBOX_ARG, SandboxMode, SandboxStatus, interpreter_dirs,
+    InitSpec, LaunchSpec, LayerStatus, SandboxMode, SandboxStatus, interpreter_dirs,
 };
 
 /// Options of one cell.
@@ -186,31 +186,20 @@ impl Kernel {
         let (host_end, worker_end) =
             std::os::unix::net::UnixStream::pair().map_err(|e| KernelError::io(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
-        let args = vec![
-            "-c".to_string(),
-            BOOT.to_string(),
-            prep.worker_dir.display().to_string(),
-        ];
-        let mut init_args: Vec<std::ffi::OsString> = Vec::new();
-        for f in prep.cgroup.iter().flat_map(KernelCgroup::procs_files) {
-            init_args.push("--cgroup-procs".into());
-            init_args.push(f.into_os_string());
-        }
-        if let Some(spec) = &prep.spec {
-            let json = serde_json::to_string(spec)
-                .map_err(|e| KernelError::io(&label, "sandbox spec", std::io::Error::other(e)))?;
-            init_args.push(SANDBOX_ARG.into());
-            init_args.push(json.into());
-        }
-        let mut cmd = spawn::init_command(
-            &launcher,
-            &config.python,
-            &args,
-            &init_args,
-            OwnedFd::from(worker_end),
-        );
-        cmd.env_clear();
-        cmd.envs(worker_env(&config, prep.spec.is_some()));
+        let launch = LaunchSpec {
+            host_pid: std::process::id() as i32,
+            cgroup_procs: prep.cgroup.iter().flat_map(KernelCgroup::procs_files).collect(),
+            sandbox: prep.spec.clone(),
+            program: vec![
+                config.python.display().to_string(),
+                "-c".to_string(),
+                BOOT.to_string(),
+                prep.worker_dir.display().to_string(),
+            ],
+            env: spawn::env_strings(&worker_env(&config, prep.spec.is_some())),
+            keep_tree: false,
+        };
+        let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
         }
@@ -218,6 +207,11 @@ impl Kernel {
             python: config.python.display().to_string(),
             reason: format!("cannot start the kernel init {}: {e}", launcher.display()),
         })?;
+        if let Err(e) = spawn::write_launch(&host_end, &launch, Some(&worker_config(&config))) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(KernelError::io(&label, "launch message", e));
+        }
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
         let init = InitProc::Child(child);
@@ -288,6 +282,13 @@ impl Kernel {
                         // The kernel init's report comes before `ready`.
                         Ok(Some(WorkerFrame::Sandbox { layers, .. })) if sandboxed => {
                             sandbox_frame = Some(layers);
+                        }
+                        // A worker that died without reading its configuration
+                        // message resets the socket: it is gone, as at EOF.
+                        Err(cellhost_protocol::ProtocolError::Io(e))
+                            if e.kind() == std::io::ErrorKind::ConnectionReset =>
+                        {
+                            return Ok(Ok(None));
                         }
                         f => return Ok(f),
                     },
@@ -819,21 +820,25 @@ impl Prepared {
     }
 }
 
-/// The worker's environment: the allowlisted variables, its configuration,
-/// and the matplotlib backend; with a sandbox, `TMPDIR=/tmp` (the private
-/// `/tmp` is the only temporary directory it can write).
+/// The worker's configuration, sent as the second message on its control
+/// socket (never in its environment, which `/proc/self/environ` keeps).
+pub(crate) fn worker_config(config: &KernelConfig) -> serde_json::Value {
+    serde_json::json!({
+        "tools": config.tool_names(),
+        "session_dir": config.session_dir,
+        "session": config.session,
+        "generation": config.generation,
+    })
+}
+
+/// The worker's environment: the allowlisted variables and the matplotlib
+/// backend; with a sandbox, `TMPDIR=/tmp` (the private `/tmp` is the only
+/// temporary directory it can write).
 pub(crate) fn worker_env(
     config: &KernelConfig,
     sandboxed: bool,
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     let mut env = config.env.clone();
-    let worker_config = serde_json::json!({
-        "tools": config.tool_names(),
-        "session_dir": config.session_dir,
-        "session": config.session,
-        "generation": config.generation,
-    });
-    env.push(("CELLHOST_WORKER_CONFIG".into(), worker_config.to_string().into()));
     env.push(("MPLBACKEND".into(), "module://cellhost_worker.mpl_backend".into()));
     if sandboxed {
         env.push(("TMPDIR".into(), "/tmp".into()));
@@ -916,7 +921,26 @@ fn init_spec(
         rlimits: config.sandbox.rlimits.clone(),
         disable: config.sandbox.disable.clone(),
         mpl_cache: mpl_dir.map(canon),
+        hidden: hidden_paths(config),
     }
+}
+
+/// The host paths a kernel must never see (the profile's, and the host's
+/// `$XDG_RUNTIME_DIR` with the sockets of its session), canonical.
+fn hidden_paths(config: &KernelConfig) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<std::path::PathBuf> = config.sandbox.hidden.clone();
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        v.push(d.into());
+    }
+    let mut out: Vec<std::path::PathBuf> = Vec::new();
+    for p in v {
+        for q in [p.clone(), std::fs::canonicalize(&p).unwrap_or(p)] {
+            if q.is_absolute() && !out.contains(&q) {
+                out.push(q);
+            }
+        }
+    }
+    out
 }
 
 /// Kills and reaps the init if the handshake fails.

@@ -45,24 +45,67 @@ pub(crate) async fn spawn(cmd: Command) -> io::Result<Child> {
         .map_err(|_| io::Error::other("the cellhost spawner thread dropped a request"))?
 }
 
-/// Builds the command that starts the init, which starts Python.
-pub(crate) fn init_command(
-    launcher: &std::path::Path,
-    python: &std::path::Path,
-    python_args: &[String],
-    init_args: &[std::ffi::OsString],
-    control: OwnedFd,
-) -> Command {
+/// Builds the command that starts the init: `cellhost
+/// __cellhost-kernel-init --launch-fd 0`, an empty environment, `control`
+/// as fd 0. Everything else (host pid, cgroups, sandbox, the worker's argv
+/// and environment) goes through [`write_launch`] on the control socket,
+/// never on the command line (pid 1 of a sandboxed kernel shows it in
+/// `/proc/1/cmdline`).
+pub(crate) fn init_command(launcher: &std::path::Path, control: OwnedFd) -> Command {
+    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(launcher);
-    cmd.arg(cellhost_sandbox::launcher::INIT_ARG)
-        .arg("--host-pid")
-        .arg(std::process::id().to_string())
-        .args(init_args)
-        .arg("--")
-        .arg(python)
-        .args(python_args)
+    cmd.arg0("cellhost")
+        .arg(cellhost_sandbox::launcher::INIT_ARG)
+        .arg(cellhost_sandbox::launcher::LAUNCH_FD_ARG)
+        .arg("0")
+        .env_clear()
         .stdin(Stdio::from(control))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
+}
+
+/// Writes the init's launch message, then (for a kernel) the worker's
+/// configuration message, into the host's end of the control socket.
+///
+/// # Errors
+/// The socket refused the bytes (the init died).
+pub(crate) fn write_launch(
+    sock: &std::os::unix::net::UnixStream,
+    launch: &cellhost_sandbox::profile::LaunchSpec,
+    worker_config: Option<&serde_json::Value>,
+) -> io::Result<()> {
+    use cellhost_sandbox::launcher::encode_message;
+    use std::io::Write;
+    let mut w = sock;
+    let json = serde_json::to_vec(launch).map_err(io::Error::other)?;
+    w.write_all(&encode_message(&json))?;
+    if let Some(c) = worker_config {
+        w.write_all(&encode_message(c.to_string().as_bytes()))?;
+    }
+    Ok(())
+}
+
+/// Writes the worker's configuration message alone (a forked kernel: the
+/// template's processes read no launch message).
+///
+/// # Errors
+/// The socket refused the bytes.
+pub(crate) fn write_launch_config(
+    sock: &std::os::unix::net::UnixStream,
+    worker_config: &serde_json::Value,
+) -> io::Result<()> {
+    use std::io::Write;
+    let mut w = sock;
+    w.write_all(&cellhost_sandbox::launcher::encode_message(
+        worker_config.to_string().as_bytes(),
+    ))
+}
+
+/// The environment as strings for a launch message (a name or value that
+/// is not UTF-8 is passed lossily).
+pub(crate) fn env_strings(env: &[(std::ffi::OsString, std::ffi::OsString)]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .collect()
 }

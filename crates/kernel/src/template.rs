@@ -51,7 +51,7 @@ use cellhost_sandbox::forkplan::fork_plan;
 use crate::config::KernelConfig;
 use crate::error::KernelError;
 use crate::init_proc::{InitProc, pidfd_of};
-use crate::kernel::{Kernel, Prepared, worker_env};
+use crate::kernel::{Kernel, Prepared, worker_config, worker_env};
 use crate::{spawn, worker_files};
 
 /// The boot line of a template.
@@ -140,31 +140,26 @@ impl Template {
             worker_files::worker_path().map_err(|e| io_err(&label, "writing the worker package", e))?;
         let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
-        let args = vec![
-            "-c".to_string(),
-            TEMPLATE_BOOT.to_string(),
-            worker_dir.display().to_string(),
-        ];
         let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
-        let mut cmd = spawn::init_command(
-            &launcher,
-            &config.python,
-            &args,
-            &["--keep-tree".into()],
-            OwnedFd::from(worker_end),
-        );
+        let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         cmd.stdout(Stdio::null());
-        cmd.env_clear();
         let mut env = worker_env(&config, sandboxed);
-        env.retain(|(k, _)| k != "CELLHOST_WORKER_CONFIG");
         if sandboxed && let Some(mpl) = worker_files::sandbox_assets(&config.python, worker_dir) {
             env.push(("MPLCONFIGDIR".into(), mpl.into_os_string()));
         }
-        env.push((
-            "CELLHOST_TEMPLATE_CONFIG".into(),
-            serde_json::json!({ "preload": preload }).to_string().into(),
-        ));
-        cmd.envs(env);
+        let launch = cellhost_sandbox::profile::LaunchSpec {
+            host_pid: std::process::id() as i32,
+            cgroup_procs: Vec::new(),
+            sandbox: None,
+            program: vec![
+                config.python.display().to_string(),
+                "-c".to_string(),
+                TEMPLATE_BOOT.to_string(),
+                worker_dir.display().to_string(),
+            ],
+            env: spawn::env_strings(&env),
+            keep_tree: true,
+        };
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
         }
@@ -173,6 +168,12 @@ impl Template {
             python: python.clone(),
             reason: format!("cannot start the template's init {}: {e}", launcher.display()),
         })?;
+        let template_config = serde_json::json!({ "preload": preload });
+        if let Err(e) = spawn::write_launch(&host_end, &launch, Some(&template_config)) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io_err(&label, "launch message", e));
+        }
         let stderr = child.stderr.take();
         let mut init = InitProc::Child(child);
         let ready = tokio::task::spawn_blocking(move || -> Result<(Value, UnixStream), std::io::Error> {
@@ -327,6 +328,10 @@ impl Template {
             "env": env,
             "cwd": cwd,
         });
+        // The worker reads its configuration from its control socket before
+        // anything else (never from its environment).
+        spawn::write_launch_config(&host_end, &worker_config(&config))
+            .map_err(|e| io_err(&label, "worker configuration", e))?;
         let inner = self.inner.clone();
         let started = Instant::now();
         let reply = tokio::task::spawn_blocking(move || -> Result<Value, std::io::Error> {

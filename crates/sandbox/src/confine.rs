@@ -1,23 +1,31 @@
 //! The confinement layers, applied by the kernel init (a fresh,
-//! single-threaded process) in this order: rlimits → namespaces → mounts →
-//! Landlock → capabilities → seccomp. Each step returns what it did as a
-//! [`LayerStatus`]; nothing here runs in the multi-threaded host.
+//! single-threaded process). The one order, for a cold kernel (the
+//! launcher) and a forked one (the template's processes, `confine.py`):
+//!
+//! 1. rlimits;
+//! 2. namespaces (user namespace first when not root; pid, net, ipc, uts,
+//!    mount, cgroup);
+//! 3. mounts: the fresh root ([`crate::rootfs`]), idmapped read-write
+//!    paths, covered control plane, masks, own `/proc`;
+//! 4. the capability bounding set cleared (needs `CAP_SETPCAP`, so before
+//!    the uid changes);
+//! 5. uid: `setgroups([])`, `setresgid`, `setresuid` to the kernel's uid
+//!    when the host is root ([`crate::rootfs::take_kernel_id`]);
+//! 6. Landlock;
+//! 7. capabilities: ambient, effective, permitted, inheritable cleared;
+//! 8. seccomp (last: it forbids the calls of the earlier steps).
+//!
+//! Each step returns what it did as a [`LayerStatus`]; nothing here runs
+//! in the multi-threaded host.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::fs;
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::profile::{DEVICES_RW, InitSpec, LayerStatus, MASKED_FILES, PRIVATE_MPL_DIR, Rlimits, SYSTEM_RO};
+use crate::profile::{DEVICES_RW, InitSpec, LayerStatus, PRIVATE_MPL_DIR, Rlimits, SYSTEM_RO};
 
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
-}
-
-fn cpath(p: &Path) -> Option<CString> {
-    CString::new(p.as_os_str().as_bytes()).ok()
 }
 
 /// Lowers the per-process limits (never raises a hard limit).
@@ -205,22 +213,6 @@ fn loopback_up() -> bool {
     }
 }
 
-fn mount(
-    src: Option<&str>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> std::io::Result<()> {
-    let c = |s: Option<&str>| s.and_then(|s| CString::new(s).ok());
-    let (src, fstype, data) = (c(src), c(fstype), c(data));
-    let target = cpath(target).ok_or_else(|| std::io::Error::other("NUL in path"))?;
-    let p = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: every pointer is null or a live NUL-terminated string.
-    let rc = unsafe { libc::mount(p(&src), target.as_ptr(), p(&fstype), flags, p(&data).cast()) };
-    if rc == 0 { Ok(()) } else { Err(errno()) }
-}
-
 /// The directories the worker may write, the workdir included.
 fn rw_paths(spec: &InitSpec) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = spec.rw.clone();
@@ -229,132 +221,23 @@ fn rw_paths(spec: &InitSpec) -> Vec<PathBuf> {
 }
 
 /// In the new mount namespace (called by pid 1 of the new pid namespace):
-/// private `/tmp` and `/dev/shm`, the kernel's own `/proc`, secret files
-/// covered with `/dev/null`; paths under `/tmp` the worker needs (its
-/// workdir, or an interpreter or cache that lives there) are bound back in.
-pub fn setup_mounts(spec: &InitSpec) -> LayerStatus {
-    if let Err(e) = mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None) {
-        return LayerStatus::missing("mountns", format!("cannot make / private: {e}"));
-    }
-    let mut notes = Vec::new();
-    // Keep a handle on every needed path under /tmp before covering it.
-    // (Landlock, applied next, keeps the read-only ones read-only.)
-    // Read-only ones are bound read-only: Landlock's read-write rule for
-    // the private /tmp would cover them. Shallow paths first, so a deeper
-    // bind lands on top of the one that contains it.
-    let mut keep: Vec<(PathBuf, bool, fs::File)> = rw_paths(spec)
-        .into_iter()
-        .map(|p| (p, false))
-        .chain(spec.ro.iter().cloned().map(|p| (p, true)))
-        .filter(|(p, _)| p.starts_with("/tmp") && p != Path::new("/tmp"))
-        .filter_map(|(p, ro)| {
-            let f = fs::OpenOptions::new()
-                .read(true)
-                .custom_flags_path()
-                .open(&p)
-                .ok()?;
-            Some((p, ro, f))
-        })
-        .collect();
-    keep.sort_by_key(|(p, _, _)| p.components().count());
-    match mount(
-        Some("tmpfs"),
-        Path::new("/tmp"),
-        Some("tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=1777"),
-    ) {
-        Ok(()) => {
-            for (p, ro, f) in &keep {
-                let is_dir = f.metadata().map(|m| m.is_dir()).unwrap_or(true);
-                // Never truncate: an earlier bind may already show the real file here.
-                let made = if p.exists() {
-                    Ok(())
-                } else if is_dir {
-                    fs::create_dir_all(p)
-                } else {
-                    p.parent()
-                        .map_or(Ok(()), fs::create_dir_all)
-                        .and_then(|_| fs::OpenOptions::new().append(true).create(true).open(p).map(drop))
-                };
-                let src = format!("/proc/self/fd/{}", f.as_raw_fd());
-                let bound = made.and_then(|_| mount(Some(&src), p, None, libc::MS_BIND | libc::MS_REC, None));
-                let sealed = bound.and_then(|_| {
-                    if *ro {
-                        let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID;
-                        mount(None, p, None, flags, None)
-                    } else {
-                        Ok(())
-                    }
-                });
-                if let Err(e) = sealed {
-                    return LayerStatus::missing(
-                        "mountns",
-                        format!("cannot bind {} into the private /tmp: {e}", p.display()),
-                    );
-                }
-            }
-            notes.push("private /tmp (tmpfs)".to_string());
-        }
-        Err(e) => return LayerStatus::missing("mountns", format!("cannot mount a private /tmp: {e}")),
-    }
-    drop(keep);
-    if Path::new("/dev/shm").is_dir() {
-        match mount(
-            Some("tmpfs"),
-            Path::new("/dev/shm"),
-            Some("tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some("mode=1777"),
-        ) {
-            Ok(()) => notes.push("private /dev/shm".into()),
-            Err(e) => notes.push(format!("shared /dev/shm ({e})")),
-        }
-    }
-    let mut masked = 0;
-    for f in MASKED_FILES {
-        let p = Path::new(f);
-        if p.exists() {
-            if let Err(e) = mount(Some("/dev/null"), p, None, libc::MS_BIND, None) {
-                return LayerStatus::missing("mountns", format!("cannot mask {f}: {e}"));
-            }
-            masked += 1;
-        }
-    }
-    notes.push(format!("{masked} secret files under /etc masked"));
-    match mount(
-        Some("proc"),
-        Path::new("/proc"),
-        Some("proc"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
-    ) {
-        Ok(()) => notes.push("own /proc".into()),
-        Err(e) => {
-            return LayerStatus::missing("mountns", format!("cannot mount the kernel's own /proc: {e}"));
-        }
-    }
-    LayerStatus::on("mountns", notes.join(", "))
+/// the kernel's fresh root ([`crate::rootfs::build_root`]): only the
+/// allowed paths, the kernel's own `/proc`, `/dev`, `/tmp` and
+/// `/dev/shm`, the host's control plane covered, the secret files under
+/// `/etc` masked. `kernel_id`: the uid the read-write paths are idmapped
+/// to (root host).
+pub fn setup_mounts(spec: &InitSpec, kernel_id: Option<u32>) -> crate::rootfs::RootOutcome {
+    crate::rootfs::build_root(spec, kernel_id)
 }
 
-trait PathOpen {
-    fn custom_flags_path(&mut self) -> &mut Self;
-}
-
-impl PathOpen for fs::OpenOptions {
-    fn custom_flags_path(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-    }
-}
-
-/// Points `MPLCONFIGDIR` at the host-built font cache: a copy of its
-/// `fontlist-*.json` in the private `/tmp` when there is one (matplotlib
-/// falls back to a fresh cache, and a font scan, when `MPLCONFIGDIR` is not
-/// writable), else the cache itself, read-only.
-pub fn share_mpl_cache(spec: &InitSpec, private_tmp: bool) {
-    let Some(cache) = &spec.mpl_cache else { return };
-    let mut dir = cache.clone();
+/// The `MPLCONFIGDIR` of the worker, pointing at the host-built font
+/// cache: a copy of its `fontlist-*.json` in the private `/tmp` when there
+/// is one (matplotlib falls back to a fresh cache, and a font scan, when
+/// `MPLCONFIGDIR` is not writable), given to the kernel's uid `kernel_id`
+/// when there is one; else the cache itself, read-only. `None` without a
+/// cache.
+pub fn share_mpl_cache(spec: &InitSpec, private_tmp: bool, kernel_id: Option<u32>) -> Option<PathBuf> {
+    let cache = spec.mpl_cache.as_ref()?;
     if private_tmp {
         let private = Path::new(PRIVATE_MPL_DIR);
         if fs::create_dir_all(private).is_ok() {
@@ -364,12 +247,13 @@ pub fn share_mpl_cache(spec: &InitSpec, private_tmp: bool) {
                     let _ = fs::copy(e.path(), private.join(&name));
                 }
             }
-            dir = private.to_path_buf();
+            if let Some(k) = kernel_id {
+                crate::rootfs::give_to(private, k);
+            }
+            return Some(private.to_path_buf());
         }
     }
-    // SAFETY: the kernel init is single-threaded: no other thread reads
-    // the environment concurrently.
-    unsafe { std::env::set_var("MPLCONFIGDIR", dir) };
+    Some(cache.clone())
 }
 
 /// The Landlock ABI of the running kernel (0: none).
@@ -443,8 +327,21 @@ pub fn apply_landlock(spec: &InitSpec) -> LayerStatus {
     }
 }
 
+/// Clears the capability bounding set, as far as this process may
+/// (`CAP_SETPCAP`): step 4, before the uid changes.
+pub fn drop_bounding_set() {
+    let mut cap: libc::c_ulong = 0;
+    // SAFETY: prctl with integer arguments.
+    while unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) } >= 0 {
+        // SAFETY: as above.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        cap += 1;
+    }
+}
+
 /// Drops every capability (bounding, ambient, effective, permitted,
-/// inheritable), so a root worker is root in name only.
+/// inheritable), so a root worker is root in name only. A bounding set
+/// already cleared ([`drop_bounding_set`]) is checked, not dropped again.
 pub fn drop_capabilities() -> LayerStatus {
     #[repr(C)]
     struct Header {
@@ -467,9 +364,19 @@ pub fn drop_capabilities() -> LayerStatus {
             0,
             0,
         );
-        let mut cap = 0;
-        while libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) == 0 {
+        let mut cap: libc::c_ulong = 0;
+        loop {
+            let held = libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0);
+            if held < 0 {
+                break;
+            }
+            if held == 1 && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+                return LayerStatus::missing("capabilities", format!("PR_CAPBSET_DROP({cap}): {}", errno()));
+            }
             cap += 1;
+        }
+        if cap == 0 {
+            return LayerStatus::missing("capabilities", format!("PR_CAPBSET_READ: {}", errno()));
         }
         let mut h = Header {
             version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
@@ -489,9 +396,6 @@ pub fn drop_capabilities() -> LayerStatus {
         ];
         if libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) != 0 {
             return LayerStatus::missing("capabilities", format!("capset: {}", errno()));
-        }
-        if cap == 0 {
-            return LayerStatus::missing("capabilities", format!("PR_CAPBSET_DROP: {}", errno()));
         }
     }
     LayerStatus::on("capabilities", "all dropped (bounding set cleared)")

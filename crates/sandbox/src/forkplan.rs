@@ -11,15 +11,20 @@
 //!    (pid 1 of the new pid namespace, no copy of the template), forks the
 //!    worker (pid 2) and execs the kernel init in *adopt* mode
 //!    ([`crate::launcher`]);
-//! 2. the ns-init sets up the mounts exactly as for a cold kernel
-//!    ([`crate::confine::setup_mounts`]) and then tells the worker to go
-//!    on; meanwhile the worker joins the kernel's cgroups and unshares its
-//!    cgroup namespace (rooted at its own group);
-//! 3. the worker applies Landlock with the rules of [`LandlockPlan`] (the
-//!    access masks are the `landlock` crate's, computed here), drops every
-//!    capability, and installs the seccomp programs of
-//!    [`ForkPlan::seccomp`] (compiled here by `seccompiler`, the same
-//!    programs a cold kernel gets).
+//! 2. the ns-init (started with an empty environment; its
+//!    [`crate::launcher::ForkNsSpec`] comes on a memfd, not its command
+//!    line) builds the kernel's fresh root exactly as for a cold kernel
+//!    ([`crate::confine::setup_mounts`]), tells the worker to go on and
+//!    takes the kernel's uid; meanwhile the worker joins the kernel's
+//!    cgroups and unshares its cgroup namespace (rooted at its own group);
+//! 3. the worker clears its capability bounding set, takes the kernel's
+//!    uid ([`ForkPlan::uid_base`] plus the kernel init's host pid, see
+//!    [`crate::profile::kernel_id`]), applies Landlock with the rules of
+//!    [`LandlockPlan`] (the access masks are the `landlock` crate's,
+//!    computed here), drops every capability, and installs the seccomp
+//!    programs of [`ForkPlan::seccomp`] (compiled here by `seccompiler`,
+//!    the same programs a cold kernel gets) — the order of
+//!    [`crate::confine`].
 //!
 //! A step that fails ends the fork (the worker exits with status 72 and the
 //! reason on its stderr): the caller then starts a cold kernel, whose init
@@ -30,7 +35,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::confine;
-use crate::profile::{InitSpec, LayerStatus, SandboxMode};
+use crate::profile::{InitSpec, KERNEL_ID_BASE, LayerStatus, SandboxMode};
 
 /// What the processes of a forked kernel apply to themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +63,15 @@ pub struct ForkPlan {
     pub seccomp_detail: String,
     /// `SYS_capset` on this architecture.
     pub capset_nr: i64,
+    /// The kernel runs as `uid_base + (its kernel init's host pid)` (uid
+    /// and gid, see [`crate::profile::kernel_id`]); `None` keeps the
+    /// template's uid (sandbox off, or the `uid` layer disabled).
+    #[serde(default)]
+    pub uid_base: Option<u32>,
+    /// Why the kernel keeps the template's uid, when `uid_base` is `None`
+    /// with a sandbox.
+    #[serde(default)]
+    pub uid_missing: Option<String>,
 }
 
 /// A Landlock ruleset: what is handled and one `path_beneath` rule per path.
@@ -90,6 +104,8 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
             seccomp: Vec::new(),
             seccomp_detail: String::new(),
             capset_nr: libc::SYS_capset,
+            uid_base: None,
+            uid_missing: None,
         };
     };
     let mut layers = Vec::new();
@@ -157,6 +173,10 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
         seccomp,
         seccomp_detail,
         capset_nr: libc::SYS_capset,
+        uid_base: (!spec.disabled("uid")).then_some(KERNEL_ID_BASE),
+        uid_missing: spec
+            .disabled("uid")
+            .then(|| "disabled by the sandbox profile: the kernel runs as root".to_string()),
     }
 }
 
@@ -239,6 +259,7 @@ mod tests {
             rlimits: Rlimits::default(),
             disable: Vec::new(),
             mpl_cache: None,
+            hidden: Vec::new(),
         }
     }
 
@@ -266,6 +287,11 @@ mod tests {
         let names: Vec<&str> = p.layers.iter().map(|l| l.name.as_str()).collect();
         assert!(names.contains(&"netns") && names.contains(&"pidns") && names.contains(&"rlimits"));
         assert!(p.rlimits.iter().any(|(n, v)| n == "core" && *v == 0));
+        assert_eq!(p.uid_base, Some(KERNEL_ID_BASE));
+        let mut s = spec();
+        s.disable = vec!["uid".into()];
+        let p = fork_plan(Some(&s));
+        assert!(p.uid_base.is_none() && p.uid_missing.is_some());
     }
 
     #[test]

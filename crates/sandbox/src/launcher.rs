@@ -1,14 +1,22 @@
 //! The kernel init: a small, single-threaded supervisor between the host and
 //! the Python worker.
 //!
-//! The host starts `<binary> __cellhost-kernel-init --host-pid PID
-//! [--cgroup-procs FILE]… -- PYTHON ARGS…` with the control socket as fd 0 and the output pipes as fd 1/2.
-//! The init then:
+//! The host starts `cellhost __cellhost-kernel-init --launch-fd 0` with an
+//! empty environment, the control socket as fd 0 and the output pipes as
+//! fd 1/2, and writes one [`LaunchSpec`] message ([`encode_message`]) into
+//! the control socket first: the host pid, the cgroups to join, the
+//! sandbox, the worker's argv and environment. Nothing of it is on the
+//! init's command line or in its environment, which pid 1 of a sandboxed
+//! kernel (a fork of the init) would show every cell in `/proc/1/cmdline`
+//! and `/proc/1/environ`. The worker is started with `execve` and the
+//! environment of the message; its own configuration follows in a second
+//! message on the same socket, which the worker reads before anything
+//! else. The init then:
 //!
 //! 1. sets `PR_SET_PDEATHSIG` to SIGTERM (the signal follows the *thread*
 //!    that spawned it: the host spawns from one thread that lives as long as
 //!    the host) and exits if the host is already gone;
-//! 2. joins the kernel's control groups (`--cgroup-procs`), if any;
+//! 2. joins the kernel's control groups, if any;
 //! 3. starts a new session (`setsid`: own process group, no controlling
 //!    terminal, so `/dev/tty` and terminal signals cannot reach the kernel);
 //! 4. becomes a child subreaper, so every orphaned descendant — also one
@@ -21,12 +29,14 @@
 //!    descendant until none is left, reaps them all, and exits with Python's
 //!    status: the same exit code, or death by the same signal.
 //!
-//! With `--sandbox JSON` (an [`InitSpec`]), step 5 changes: the init
-//! lowers its rlimits and unshares the namespaces, then forks an *ns-init*
-//! (pid 1 of the new pid namespace) that sets up the mounts, Landlock,
-//! capabilities and seccomp, reports the layers as one `sandbox` frame on
-//! the control socket, forks Python (pid 2) and reaps every orphan of the
-//! namespace. When Python dies the ns-init passes its raw wait status to
+//! With a sandbox (an [`InitSpec`]), step 5 changes: the init lowers its
+//! rlimits and unshares the namespaces, then forks an *ns-init* (pid 1 of
+//! the new pid namespace) that builds the kernel's fresh root
+//! ([`crate::rootfs`]), clears the capability bounding set, takes the
+//! kernel's uid (root host), applies Landlock, capabilities and seccomp
+//! (the order of [`crate::confine`]), reports the layers as one `sandbox`
+//! frame on the control socket, forks Python (pid 2) and reaps every
+//! orphan of the namespace. When Python dies the ns-init passes its raw wait status to
 //! the init through a pipe and exits, which kills whatever is left in the
 //! namespace; the init mirrors Python's status as before. Killing the
 //! ns-init (what the init does on SIGTERM) kills the whole namespace.
@@ -40,8 +50,88 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
 use crate::confine;
-use crate::profile::{InitSpec, LayerStatus, SANDBOX_ARG, SandboxMode};
+use crate::profile::{InitSpec, LaunchSpec, LayerStatus, SandboxMode, kernel_id};
+use crate::rootfs;
 use crate::signal;
+
+/// The init's argument naming the descriptor its [`LaunchSpec`] message
+/// arrives on.
+pub const LAUNCH_FD_ARG: &str = "--launch-fd";
+
+/// Largest message [`encode_message`] frames (16 MiB).
+pub const MAX_MESSAGE: usize = 16 << 20;
+
+/// Frames `payload` (JSON) for a launch channel: its length in decimal,
+/// a newline, the bytes. The reader takes exactly that many bytes, so
+/// whatever follows on the channel is left for the next reader.
+pub fn encode_message(payload: &[u8]) -> Vec<u8> {
+    let mut out = format!("{}\n", payload.len()).into_bytes();
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Reads one [`encode_message`] frame from `fd`, byte by byte for the
+/// header so nothing after the frame is consumed.
+fn read_message(fd: i32) -> Result<Vec<u8>, String> {
+    let mut header = Vec::new();
+    loop {
+        let mut b = [0u8; 1];
+        // SAFETY: reads one byte into a live buffer.
+        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n != 1 {
+            return Err("the launch channel closed before a message".into());
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        if header.len() > 20 {
+            return Err("bad launch message header".into());
+        }
+        header.push(b[0]);
+    }
+    let len: usize = std::str::from_utf8(&header)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| *n <= MAX_MESSAGE)
+        .ok_or("bad launch message length")?;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        // SAFETY: reads into the live rest of `buf`.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), len - got) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            return Err("the launch message was cut short".into());
+        }
+        got += n as usize;
+    }
+    Ok(buf)
+}
+
+/// Reads `fd` to its end (at most [`MAX_MESSAGE`] bytes) and closes it.
+fn read_to_end_and_close(fd: i32) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        // SAFETY: reads into a live buffer.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 || out.len() > MAX_MESSAGE {
+            break;
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+    // SAFETY: closing a descriptor handed to this process for this read.
+    unsafe { libc::close(fd) };
+    out
+}
 
 /// The hidden subcommand that turns the process into a kernel init.
 pub const INIT_ARG: &str = "__cellhost-kernel-init";
@@ -96,18 +186,60 @@ fn number_arg(args: &[OsString], i: usize) -> i32 {
         .unwrap_or_else(|| fail(&format!("{} needs a number", args[i].to_string_lossy())))
 }
 
-fn cstring(s: &OsString) -> CString {
-    CString::new(s.as_bytes()).unwrap_or_else(|_| fail("argument holds a NUL byte"))
+fn cstring(s: &[u8]) -> CString {
+    CString::new(s).unwrap_or_else(|_| fail("argument holds a NUL byte"))
+}
+
+/// The worker's environment as `NAME=VALUE` strings (and the pointer
+/// array `execve` takes, which borrows them).
+struct Envp {
+    _strings: Vec<CString>,
+    ptrs: Vec<*const libc::c_char>,
+}
+
+fn envp(env: &[(String, String)]) -> Envp {
+    let strings: Vec<CString> = env
+        .iter()
+        .filter(|(k, _)| !k.is_empty() && !k.contains('='))
+        .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
+        .collect();
+    let mut ptrs: Vec<*const libc::c_char> = strings.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    Envp {
+        _strings: strings,
+        ptrs,
+    }
+}
+
+/// The program to `execve`: `name` itself when it holds a `/`, else the
+/// first executable of that name on the worker's `PATH`.
+fn resolve_program(name: &str, env: &[(String, String)]) -> CString {
+    if name.contains('/') || name.is_empty() {
+        return cstring(name.as_bytes());
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let p = std::path::Path::new(dir).join(name);
+        if let Ok(m) = std::fs::metadata(&p)
+            && m.is_file()
+            && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+        {
+            return cstring(p.as_os_str().as_bytes());
+        }
+    }
+    cstring(name.as_bytes())
 }
 
 fn init_main(args: &[OsString]) -> ! {
     let mut host_pid: Option<i32> = None;
-    let mut cgroups: Vec<&OsString> = Vec::new();
-    let mut spec: Option<InitSpec> = None;
+    let mut launch: Option<LaunchSpec> = None;
     let mut adopt: Option<i32> = None;
     let mut adopt_ns_init: Option<i32> = None;
     let mut report: Option<i32> = None;
-    let mut keep_tree = false;
     let int_arg = |i: usize| number_arg(args, i);
     let mut i = 0;
     while i < args.len() {
@@ -131,57 +263,44 @@ fn init_main(args: &[OsString]) -> ! {
                 unsafe { libc::close(fd) };
                 i += 2;
             }
-            Some("--keep-tree") => {
-                keep_tree = true;
-                i += 1;
-            }
             Some("--host-pid") => {
-                host_pid = args
-                    .get(i + 1)
-                    .and_then(|s| s.to_str())
-                    .and_then(|s| s.parse().ok());
+                host_pid = Some(int_arg(i));
                 i += 2;
             }
-            Some("--cgroup-procs") => {
-                let Some(f) = args.get(i + 1) else {
-                    fail("--cgroup-procs needs a file")
-                };
-                cgroups.push(f);
-                i += 2;
-            }
-            Some(SANDBOX_ARG) => {
-                let parsed = args
-                    .get(i + 1)
-                    .and_then(|s| s.to_str())
-                    .map(serde_json::from_str::<InitSpec>);
+            Some(LAUNCH_FD_ARG) => {
+                let fd = int_arg(i);
+                let parsed = read_message(fd)
+                    .and_then(|m| serde_json::from_slice::<LaunchSpec>(&m).map_err(|e| e.to_string()));
                 match parsed {
-                    Some(Ok(s)) => spec = Some(s),
-                    Some(Err(e)) => fail(&format!("bad {SANDBOX_ARG} value: {e}")),
-                    None => fail("--sandbox needs a JSON value"),
+                    Ok(l) => launch = Some(l),
+                    Err(e) => fail(&format!("bad launch message: {e}")),
                 }
                 i += 2;
             }
-            Some("--") => {
-                i += 1;
-                break;
-            }
-            _ => fail("usage: __cellhost-kernel-init --host-pid PID -- PROGRAM [ARGS...]"),
+            _ => fail("usage: __cellhost-kernel-init --launch-fd FD (or the adopt-mode flags)"),
         }
     }
+    let (program, env, cgroups, spec, keep_tree) = match launch {
+        Some(l) => {
+            host_pid = Some(l.host_pid);
+            (l.program, l.env, l.cgroup_procs, l.sandbox, l.keep_tree)
+        }
+        None => (Vec::new(), Vec::new(), Vec::new(), None, false),
+    };
     // Nothing the host's caller left open without close-on-exec reaches the
     // kernel: every descriptor but the standard streams (control socket and
     // output pipes) and those the arguments name goes, before anything else.
     // The one list of descriptors an init keeps (`--release-fd` is closed
     // above, once read).
     crate::fds::close_all_except(&[report.unwrap_or(-1)]);
-    let program = &args[i..];
     if program.is_empty() && adopt.is_none() {
         fail("no program to run");
     }
     let Some(host_pid) = host_pid else {
-        fail("--host-pid is required")
+        fail("no host pid (a launch message or --host-pid is required)")
     };
-    let argv: Vec<CString> = program.iter().map(cstring).collect();
+    let program_path = resolve_program(program.first().map(String::as_str).unwrap_or(""), &env);
+    let argv: Vec<CString> = program.iter().map(|a| cstring(a.as_bytes())).collect();
     let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|c| c.as_ptr()).collect();
     argv_ptrs.push(std::ptr::null());
     let devnull = CString::new("/dev/null").unwrap_or_default();
@@ -219,12 +338,9 @@ fn init_main(args: &[OsString]) -> ! {
 
     // Join the kernel's control groups before anything is forked, so every
     // descendant is counted and limited from its first instruction.
-    for f in cgroups {
+    for f in &cgroups {
         if let Err(e) = std::fs::write(f, "0") {
-            fail(&format!(
-                "cannot join the kernel's cgroup {}: {e}",
-                std::path::Path::new(f).display()
-            ));
+            fail(&format!("cannot join the kernel's cgroup {}: {e}", f.display()));
         }
     }
 
@@ -252,7 +368,8 @@ fn init_main(args: &[OsString]) -> ! {
         supervise(init_pid, python, &watched, &devnull, None, report, adopt_ns_init)
     }
     if let Some(spec) = spec {
-        let (ns_init, status_rd) = start_sandboxed(&spec, &argv_ptrs, &devnull, &old);
+        let (ns_init, status_rd) =
+            start_sandboxed(&spec, init_pid, &program_path, &argv_ptrs, &env, &devnull, &old);
         supervise(
             init_pid,
             ns_init,
@@ -264,6 +381,7 @@ fn init_main(args: &[OsString]) -> ! {
         )
     }
 
+    let worker_env = envp(&env);
     // SAFETY: single-threaded process; the child only makes async-signal-safe
     // calls on memory prepared before the fork, then execs or _exits.
     let python = unsafe { libc::fork() };
@@ -271,7 +389,15 @@ fn init_main(args: &[OsString]) -> ! {
         fail("fork failed");
     }
     if python == 0 {
-        exec_worker(&old, init_pid, &devnull, &argv_ptrs, None);
+        exec_worker(
+            &old,
+            init_pid,
+            &devnull,
+            &program_path,
+            &argv_ptrs,
+            &worker_env.ptrs,
+            None,
+        );
     }
 
     if keep_tree {
@@ -303,12 +429,15 @@ fn supervise_template(init_pid: i32, python: i32, watched: &libc::sigset_t, devn
 
 /// In the forked child: restores the signal mask, dies with its parent,
 /// moves the control socket from fd 0 to fd 3, puts `/dev/null` on fd 0,
-/// enters `workdir`, and execs the interpreter. Never returns.
+/// enters `workdir`, and execs the interpreter with exactly the
+/// environment `envp`. Never returns.
 fn exec_worker(
     mask: &libc::sigset_t,
     parent: i32,
     devnull: &CString,
+    program: &CString,
     argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
     workdir: Option<&std::ffi::CStr>,
 ) -> ! {
     // SAFETY: called in the child right after fork, in a single-threaded
@@ -333,7 +462,7 @@ fn exec_worker(
         if let Some(w) = workdir {
             libc::chdir(w.as_ptr());
         }
-        libc::execvp(argv[0], argv.as_ptr());
+        libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
         let msg = b"cellhost kernel init: cannot execute the interpreter\n";
         libc::write(2, msg.as_ptr().cast(), msg.len());
         libc::_exit(127)
@@ -418,9 +547,13 @@ fn supervise(
 
 /// Applies the layers the init itself must apply (rlimits, namespaces) and
 /// forks the ns-init. Returns its pid and the read end of the status pipe.
+/// `init_pid` (this process's host pid) names the kernel's uid.
 fn start_sandboxed(
     spec: &InitSpec,
+    init_pid: i32,
+    program: &CString,
     argv: &[*const libc::c_char],
+    env: &[(String, String)],
     devnull: &CString,
     old_mask: &libc::sigset_t,
 ) -> (i32, i32) {
@@ -429,6 +562,9 @@ fn start_sandboxed(
     } else {
         confine::apply_rlimits(&spec.rlimits)
     }];
+    // SAFETY: geteuid takes no arguments (read before any user namespace).
+    let root = unsafe { libc::geteuid() } == 0;
+    let kid = (root && !spec.disabled("uid")).then(|| kernel_id(init_pid as u32));
     layers.extend(confine::unshare_namespaces(spec.network, &spec.disable));
     let mut fds = [0i32; 2];
     // SAFETY: pipe2 writes two fds into a live array.
@@ -443,7 +579,7 @@ fn start_sandboxed(
     if pid == 0 {
         // SAFETY: closing our copy of the read end.
         unsafe { libc::close(fds[0]) };
-        ns_init(spec, layers, argv, devnull, old_mask, fds[1]);
+        ns_init(spec, kid, layers, program, argv, env, devnull, old_mask, fds[1]);
     }
     // SAFETY: closing our copy of the write end.
     unsafe { libc::close(fds[1]) };
@@ -468,28 +604,54 @@ fn write_all(fd: i32, mut bytes: &[u8]) {
     }
 }
 
-/// Pid 1 of the kernel's pid namespace: finishes the confinement, reports
-/// it, runs Python and reaps orphans until Python dies.
+/// Pid 1 of the kernel's pid namespace: finishes the confinement (in the
+/// order of [`crate::confine`]), reports it, runs Python and reaps orphans
+/// until Python dies. `kid`: the kernel's uid (root host).
+#[allow(clippy::too_many_arguments)]
 fn ns_init(
     spec: &InitSpec,
+    kid: Option<u32>,
     mut layers: Vec<LayerStatus>,
+    program: &CString,
     argv: &[*const libc::c_char],
+    env: &[(String, String)],
     devnull: &CString,
     old_mask: &libc::sigset_t,
     status_wr: i32,
 ) -> ! {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    let mut idmap_failures = Vec::new();
+    let mut private_tmp = false;
+    let mut rootfs_layer =
+        LayerStatus::missing("rootfs", "no mount namespace: the kernel sees the host's files");
     if let Some(m) = layers.iter_mut().find(|l| l.name == "mountns")
         && m.enforced
     {
-        let mut done = confine::setup_mounts(spec);
-        if done.enforced {
-            done.detail = format!("{}: {}", m.detail, done.detail);
+        let done = confine::setup_mounts(spec, kid);
+        let mut mountns = done.mountns;
+        if mountns.enforced {
+            mountns.detail = format!("{}: {}", m.detail, mountns.detail);
         }
-        *m = done;
+        *m = mountns;
+        rootfs_layer = done.rootfs;
+        idmap_failures = done.idmap_failures;
+        private_tmp = done.private_tmp;
     }
-    confine::share_mpl_cache(spec, layers.iter().any(|l| l.name == "mountns" && l.enforced));
+    if kid.is_some() && !rootfs_layer.enforced {
+        idmap_failures.push("the read-write paths (no fresh root to idmap them in)".into());
+    }
+    layers.push(rootfs_layer);
+    let mut env = env.to_vec();
+    if let Some(dir) = confine::share_mpl_cache(spec, private_tmp, kid) {
+        env.retain(|(k, _)| k != "MPLCONFIGDIR");
+        env.push(("MPLCONFIGDIR".into(), dir.to_string_lossy().into_owned()));
+    }
+    let worker_env = envp(&env);
+    if !spec.disabled("capabilities") {
+        confine::drop_bounding_set();
+    }
+    layers.push(rootfs::take_kernel_id(kid, spec.disabled("uid"), &idmap_failures));
     type Step = fn(&InitSpec) -> LayerStatus;
     let steps: [(&str, Step); 3] = [
         ("landlock", confine::apply_landlock),
@@ -527,7 +689,15 @@ fn ns_init(
         unsafe { libc::_exit(70) };
     }
     if python == 0 {
-        exec_worker(old_mask, me, devnull, argv, workdir.as_deref());
+        exec_worker(
+            old_mask,
+            me,
+            devnull,
+            program,
+            argv,
+            &worker_env.ptrs,
+            workdir.as_deref(),
+        );
     }
     null_stdio(devnull);
     reap_until_worker_exits(python, status_wr)
@@ -557,18 +727,31 @@ fn reap_until_worker_exits(python: i32, status_wr: i32) -> ! {
     }
 }
 
+/// What the kernel init of a forked kernel hands its ns-init on
+/// `--spec-fd` (read to its end, then closed): never on the command line.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize)]
+pub struct ForkNsSpec {
+    /// The sandbox (`None`: mode off).
+    pub spec: Option<InitSpec>,
+    /// The kernel's uid and gid (root host), see
+    /// [`crate::profile::kernel_id`].
+    pub kernel_id: Option<u32>,
+}
+
 /// Pid 1 of a forked kernel's namespaces (see [`crate::forkplan`]),
 /// started by the kernel init (which also forks the worker, pid 2, that
-/// waits on `--go-fd`). Once `--barrier-fd` reads EOF (the init has read
-/// its arguments), sets up the mounts and the network and UTS namespaces as
-/// a cold kernel's ns-init does, writes one JSON line `{"layers": [...],
-/// "mplconfigdir": ...}` to the worker and closes it, then reaps every
-/// orphan of the namespace until the init kills it.
+/// waits on `--go-fd`) with an empty environment. Reads its [`ForkNsSpec`]
+/// from `--spec-fd`. Once `--barrier-fd` reads EOF (the init has read its
+/// arguments), sets up the mounts and the network and UTS namespaces as a
+/// cold kernel's ns-init does, writes one JSON line `{"layers": [...],
+/// "mplconfigdir": ..., "idmap_failures": [...]}` to the worker and closes
+/// it, takes the kernel's uid itself, then reaps every orphan of the
+/// namespace until the init kills it.
 fn ns_init_for_fork(args: &[OsString]) -> ! {
     let mut go: Option<i32> = None;
     let mut barrier: Option<i32> = None;
     let mut unshared: libc::c_int = 0;
-    let mut spec: Option<InitSpec> = None;
+    let mut spec_fd: Option<i32> = None;
     let num = |i: usize| number_arg(args, i);
     let mut i = 0;
     while i < args.len() {
@@ -576,18 +759,9 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
             Some("--go-fd") => go = Some(num(i)),
             Some("--barrier-fd") => barrier = Some(num(i)),
             Some("--unshared") => unshared = num(i),
-            Some(SANDBOX_ARG) => {
-                match args
-                    .get(i + 1)
-                    .and_then(|s| s.to_str())
-                    .map(serde_json::from_str::<InitSpec>)
-                {
-                    Some(Ok(s)) => spec = Some(s),
-                    _ => fail("bad --sandbox value"),
-                }
-            }
+            Some("--spec-fd") => spec_fd = Some(num(i)),
             _ => fail(
-                "usage: __cellhost-ns-init --go-fd FD [--barrier-fd FD] [--unshared FLAGS] [--sandbox JSON]",
+                "usage: __cellhost-ns-init --go-fd FD [--barrier-fd FD] [--unshared FLAGS] [--spec-fd FD]",
             ),
         }
         i += 2;
@@ -598,6 +772,14 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     crate::fds::close_all_except(&[go, barrier.unwrap_or(-1)]);
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    let ns_spec: ForkNsSpec = match spec_fd {
+        Some(fd) => serde_json::from_slice(&read_to_end_and_close(fd))
+            .unwrap_or_else(|e| fail(&format!("bad --spec-fd message: {e}"))),
+        None => ForkNsSpec {
+            spec: None,
+            kernel_id: None,
+        },
+    };
     if let Some(fd) = barrier {
         let mut buf = [0u8; 64];
         // SAFETY: reads into a live buffer until EOF, then closes the fd.
@@ -606,16 +788,25 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
             libc::close(fd);
         }
     }
+    let kid = ns_spec.kernel_id;
     let mut layers: Vec<LayerStatus> = Vec::new();
     let mut private_tmp = false;
-    if let Some(spec) = &spec {
+    let mut idmap_failures: Vec<String> = Vec::new();
+    let mut mplconfigdir = None;
+    if let Some(spec) = &ns_spec.spec {
         if unshared & libc::CLONE_NEWNS != 0 {
-            let mut m = confine::setup_mounts(spec);
+            let done = confine::setup_mounts(spec, kid);
+            let mut m = done.mountns;
             if m.enforced {
                 m.detail = format!("own mount table: {}", m.detail);
-                private_tmp = true;
             }
+            private_tmp = done.private_tmp;
+            idmap_failures = done.idmap_failures;
             layers.push(m);
+            layers.push(done.rootfs);
+        }
+        if kid.is_some() && !private_tmp {
+            idmap_failures.push("the read-write paths (no fresh root to idmap them in)".into());
         }
         if unshared & libc::CLONE_NEWNET != 0 {
             let up = confine::settle_namespace(libc::CLONE_NEWNET);
@@ -627,15 +818,24 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
         if unshared & libc::CLONE_NEWUTS != 0 {
             confine::settle_namespace(libc::CLONE_NEWUTS);
         }
-        confine::share_mpl_cache(spec, private_tmp);
+        mplconfigdir = confine::share_mpl_cache(spec, private_tmp, kid);
     }
     let msg = serde_json::json!({
         "layers": layers,
-        "mplconfigdir": std::env::var_os("MPLCONFIGDIR").map(|v| v.to_string_lossy().into_owned()),
+        "mplconfigdir": mplconfigdir.map(|v| v.to_string_lossy().into_owned()),
+        "idmap_failures": idmap_failures,
     });
     write_all(go, format!("{msg}\n").as_bytes());
     // SAFETY: closing the go pipe, which this process owns.
     unsafe { libc::close(go) };
+    // Pid 1 holds no root either once the mounts are made.
+    if let Some(k) = kid
+        && rootfs::become_id(k).is_err()
+    {
+        // SAFETY: exiting without running atexit handlers; the init then
+        // ends the kernel (the namespace dies with its pid 1).
+        unsafe { libc::_exit(72) };
+    }
     let devnull = CString::new("/dev/null").unwrap_or_default();
     null_stdio(&devnull);
     let mut watched = empty_sigset();

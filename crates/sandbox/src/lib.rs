@@ -12,7 +12,8 @@
 //! * [`profile`]: the sandbox profile (mode off/auto/enforce, network,
 //!   paths, limits), what the init is told, and what it reports.
 //! * [`confine`]: the layers the init applies (rlimits, namespaces, mounts,
-//!   Landlock, capabilities, seccomp); [`cgroup`]: the kernel's limits.
+//!   Landlock, capabilities, seccomp); [`rootfs`]: the kernel's fresh root
+//!   and its uid; [`cgroup`]: the kernel's limits.
 //!
 //! This is the only crate of cellhost with `unsafe` code; every block has a
 //! `// SAFETY:` line.
@@ -26,6 +27,7 @@ pub mod launcher;
 pub mod peer;
 pub mod procfs;
 pub mod profile;
+pub mod rootfs;
 pub mod signal;
 
 #[cfg(feature = "ctor-launcher")]

@@ -115,6 +115,14 @@ pub struct SandboxProfile {
     /// reported as missing, "disabled by the profile".
     #[serde(default)]
     pub disable: Vec<String>,
+    /// Host paths the kernel must never see, even inside an allowed path:
+    /// the host's control plane (the daemon's run directory, the state
+    /// directory with the journal and tokens, `$XDG_RUNTIME_DIR`). Each one
+    /// that lies inside the kernel's view is covered (an empty read-only
+    /// directory, or `/dev/null` for a file); allowed paths deeper than it
+    /// (the kernel's own session directory) are bound back on top.
+    #[serde(default)]
+    pub hidden: Vec<PathBuf>,
 }
 
 impl Default for SandboxProfile {
@@ -132,6 +140,7 @@ impl Default for SandboxProfile {
             },
             rlimits: Rlimits::default(),
             disable: Vec::new(),
+            hidden: Vec::new(),
         }
     }
 }
@@ -216,6 +225,54 @@ pub struct InitSpec {
     /// `MPLCONFIGDIR`.
     #[serde(default)]
     pub mpl_cache: Option<PathBuf>,
+    /// Host paths covered inside the kernel's view (see
+    /// [`SandboxProfile::hidden`]).
+    #[serde(default)]
+    pub hidden: Vec<PathBuf>,
+}
+
+/// First uid (and gid) of the range a kernel runs as when cellhost runs as
+/// root: kernel `n` runs as `KERNEL_ID_BASE + n`, where `n` is the host pid
+/// of its kernel init (unique among live kernels, below `pid_max` ≤ 2²²).
+///
+/// Why a per-kernel uid and not `nobody`: two kernels never share a uid,
+/// so a file one kernel leaves world-writable in a shared directory is not
+/// a channel to the host's own `nobody` daemons, and no host account owns
+/// anything under these ids (`0x7f80_0000`..`0x7fc0_0000` stays below
+/// 2³¹, clear of the ranges `useradd` and `/etc/subuid` hand out, and of
+/// `(uid_t)-1` and the overflow id 65534). The kernel's writable
+/// directories are idmapped to it, so its files land on disk under their
+/// directory's owner.
+pub const KERNEL_ID_BASE: u32 = 0x7f80_0000;
+
+/// The uid and gid of the kernel whose init has host pid `init_pid`.
+pub fn kernel_id(init_pid: u32) -> u32 {
+    KERNEL_ID_BASE + (init_pid & 0x3f_ffff)
+}
+
+/// What the host hands a kernel init on its launch channel (fd 0, see
+/// [`crate::launcher`]) instead of on its command line or in its
+/// environment, which every process of the kernel could read through
+/// `/proc/1/cmdline` and `/proc/1/environ`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    /// Pid of the host process that starts the init (the init exits when
+    /// its parent is another).
+    pub host_pid: i32,
+    /// `cgroup.procs` files the init joins before it forks anything.
+    #[serde(default)]
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The sandbox to apply (`None`: mode off).
+    #[serde(default)]
+    pub sandbox: Option<InitSpec>,
+    /// The worker's argv: the interpreter and its arguments.
+    pub program: Vec<String>,
+    /// The worker's whole environment (the init itself runs with none).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// A template's init: forked kernels outlive the template.
+    #[serde(default)]
+    pub keep_tree: bool,
 }
 
 /// Where a sandboxed kernel's `MPLCONFIGDIR` is, in its private `/tmp`.
@@ -227,9 +284,6 @@ impl InitSpec {
         self.disable.iter().any(|d| d == name)
     }
 }
-
-/// The init argument that carries an [`InitSpec`].
-pub const SANDBOX_ARG: &str = "--sandbox";
 
 /// Directories an interpreter needs to read: the prefix of its real
 /// executable (`<prefix>/bin/python3.x` → `<prefix>`) and the virtual
@@ -260,7 +314,8 @@ pub fn interpreter_dirs(python: &Path) -> Vec<PathBuf> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerStatus {
     /// `env`, `rlimits`, `userns`, `pidns`, `netns`, `ipcns`, `utsns`,
-    /// `mountns`, `cgroupns`, `landlock`, `capabilities`, `seccomp`, `cgroup`.
+    /// `mountns`, `cgroupns`, `rootfs`, `uid`, `landlock`, `capabilities`,
+    /// `seccomp`, `cgroup`.
     pub name: String,
     /// In force for the worker.
     pub enforced: bool,
@@ -357,6 +412,7 @@ mod tests {
             rlimits: Rlimits::default(),
             disable: vec!["seccomp".into()],
             mpl_cache: None,
+            hidden: vec!["/run/user/0".into()],
         };
         let text = serde_json::to_string(&spec).expect("json");
         assert_eq!(serde_json::from_str::<InitSpec>(&text).expect("parse"), spec);

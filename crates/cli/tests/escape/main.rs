@@ -25,3 +25,4 @@ fn escape_suite_runs_a_sandboxed_cell() {
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["stdout"], "42\n", "{v}");
 }
+mod kernel_view;
