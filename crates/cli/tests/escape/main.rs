@@ -13,6 +13,7 @@ mod common;
 mod daemon_peer;
 mod fds;
 mod http_tenants;
+mod kernel_view;
 mod modes;
 mod results;
 mod slow_clients;
@@ -25,4 +26,3 @@ fn escape_suite_runs_a_sandboxed_cell() {
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["stdout"], "42\n", "{v}");
 }
-mod kernel_view;
