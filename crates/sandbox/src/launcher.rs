@@ -768,8 +768,9 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     }
     let Some(go) = go else { fail("--go-fd is required") };
     // Started by the template's fork with every descriptor it held: keep
-    // only the standard streams and the two pipes named above.
-    crate::fds::close_all_except(&[go, barrier.unwrap_or(-1)]);
+    // only the standard streams and the descriptors named above (the spec's
+    // is closed once read).
+    crate::fds::close_all_except(&[go, barrier.unwrap_or(-1), spec_fd.unwrap_or(-1)]);
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
     let ns_spec: ForkNsSpec = match spec_fd {
