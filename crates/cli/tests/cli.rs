@@ -1156,7 +1156,7 @@ fn run_penguins_example() {
 /// child and an orphaned grandchild, prints all pids, then runs `tail`.
 /// Returns the running host and the processes seen under it.
 fn start_tree(env: &Env, tail: &str) -> (Running, Vec<(String, Seen)>) {
-    let gc_file = env.dir.path().join("grandchild.pid");
+    let gc_file = env.work().join("grandchild.pid");
     let code = format!(
         r#"import os, subprocess, time
 a = subprocess.Popen(['sleep', '60'])

@@ -487,6 +487,9 @@ pub(crate) fn seccomp_filters()
         );
     }
     rules.insert(libc::SYS_clone, clone_rules);
+    for (nr, rule) in setid_mode_rules()? {
+        rules.entry(nr).or_default().push(rule);
+    }
     let deny = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -495,7 +498,9 @@ pub(crate) fn seccomp_filters()
     )
     .map_err(seccompiler::Error::Backend)?;
     let clone3 = SeccompFilter::new(
-        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+        [(libc::SYS_clone3, Vec::new()), (libc::SYS_openat2, Vec::new())]
+            .into_iter()
+            .collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
@@ -507,10 +512,62 @@ pub(crate) fn seccomp_filters()
     ))
 }
 
+/// Calls that would give a file the set-user-ID or set-group-ID bit, as
+/// `(syscall, rule)`: `chmod`/`fchmod`/`fchmodat`/`fchmodat2` with either bit
+/// in the mode, `open`/`openat`/`creat` creating a file (`O_CREAT` or
+/// `O_TMPFILE`) with either bit, `mknod`/`mknodat` with either bit.
+///
+/// Why: the kernel's read-write paths are idmapped so that its files land
+/// on disk owned by the directory's owner — root's, when cellhost runs as
+/// root. A set-user-ID file made there would be a root set-user-ID program
+/// on the host, runnable by any host user. `openat2` (whose mode sits in a
+/// struct a filter cannot read) answers `ENOSYS` from the second program,
+/// so callers fall back to `openat`.
+fn setid_mode_rules() -> Result<Vec<(i64, seccompiler::SeccompRule)>, seccompiler::Error> {
+    use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
+    let bit = |arg: u8, mask: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(mask), mask)
+            .map_err(seccompiler::Error::Backend)
+    };
+    let mut out = Vec::new();
+    for id_bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
+        // (syscall, mode argument, flags argument that must hold O_CREAT/O_TMPFILE)
+        let calls: [(i64, u8, Option<u8>); 9] = [
+            (libc::SYS_chmod, 1, None),
+            (libc::SYS_fchmod, 1, None),
+            (libc::SYS_fchmodat, 2, None),
+            (libc::SYS_fchmodat2, 2, None),
+            (libc::SYS_creat, 1, None),
+            (libc::SYS_mknod, 1, None),
+            (libc::SYS_mknodat, 2, None),
+            (libc::SYS_open, 2, Some(1)),
+            (libc::SYS_openat, 3, Some(2)),
+        ];
+        for (nr, mode_arg, flags_arg) in calls {
+            match flags_arg {
+                None => out.push((
+                    nr,
+                    SeccompRule::new(vec![bit(mode_arg, id_bit)?]).map_err(seccompiler::Error::Backend)?,
+                )),
+                Some(f) => {
+                    for create in [libc::O_CREAT as u64, libc::O_TMPFILE as u64] {
+                        out.push((
+                            nr,
+                            SeccompRule::new(vec![bit(f, create)?, bit(mode_arg, id_bit)?])
+                                .map_err(seccompiler::Error::Backend)?,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// What the seccomp layer reports once installed.
 pub(crate) fn seccomp_detail() -> String {
     format!(
-        "EPERM for {} syscalls (ptrace, mount, bpf, kexec, keyctl, perf_event_open, unshare/setns, modules, …) and namespace-creating clone",
+        "EPERM for {} syscalls (ptrace, mount, bpf, kexec, keyctl, perf_event_open, unshare/setns, modules, …), namespace-creating clone and set-user/group-ID file modes",
         DENIED.len()
     )
 }

@@ -16,6 +16,7 @@ mod http_tenants;
 mod kernel_view;
 mod modes;
 mod results;
+mod setid;
 mod slow_clients;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
