@@ -324,3 +324,25 @@ fn cellhost_bench_without_the_bench_binary_names_it_and_how_to_build_it() {
     let r = env.cellhost(&copy, &["--version"]);
     r.expect_code("cellhost --version", 0);
 }
+
+#[test]
+fn the_cellhost_binary_holds_no_bench_code() {
+    let cellhost = std::fs::read(cellhost_bin()).expect("read cellhost");
+    let bench = std::fs::read(bench_bin()).expect("read cellhost-bench");
+    // Text only the bench embeds: its report's section, the peers' script,
+    // a workload's row name.
+    for marker in [
+        "## What limits each figure",
+        "Peer measurements for `cellhost bench`",
+        "W2T kernel with numpy+pandas+matplotlib ready",
+    ] {
+        assert!(
+            memchr::memmem::find(&bench, marker.as_bytes()).is_some(),
+            "the marker {marker:?} is not in cellhost-bench: pick another"
+        );
+        assert!(
+            memchr::memmem::find(&cellhost, marker.as_bytes()).is_none(),
+            "cellhost holds bench code ({marker:?})"
+        );
+    }
+}
