@@ -4,7 +4,7 @@
 //! Exit codes of `exec` (and of `run` when it stops at a cell): 0 ok,
 //! 1 error, 2 usage, 124 timeout, 130 interrupted, 137 crashed.
 
-mod bench;
+mod cmd_bench;
 mod cmd_config;
 mod cmd_daemon;
 mod cmd_doctor;
@@ -69,17 +69,11 @@ enum Cmd {
     /// Check which sandbox layers this machine enforces, by a real self-test
     /// (exit 0 when everything mode `enforce` needs is available).
     Doctor(cmd_doctor::DoctorArgs),
-    /// Measure cellhost against its peers and rewrite BENCHMARKS.md.
-    Bench(bench::BenchArgs),
-    /// Bench helper: a host with busy kernels, killed by `bench`.
-    #[command(name = "__bench-host", hide = true)]
-    BenchHost {
-        /// Interpreter.
-        #[arg(long)]
-        python: PathBuf,
-        /// Kernels to start.
-        n: usize,
-    },
+    /// Measure cellhost against its peers and rewrite BENCHMARKS.md (runs
+    /// `cellhost-bench`, next to this binary; `cellhost bench --help` lists
+    /// its options).
+    #[command(disable_help_flag = true)]
+    Bench(cmd_bench::BenchArgs),
 }
 
 /// Options shared by every command that starts a kernel.
@@ -129,14 +123,13 @@ fn main() -> ExitCode {
         Cmd::Exec(a) => cmd_exec::run(a),
         Cmd::Run(a) => cmd_run::run(a),
         Cmd::Repl(a) => cmd_repl::run(a),
-        Cmd::Bench(a) => bench::run(a),
+        Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Doctor(a) => cmd_doctor::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
         Cmd::Daemon(a) => cmd_daemon::run(a),
         Cmd::Sessions(a) => cmd_sessions::sessions(a),
         Cmd::Kill(a) => cmd_sessions::kill(a),
         Cmd::Interrupt(a) => cmd_sessions::interrupt(a),
-        Cmd::BenchHost { python, n } => bench::host_for_bench(&python, n),
         Cmd::Output(a) => cmd_output::run(a),
         Cmd::Config(a) => cmd_config::run(a),
         Cmd::History(a) => cmd_history::run(a),

@@ -1,4 +1,4 @@
-//! The workloads of `cellhost bench`.
+//! The workloads of `cellhost-bench`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -11,7 +11,10 @@ use tokio::sync::mpsc;
 use super::BenchArgs;
 use super::stats::{Row, row};
 
-const PEERS_PY: &str = include_str!("../../../../bench/peers.py");
+const PEERS_PY: &str = include_str!("../../../bench/peers.py");
+
+/// The penguins notebook W7 runs unless `--notebook` names another.
+const PENGUINS: &str = include_str!("../../../examples/penguins.ipynb");
 
 /// What the workloads share.
 pub struct Ctx<'a> {
@@ -19,8 +22,10 @@ pub struct Ctx<'a> {
     pub args: &'a BenchArgs,
     /// Kernel configuration (interpreter, session dir).
     pub cfg: KernelConfig,
-    /// Scratch directory.
+    /// Scratch directory (removed when the bench ends).
     pub dir: PathBuf,
+    /// The `cellhost` binary the surface workloads run.
+    pub cellhost: PathBuf,
     /// Report rows.
     pub rows: Vec<Row>,
     /// Notes under the table.
@@ -28,6 +33,34 @@ pub struct Ctx<'a> {
 }
 
 type R = Result<(), String>;
+
+impl Ctx<'_> {
+    /// A command of the `cellhost` binary, with `--config` when the bench
+    /// was given one.
+    pub fn cellhost(&self) -> Command {
+        let mut c = Command::new(&self.cellhost);
+        if let Some(config) = &self.args.config {
+            c.arg("--config").arg(config);
+        }
+        c
+    }
+}
+
+/// The notebook W7 runs: `given`, else the embedded penguins notebook,
+/// written to `dir` (so W7 runs from any directory).
+///
+/// # Errors
+/// The embedded notebook cannot be written (the message names the path).
+pub fn notebook(given: Option<&Path>, dir: &Path) -> Result<PathBuf, String> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let path = dir.join("penguins.ipynb");
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, PENGUINS))
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(path)
+}
 
 fn s<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
@@ -389,6 +422,8 @@ fn host_kill(ctx: &mut Ctx<'_>) -> R {
     let mut child = Command::new(exe)
         .args(["__bench-host", "--python"])
         .arg(&ctx.cfg.python)
+        .arg("--dir")
+        .arg(ctx.dir.join("hostkill"))
         .arg("20")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -435,7 +470,7 @@ fn host_kill(ctx: &mut Ctx<'_>) -> R {
 const W7_RUNS: usize = 5;
 
 fn w7(ctx: &mut Ctx<'_>) -> R {
-    let exe = std::env::current_exe().map_err(s)?;
+    let nb = notebook(ctx.args.notebook.as_deref(), &ctx.dir.join("w7"))?;
     let out = ctx.dir.join("w7.ipynb");
     let mut lat = Vec::new();
     let mut peer = Vec::new();
@@ -449,9 +484,10 @@ fn w7(ctx: &mut Ctx<'_>) -> R {
     let mut peer_cli = Vec::new();
     for _ in 0..W7_RUNS {
         let t = Instant::now();
-        let st = Command::new(&exe)
+        let st = ctx
+            .cellhost()
             .arg("run")
-            .arg(&ctx.args.notebook)
+            .arg(&nb)
             .arg("--output")
             .arg(&out)
             .arg("--python")
@@ -464,16 +500,13 @@ fn w7(ctx: &mut Ctx<'_>) -> R {
         }
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
         if ctx.args.peers {
-            let v = run_peer(
-                ctx,
-                &["w7".into(), ctx.args.notebook.display().to_string(), "1".into()],
-            )?;
+            let v = run_peer(ctx, &["w7".into(), nb.display().to_string(), "1".into()])?;
             peer.extend(floats(&v, "nbclient_ms"));
         }
         if let Some(cli) = &jupyter_execute {
             let t = Instant::now();
             let st = Command::new(cli)
-                .arg(&ctx.args.notebook)
+                .arg(&nb)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
@@ -513,12 +546,11 @@ fn w7(ctx: &mut Ctx<'_>) -> R {
 /// Hidden `__bench-host`: starts `n` kernels, each busy in a cell with a
 /// child process, prints `PID <pid>` for every process of their trees and
 /// `READY`, then waits to be killed.
-pub fn host_for_bench(python: &Path, n: usize) -> u8 {
-    let Ok(rt) = crate::common::runtime() else {
+pub fn host_for_bench(python: &Path, dir: &Path, n: usize) -> u8 {
+    let Ok(rt) = crate::runtime() else {
         return 1;
     };
     rt.block_on(async {
-        let dir = crate::common::new_session_dir("bench-host");
         let mut kernels = Vec::new();
         for i in 0..n {
             let mut cfg = KernelConfig::new(python, dir.join(format!("k{i}")));
@@ -547,4 +579,23 @@ pub fn host_for_bench(python: &Path, n: usize) -> u8 {
         std::future::pending::<()>().await;
         0
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn w7_writes_the_embedded_penguins_notebook_unless_one_is_given() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = notebook(None, &dir.path().join("w7")).expect("embedded notebook");
+        assert_eq!(p, dir.path().join("w7/penguins.ipynb"));
+        let text = std::fs::read_to_string(&p).expect("written");
+        assert_eq!(text, PENGUINS);
+        let v: serde_json::Value = serde_json::from_str(&text).expect("the embedded notebook is JSON");
+        assert_eq!(v["nbformat"], 4);
+        assert!(text.contains("load_penguins"), "not the penguins notebook");
+        let given = Path::new("/somewhere/else.ipynb");
+        assert_eq!(notebook(Some(given), dir.path()).expect("given"), given);
+    }
 }

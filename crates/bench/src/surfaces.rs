@@ -1,16 +1,16 @@
-//! Round trip of a trivial cell through the agent surfaces: DAEMON (a
-//! `cellhost exec --session` process per cell, through the per-user
-//! daemon, and the daemon's socket protocol alone) and HTTP (`POST
-//! /v1/sessions/NAME/execute` on a local server, a new connection per
-//! request, as curl does).
+//! Round trip of a trivial cell through the agent surfaces, each the real
+//! `cellhost` binary as a user runs it: DAEMON (a `cellhost exec --session`
+//! process per cell, through the per-user daemon, and the daemon's socket
+//! protocol alone), HTTP (`POST /v1/sessions/NAME/execute` on a `cellhost
+//! serve`, a new connection per request, as curl does) and MCP (`cellhost
+//! mcp` over stdio).
 
-use std::process::Command;
-use std::sync::Arc;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cellhost_server::daemon::{Client, Reply, Request};
-use cellhost_server::{AppState, Scope, Tokens};
-use cellhost_sessions::{Registry, RegistryConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::stats::{Row, row};
@@ -22,24 +22,33 @@ fn s<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
+impl Ctx<'_> {
+    /// Adds the kernel flags of a `cellhost` command that starts kernels:
+    /// the bench's interpreter, and `--sandbox` when the bench was given one.
+    fn kernel_flags<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        c.arg("--python").arg(&self.cfg.python);
+        if let Some(mode) = self.args.sandbox {
+            c.arg("--sandbox").arg(mode.as_str());
+        }
+        c
+    }
+}
+
 /// DAEMON: `cellhost exec --session` per cell, and the socket alone.
 pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
     let n = ctx.args.cells.clamp(1, 300);
-    let exe = std::env::current_exe().map_err(s)?;
     let base = ctx.dir.join("daemon-bench");
     std::fs::create_dir_all(base.join("run")).map_err(s)?;
     std::fs::write(base.join("config.toml"), "").map_err(s)?;
-    let python = ctx.cfg.python.clone();
     let cmd = |code: &str| {
-        let mut c = Command::new(&exe);
-        c.args(["exec", "--session", "bench", code])
-            .arg("--python")
-            .arg(&python)
+        let mut c = Command::new(&ctx.cellhost);
+        c.args(["exec", "--session", "bench", code]);
+        ctx.kernel_flags(&mut c)
             .env("CELLHOST_STATE_DIR", base.join("state"))
             .env("XDG_RUNTIME_DIR", base.join("run"))
             .env("CELLHOST_CONFIG", base.join("config.toml"))
             .env("CELLHOST_DAEMON_IDLE_S", "120")
-            .stdout(std::process::Stdio::null());
+            .stdout(Stdio::null());
         c
     };
     let st = cmd("x = 0").status().map_err(s)?;
@@ -110,21 +119,102 @@ async fn post(
     Ok((status, text))
 }
 
-/// HTTP: execute through a local API server.
+/// A `cellhost serve` of the bench's: loopback, a port of its own, the
+/// tokens given and a config file of its own (`config`: TOML, the defaults
+/// for what it leaves out) in a state directory of its own; stopped
+/// (SIGTERM, then SIGKILL after 10 s) on drop.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Serve {
+    /// Starts the server with `tokens` (owner, token; read-write) under
+    /// `ctx.dir/name` and waits until it says where it listens.
+    fn start(ctx: &Ctx<'_>, name: &str, config: &str, tokens: &[(String, String)]) -> Result<Serve, String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let base = ctx.dir.join(name);
+        std::fs::create_dir_all(&base).map_err(s)?;
+        std::fs::write(base.join("config.toml"), config).map_err(s)?;
+        let token_file = base.join("tokens");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&token_file)
+            .map_err(|e| format!("{}: {e}", token_file.display()))?;
+        for (owner, token) in tokens {
+            writeln!(f, "{owner} {token} rw").map_err(s)?;
+        }
+        drop(f);
+        let mut c = Command::new(&ctx.cellhost);
+        c.args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
+            .arg(&token_file);
+        let mut child = ctx
+            .kernel_flags(&mut c)
+            .env("CELLHOST_STATE_DIR", base.join("state"))
+            .env("CELLHOST_CONFIG", base.join("config.toml"))
+            .env_remove("CELLHOST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", ctx.cellhost.display()))?;
+        let Some(stderr) = child.stderr.take() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("cellhost serve: no stderr".into());
+        };
+        let mut serve = Serve {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        let mut lines = BufReader::new(stderr);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if lines.read_line(&mut line).map_err(s)? == 0 {
+                return Err("cellhost serve exited before it listened".into());
+            }
+            let addr = line
+                .split_once("serving http://")
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .and_then(|(a, _)| a.parse().ok());
+            if let Some(a) = addr {
+                serve.addr = a;
+                break;
+            }
+        }
+        // Keep reading its log, so a full pipe never stalls the server.
+        std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
+        Ok(serve)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// HTTP: execute through `cellhost serve`.
 pub async fn http(ctx: &mut Ctx<'_>) -> R {
     let n = ctx.args.cells.max(1);
-    let mut rc = RegistryConfig::new(ctx.dir.join("http-bench"), ctx.cfg.clone());
-    rc.pool_size = 0;
-    let reg = Registry::start(rc, None).await.map_err(s)?;
     let token = cellhost_server::auth::new_token();
-    let state = AppState::new(reg.clone(), Tokens::single("bench", &token, Scope::ReadWrite));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(s)?;
-    let addr = listener.local_addr().map_err(s)?;
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stop2 = stop.clone();
-    let server = tokio::spawn(cellhost_server::http::serve(listener, state, async move {
-        stop2.notified().await;
-    }));
+    let serve = Serve::start(ctx, "http-bench", "", &[("bench".into(), token.clone())])?;
+    let addr = serve.addr;
     let (code, text) = post(addr, "/v1/sessions", &token, r#"{"name":"bench"}"#).await?;
     if code != 201 {
         return Err(format!("HTTP: create answered {code}: {text}"));
@@ -139,40 +229,30 @@ pub async fn http(ctx: &mut Ctx<'_>) -> R {
             return Err(format!("HTTP: execute answered {code}: {text}"));
         }
     }
-    stop.notify_one();
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    reg.shutdown().await;
-    let mut r = row("HTTP", "POST /v1/sessions/NAME/execute", &ms);
-    r.note = "new TCP connection per request".into();
+    tokio::task::spawn_blocking(move || drop(serve))
+        .await
+        .map_err(s)?;
+    let mut r = row("HTTP", "cellhost serve: POST /v1/sessions/NAME/execute", &ms);
+    r.note = "new TCP connection per request; default config".into();
     ctx.rows.push(r);
     Ok(())
 }
 
-/// HTTP50: 50 clients, each in its own session (its own owner and token),
-/// running 100 cells concurrently; every cell prints a tag naming its
-/// client and cell, and any output that is missing or names another cell
-/// is counted.
+/// HTTP50: 50 clients of one `cellhost serve`, each in its own session (its
+/// own owner and token), running 100 cells concurrently; every cell prints
+/// a tag naming its client and cell, and any output that is missing or
+/// names another cell is counted.
 pub async fn http50(ctx: &mut Ctx<'_>) -> R {
     const CLIENTS: usize = 50;
     const CELLS: usize = 100;
-    let mut rc = RegistryConfig::new(ctx.dir.join("http50-bench"), ctx.cfg.clone());
-    rc.pool_size = 0;
-    rc.max_live = CLIENTS + 4;
-    let reg = Registry::start(rc, None).await.map_err(s)?;
-    let mut tokens = Tokens::default();
-    let toks: Vec<String> = (0..CLIENTS).map(|_| cellhost_server::auth::new_token()).collect();
-    for (i, t) in toks.iter().enumerate() {
-        tokens.add(&format!("client{i}"), t, Scope::ReadWrite);
-    }
-    let state = AppState::new(reg.clone(), tokens);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(s)?;
-    let addr = listener.local_addr().map_err(s)?;
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stop2 = stop.clone();
-    let server = tokio::spawn(cellhost_server::http::serve(listener, state, async move {
-        stop2.notified().await;
-    }));
-    for t in &toks {
+    let toks: Vec<(String, String)> = (0..CLIENTS)
+        .map(|i| (format!("client{i}"), cellhost_server::auth::new_token()))
+        .collect();
+    // A live kernel for every client (the default cap is 16).
+    let config = format!("max_live_kernels = {}\n", CLIENTS + 4);
+    let serve = Serve::start(ctx, "http50-bench", &config, &toks)?;
+    let addr = serve.addr;
+    for (_, t) in &toks {
         let (code, text) = post(addr, "/v1/sessions", t, r#"{"name":"w"}"#).await?;
         if code != 201 {
             return Err(format!("HTTP50: create answered {code}: {text}"));
@@ -180,7 +260,7 @@ pub async fn http50(ctx: &mut Ctx<'_>) -> R {
     }
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for (ci, token) in toks.iter().cloned().enumerate() {
+    for (ci, (_, token)) in toks.iter().cloned().enumerate() {
         tasks.push(tokio::spawn(async move {
             let mut ms = Vec::with_capacity(CELLS);
             let mut bad = 0usize;
@@ -213,12 +293,12 @@ pub async fn http50(ctx: &mut Ctx<'_>) -> R {
         bad += b;
     }
     let wall = t0.elapsed().as_secs_f64();
-    stop.notify_one();
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    reg.shutdown().await;
+    tokio::task::spawn_blocking(move || drop(serve))
+        .await
+        .map_err(s)?;
     ctx.rows.push(many_clients_row(
         "HTTP50",
-        "50 clients × 100 cells, own sessions",
+        "cellhost serve: 50 clients × 100 cells, own sessions",
         &all,
         bad,
         wall,
@@ -237,14 +317,17 @@ struct McpStdio {
 }
 
 impl McpStdio {
-    fn start(python: &std::path::Path, state: &std::path::Path) -> Result<Self, String> {
-        use std::process::Stdio;
-        let exe = std::env::current_exe().map_err(s)?;
-        let mut child = Command::new(exe)
-            .arg("mcp")
-            .arg("--python")
-            .arg(python)
-            .env("CELLHOST_STATE_DIR", state)
+    /// `cellhost mcp` with the bench's kernel flags and its state in `state`.
+    fn command(ctx: &Ctx<'_>, state: &std::path::Path) -> Command {
+        let mut c = ctx.cellhost();
+        c.arg("mcp");
+        ctx.kernel_flags(&mut c).env("CELLHOST_STATE_DIR", state);
+        c
+    }
+
+    /// Starts `cmd` (from [`McpStdio::command`]) and initializes the session.
+    fn start(mut cmd: Command) -> Result<Self, String> {
+        let mut child = cmd
             .env("CELLHOST_POOL_SIZE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -325,10 +408,9 @@ impl Drop for McpStdio {
 /// MCP: round trip of `x += 1` through `cellhost mcp` over stdio.
 pub async fn mcp(ctx: &mut Ctx<'_>) -> R {
     let n = ctx.args.cells;
-    let python = ctx.cfg.python.clone();
-    let state = ctx.dir.join("mcp-bench");
+    let cmd = McpStdio::command(ctx, &ctx.dir.join("mcp-bench"));
     let lat = tokio::task::spawn_blocking(move || -> Result<Vec<f64>, String> {
-        let mut c = McpStdio::start(&python, &state)?;
+        let mut c = McpStdio::start(cmd)?;
         c.execute("x = 0")?;
         for _ in 0..20 {
             c.execute("x += 1")?;
@@ -356,11 +438,10 @@ pub async fn mcp50(ctx: &mut Ctx<'_>) -> R {
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for ci in 0..CLIENTS {
-        let python = ctx.cfg.python.clone();
-        let state = ctx.dir.join(format!("mcp50-{ci}"));
+        let cmd = McpStdio::command(ctx, &ctx.dir.join(format!("mcp50-{ci}")));
         tasks.push(tokio::task::spawn_blocking(
             move || -> Result<(Vec<f64>, usize), String> {
-                let mut c = McpStdio::start(&python, &state)?;
+                let mut c = McpStdio::start(cmd)?;
                 let mut ms = Vec::with_capacity(CELLS);
                 let mut bad = 0;
                 for i in 0..CELLS {

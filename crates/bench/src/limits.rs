@@ -96,7 +96,7 @@ mod tests {
 
     #[test]
     fn section_has_one_paragraph_per_workload_with_a_command() {
-        let all: Vec<String> = names(crate::bench::ALL);
+        let all: Vec<String> = names(crate::ALL);
         let s = section(&all);
         assert!(s.contains(HEADING));
         for w in ["W1", "W2", "W3", "W4", "W5", "W6/IDLE200", "W7", "POOL"] {
@@ -106,7 +106,7 @@ mod tests {
             assert!(text.contains('`'), "{name}: no command");
             assert!(!text.contains("  "), "{name}: double space");
             for c in *covers {
-                assert!(crate::bench::ALL.contains(c), "{name}: unknown workload {c}");
+                assert!(crate::ALL.contains(c), "{name}: unknown workload {c}");
             }
         }
     }

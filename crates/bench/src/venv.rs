@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// The pinned packages (the project venv's).
-const REQUIREMENTS: &str = include_str!("../../../../python/requirements.txt");
+const REQUIREMENTS: &str = include_str!("../../../python/requirements.txt");
 
 /// pip version the venv is brought to before installing.
 const PIP: &str = "26.3";
@@ -61,7 +61,7 @@ pub fn ensure(base: &Path) -> Result<PathBuf, String> {
         return Ok(python);
     }
     eprintln!(
-        "cellhost bench: {} lacks the peers; setting up the bench venv {} (pinned packages, once)",
+        "cellhost-bench: {} lacks the peers; setting up the bench venv {} (pinned packages, once)",
         base.display(),
         dir.display()
     );
