@@ -339,7 +339,7 @@ async fn oversized_frame_fails_the_cell_without_hanging() {
     let mut cfg = config(&dir);
     cfg.python = fake_python(
         &dir,
-        r#"printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r line <&3; head -c 70000000 /dev/zero | tr '\0' x >&3; sleep 30"#,
+        r#"read -r config <&3; printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r execute <&3; head -c 70000000 /dev/zero | tr '\0' x >&3; sleep 30"#,
     );
     let k = Kernel::spawn(cfg).await.expect("spawn");
     let t = Instant::now();
@@ -363,7 +363,7 @@ async fn malformed_frame_fails_the_cell_without_hanging() {
     let mut cfg = config(&dir);
     cfg.python = fake_python(
         &dir,
-        r#"printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r line <&3; printf 'not json\n' >&3; sleep 30"#,
+        r#"read -r config <&3; printf '{"type":"ready","pid":1,"python":"fake","protocol":1}\n' >&3; read -r execute <&3; printf 'not json\n' >&3; sleep 30"#,
     );
     let k = Kernel::spawn(cfg).await.expect("spawn");
     let r = k.execute("1", ExecOptions::default()).await.expect("a result");

@@ -28,7 +28,9 @@ fn late_lines(text: &str, into: &mut BTreeMap<(u32, u32), u32>) {
 }
 
 /// Every cell starts a thread that keeps printing after the cell ended
-/// (`print` of one string and `sys.stdout.write`, each one write, and
+/// (`print` of one whole line and `sys.stdout.write`, each one write — a
+/// `print` with its default `end` is two writes, which another thread's
+/// write may separate — and
 /// stderr lines):
 /// each cell's own streams hold only its own lines, no end-marker text
 /// ever shows, and every late line is found exactly once.
@@ -49,7 +51,7 @@ async fn late_thread_output_goes_to_background_never_to_the_next_cell() {
              \x20       if i % 3 == 0:\n\
              \x20           sys.stdout.write('late %d %d\\n' % (c, i))\n\
              \x20       else:\n\
-             \x20           print('late %d %d' % (c, i), flush=True)\n\
+             \x20           print('late %d %d\\n' % (c, i), end='', flush=True)\n\
              \x20           sys.stderr.write('x' * (i * 100) + '\\n')\n\
              threading.Thread(target=_late).start()\n\
              sys.stdout.write('cell {c}\\n')"
