@@ -31,19 +31,34 @@ def _salvage(frame, why):
     a cell) or is over the frame cap: the same frame with each value that
     fails, or is too large, replaced by a note."""
     out = {}
-    for key, value in list(frame.items()):
-        try:
-            if len(prims.dumps(value)) > MAX_FRAME // 4:
-                raise ValueError("too large")
+    for key, value in list(dict.items(frame)):
+        if _fits(value):
             out[key] = value
-        except BaseException:  # noqa: B902 - user objects in the payload
-            if key in ("data", "result"):
-                out[key] = {"text/plain": "<output could not be encoded: %s>" % why}
-            elif key in ("metadata", "args"):
-                out[key] = {}
+        elif key in ("data", "result") and type(value) is dict:
+            # A MIME bundle: keep the entries that encode, note the rest.
+            kept = {k: v for k, v in list(dict.items(value)) if _fits(v)}
+            dropped = len(value) - len(kept)
+            note = "<%d output entr%s could not be encoded: %s>" % (dropped, "y" if dropped == 1 else "ies", why)
+            if "text/plain" in kept:
+                kept["text/plain"] = kept["text/plain"] + "\n" + note
             else:
-                out[key] = None
+                kept["text/plain"] = note
+            out[key] = kept if _fits(kept) else {"text/plain": note}
+        elif key in ("metadata", "args"):
+            out[key] = {}
+        elif key == "error" and type(value) is dict:
+            out[key] = {"ename": prims.exact_str(value.get("ename")) or "Error",
+                        "evalue": "<the error could not be encoded: %s>" % why, "traceback": []}
+        else:
+            out[key] = None
     return out
+
+
+def _fits(value):
+    try:
+        return len(prims.dumps(value)) <= MAX_FRAME // 4
+    except BaseException:  # noqa: B902 - user objects in the payload
+        return False
 
 
 class Channel:

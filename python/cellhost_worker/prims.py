@@ -147,10 +147,11 @@ def _json_default(obj):
 
 
 def dumps(obj):
-    """Compact JSON (UTF-8 kept) through the C encoder only. Objects JSON
-    cannot hold become their repr. Raises ValueError/TypeError (circular or
-    hostile containers) or whatever a hostile ``dict.items`` raises."""
-    enc = _json.make_encoder({}, _json_default, _json.encode_basestring, None, ":", ",", False, True, True)
+    """Compact, strict JSON (UTF-8 kept) through the C encoder only. Objects
+    JSON cannot hold become their repr; keys it cannot hold are skipped.
+    Raises ValueError (NaN or infinity, which the host's parser refuses;
+    circular containers) or whatever a hostile ``dict.items`` raises."""
+    enc = _json.make_encoder({}, _json_default, _json.encode_basestring, None, ":", ",", False, True, False)
     return _str_join(enc(obj, 0))
 
 

@@ -10,6 +10,7 @@
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
 mod common;
+mod hostile_code;
 
 /// The suite's own plumbing works: a sandboxed one-shot cell runs.
 #[test]
