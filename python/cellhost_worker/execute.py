@@ -29,21 +29,30 @@ MAX_TB_LINES = 2000
 _tracer = None
 _profiler = None
 _cell_recursion_limit = None
+_restore_pending = False
 
 
-def _run_code(code_obj, namespace):
-    if code_obj.co_flags & _CO_COROUTINE:
-        # Imported on first use: asyncio (with ssl) is a third of the
-        # worker's start-up, and most cells never await at top level.
-        import asyncio
-        global _loop
-        if _loop is None or _loop.is_closed():
-            _loop = asyncio.new_event_loop()
-        coro = eval(code_obj, namespace)
-        # The loop runs only for this cell: between cells (and inside cells
-        # that call asyncio.run()) no event loop is running.
-        return _loop.run_until_complete(coro)
-    return eval(code_obj, namespace)
+def _run_code(body, last, namespace):
+    """Runs the cell's body, then its last expression; returns the value.
+    One call for both, so a tracer the cell set sees no worker frame."""
+    global _loop
+    _restore_tracing()
+    value = None
+    for code_obj in (body, last):
+        if code_obj is None:
+            break
+        value = eval(code_obj, namespace)
+        if code_obj.co_flags & _CO_COROUTINE:
+            if _loop is None or _loop.is_closed():
+                # Imported on first use: asyncio (with ssl) is a third of
+                # the worker's start-up, and most cells never await at top
+                # level.
+                import asyncio
+                _loop = asyncio.new_event_loop()
+            # The loop runs only for this cell: between cells (and inside
+            # cells that call asyncio.run()) no event loop is running.
+            value = _loop.run_until_complete(value)
+    return value
 
 
 def compile_cell(source, filename):
@@ -79,31 +88,46 @@ def run_user_code(body, last, namespace, cell_id):
             state.sigint_pending = False
             raise KeyboardInterrupt("interrupted before the cell's code started")
         _before_user_code()
-        _run_code(body, namespace)
-        value = _run_code(last, namespace) if last is not None else None
+        value = _run_code(body, last, namespace)
     finally:
+        # Inline C calls first: a tracer the cell set sees no worker frame.
+        tracer = prims.gettrace()
+        prims.settrace(None)
         state.running = False
-        after_user_code()
+        after_user_code(tracer)
     return value, last is not None
 
 
 def _before_user_code():
-    """Puts back what the previous cell set for itself: its recursion
-    limit, its tracer and profiler (the last thing before its code)."""
-    global _cell_recursion_limit
+    """Puts back what the previous cell set for itself: its recursion limit
+    now, its tracer and profiler right before its code (see _run_code)."""
+    global _cell_recursion_limit, _restore_pending
     prims.restore_recursion_limit(_cell_recursion_limit)
     _cell_recursion_limit = None
-    if _profiler is not None:
-        prims.setprofile(_profiler)
-    if _tracer is not None:
-        prims.settrace(_tracer)
+    _restore_pending = True
 
 
-def after_user_code():
+def _restore_tracing():
+    global _restore_pending, _tracer, _profiler
+    if not _restore_pending:
+        return
+    _restore_pending = False
+    tracer, profiler = _tracer, _profiler
+    _tracer = _profiler = None
+    if profiler is not None:
+        prims.setprofile(profiler)
+    if tracer is not None:
+        prims.settrace(tracer)
+
+
+def after_user_code(tracer=None):
     """Right after user code (a cell's, or a repr the worker called): the
-    worker's own code runs untraced and with room on the stack."""
-    global _tracer, _profiler, _cell_recursion_limit
-    tracer, profiler = prims.quiet_tracing()
+    worker's own code runs untraced and with room on the stack. ``tracer``
+    is the cell's, if the caller already turned it off."""
+    global _tracer, _profiler, _cell_recursion_limit, _restore_pending
+    _restore_pending = False
+    still, profiler = prims.quiet_tracing()
+    tracer = tracer if tracer is not None else still
     if tracer is not None or profiler is not None:
         _tracer, _profiler = tracer, profiler
     limit = prims.lift_recursion_limit()

@@ -187,7 +187,10 @@ def _run_cell(frame):
         value, has_value = execute.run_user_code(body, last, _namespace, cid)
         _leave_if_forked_child()
         if has_value and value is not None:
-            data, _md = display.bundle(value)
+            try:
+                data, _md = display.bundle(value)
+            finally:
+                execute.after_user_code()  # the value's reprs are cell code too
             result = data
             if not silent:
                 _namespace["_"] = value

@@ -166,7 +166,7 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
     ),
     (
         "settrace-raising",
-        "import sys\ndef t(*a):\n    raise RuntimeError('tracer')\nsys.settrace(t)",
+        "import sys\ndef t(*a):\n    raise RuntimeError('tracer')\nsys.settrace(t)\ndef g(): pass\ng()",
         Probe::Print,
     ),
     (
