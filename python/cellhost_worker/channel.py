@@ -65,11 +65,10 @@ class Channel:
     def __init__(self, fd):
         self.guard = prims.GuardedFd(fd, 1000)
         self.lock = prims.allocate_lock()
+        self.owner = None    # thread writing a frame now
+        self.pending = []    # frames sent by code that ran inside a send
         self.disabled = False
         self.buf = b""
-
-    def fileno(self):
-        return self.guard.fds[0]
 
     def _write_all(self, data):
         view = memoryview(data)
@@ -118,10 +117,24 @@ class Channel:
                     return False
             except BaseException:  # noqa: B902
                 return False
+        me = prims.get_ident()
+        if self.owner == me:
+            # Code that ran inside this thread's send (a __del__ or a gc
+            # callback of the cell's objects) sends a frame: it goes out
+            # after the frame being written, never in the middle of it,
+            # and never waits for a lock its own thread holds.
+            self.pending.append(data)
+            return why is None
         state.critical_enter()
         try:
             with self.lock:
-                self._write_all(data)
+                self.owner = me
+                try:
+                    self._write_all(data)
+                    while self.pending:
+                        self._write_all(self.pending.pop(0))
+                finally:
+                    self.owner = None
         except OSError:
             # The host is gone; the reader thread exits the process.
             return False

@@ -222,6 +222,10 @@ def _end_cell(cid, marker, status, count, result, error, cpu_before=None):
     _guarded(streams.end_of_cell_rings)
     _guarded(streams.restore_fds)
     usage = _usage(cpu_before)[0] if cpu_before is not None else None
+    # From the end marker on, every other thread's Python-level writes are
+    # background output: none may land after the marker in the pipe, where
+    # the host would count it as the next cell's.
+    state.background_idents = streams.other_threads()
     with state.lock:
         state.current = None
         state.sigint_pending = False

@@ -58,6 +58,7 @@ class _Ring:
         # cell's end marker.
         self.tag = None
         self.lock = prims.allocate_lock()
+        self.owner = None
 
     def _read_pos(self):
         return _unpack_from("<Q", self.mm, 8)[0]
@@ -79,30 +80,43 @@ class _Ring:
         get room in time, or comes between cells, goes through `fd` itself,
         in order."""
         view = memoryview(data)
+        me = prims.get_ident()
+        if self.owner == me:
+            # A write from code that ran inside this thread's ring write (a
+            # __del__ or gc callback): straight to the pipe, between tokens.
+            _write_all(fd, view)
+            return
         with self.lock:
-            tag = self.tag
-            if tag is None:
+            self.owner = me
+            try:
+                self._write_locked(fd, view)
+            finally:
+                self.owner = None
+
+    def _write_locked(self, fd, view):
+        tag = self.tag
+        if tag is None:
+            _write_all(fd, view)
+            return
+        while view:
+            n = min(len(view), RING_SIZE // 2)
+            if not self._room(n):
                 _write_all(fd, view)
                 return
-            while view:
-                n = min(len(view), RING_SIZE // 2)
-                if not self._room(n):
-                    _write_all(fd, view)
-                    return
-                off = self.write_pos % RING_SIZE
-                first = min(n, RING_SIZE - off)
-                state.critical_enter()
-                try:
-                    self.mm[RING_HEADER + off:RING_HEADER + off + first] = view[:first]
-                    if n > first:
-                        self.mm[RING_HEADER:RING_HEADER + n - first] = view[first:n]
-                    token = b"\x01cellhost-ring-%s:%d:%d\x01" % (tag, self.write_pos, n)
-                    self.write_pos += n
-                    self.used = True
-                    _write_all(fd, token)
-                finally:
-                    state.critical_exit()
-                view = view[n:]
+            off = self.write_pos % RING_SIZE
+            first = min(n, RING_SIZE - off)
+            state.critical_enter()
+            try:
+                self.mm[RING_HEADER + off:RING_HEADER + off + first] = view[:first]
+                if n > first:
+                    self.mm[RING_HEADER:RING_HEADER + n - first] = view[first:n]
+                token = b"\x01cellhost-ring-%s:%d:%d\x01" % (tag, self.write_pos, n)
+                self.write_pos += n
+                self.used = True
+                _write_all(fd, token)
+            finally:
+                state.critical_exit()
+            view = view[n:]
 
     def release(self):
         """Gives the ring's pages back once the host has read everything."""
@@ -188,8 +202,18 @@ def other_threads():
     and no Python-level registry a cell could rewrite)."""
     me = prims.get_native_id()
     try:
-        return frozenset(int(t) for t in os.listdir("/proc/self/task")) - {me}
+        tids = frozenset(int(t) for t in os.listdir("/proc/self/task"))
+        if me in tids:
+            return tids - {me}
     except (OSError, ValueError):
+        pass
+    # No /proc of this pid namespace: the threads the threading module knows.
+    try:
+        threading = prims.MODULES.get("threading")
+        if threading is None:
+            return frozenset()
+        return frozenset(t.native_id for t in list(dict.values(threading._active))) - {me}
+    except Exception:
         return frozenset()
 
 

@@ -61,7 +61,10 @@ impl Probe {
             }
             Probe::Error => {
                 let tb = v["error"]["traceback"].to_string();
-                if status != Some("error") || v["error"]["ename"] != "ZeroDivisionError" || !tb.contains("ZeroDivisionError") {
+                if status != Some("error")
+                    || v["error"]["ename"] != "ZeroDivisionError"
+                    || !tb.contains("ZeroDivisionError")
+                {
                     return fail("not the ZeroDivisionError with its traceback");
                 }
             }
@@ -77,7 +80,11 @@ impl Probe {
 
 /// (name, attack cell, probe).
 const ATTACKS: &[(&str, &str, Probe)] = &[
-    ("del-builtin-len", "import builtins; del builtins.len", Probe::Arith),
+    (
+        "del-builtin-len",
+        "import builtins; del builtins.len",
+        Probe::Arith,
+    ),
     (
         "builtins-set-to-none",
         "import builtins\nfor n in ('len','str','repr','isinstance','print','open','getattr','type','hasattr','iter','next','min','max','dict','list','tuple','int','bool','set','range','id','vars','issubclass','callable','sorted','any','all','abs','round','bytes','bytearray','memoryview','object','super','property','enumerate','zip','map','filter','hash','format','chr','ord','sum','float','frozenset','slice','compile','eval','exec','globals','locals','setattr','delattr'):\n    setattr(builtins, n, None)",
@@ -103,11 +110,7 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
         "import builtins; builtins.isinstance = lambda *a: True; builtins.len = lambda *a: -1; builtins.str = lambda *a, **k: 1/0; builtins.repr = lambda *a: 1/0; builtins.type = lambda *a: int",
         Probe::Arith,
     ),
-    (
-        "main-namespace-builtins",
-        "__builtins__ = {}",
-        Probe::Arith,
-    ),
+    ("main-namespace-builtins", "__builtins__ = {}", Probe::Arith),
     (
         "stdlib-modules-none",
         "import sys\nfor m in ('json','os','traceback','threading','io','codecs','signal','time','base64','types','socket','select','struct','fcntl','mmap','resource','queue','ast','linecache','itertools','ctypes','_json','_socket','_signal','_thread','posix','errno','sysconfig','collections','functools','re','enum','_queue','builtins'):\n    sys.modules[m] = None",
@@ -118,7 +121,11 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
         "import sys\nfor m in ('json','os','traceback','threading','io','codecs','signal','time','base64','types','socket','ast','linecache'):\n    sys.modules.pop(m, None)",
         Probe::Print,
     ),
-    ("sys-modules-cleared", "import sys; sys.modules.clear()", Probe::Arith),
+    (
+        "sys-modules-cleared",
+        "import sys; sys.modules.clear()",
+        Probe::Arith,
+    ),
     (
         "sys-modules-rebound",
         "import sys; sys.modules = {}; sys.meta_path = []; sys.path_hooks = []",
@@ -210,12 +217,25 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
         Probe::Print,
     ),
     (
+        "del-displays-during-worker-sends",
+        "import gc, cellhost\ngc.set_threshold(1, 1, 1)\nclass D:\n    def __del__(self):\n        cellhost.display('from-del')\n        print('p' * 70000)\ndef mk():\n    for i in range(200):\n        a = D(); a.me = a\nmk()",
+        Probe::Arith,
+    ),
+    (
         "atexit-raising",
         "import atexit\ndef f(): raise SystemExit(3)\natexit.register(f)",
         Probe::Print,
     ),
-    ("recursion-limit-30", "import sys; sys.setrecursionlimit(30)", Probe::Arith),
-    ("recursion-limit-30-error", "import sys; sys.setrecursionlimit(30)", Probe::Error),
+    (
+        "recursion-limit-30",
+        "import sys; sys.setrecursionlimit(30)",
+        Probe::Arith,
+    ),
+    (
+        "recursion-limit-30-error",
+        "import sys; sys.setrecursionlimit(30)",
+        Probe::Error,
+    ),
     (
         "switch-interval",
         "import sys; sys.setswitchinterval(1e-6)",
@@ -342,7 +362,11 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
         "import os, socket\nfds = sorted(fd for fd in map(int, os.listdir('/proc/self/fd')) if fd > 2 and os.path.exists('/proc/self/fd/%d' % fd) and os.readlink('/proc/self/fd/%d' % fd).startswith('socket:'))\na, b = socket.socketpair()\nos.dup2(a.fileno(), fds[0])",
         Probe::Tool,
     ),
-    ("stdio-closed", "import os\nos.close(1); os.close(2)", Probe::Print),
+    (
+        "stdio-closed",
+        "import os\nos.close(1); os.close(2)",
+        Probe::Print,
+    ),
     (
         "stdio-redirected",
         "import os\nn = os.open('/dev/null', os.O_WRONLY)\nos.dup2(n, 1); os.dup2(n, 2)",
@@ -350,7 +374,7 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
     ),
     (
         "threads-writing",
-        "import threading, time, sys\ndef spin():\n    while True:\n        sys.stdout.write('')\n        time.sleep(0.001)\nfor i in range(4): threading.Thread(target=spin, daemon=True).start()",
+        "import threading, _thread, time, sys\ndef spin():\n    while True:\n        sys.stdout.write('bg\\n')\n        time.sleep(0.005)\nfor i in range(2): threading.Thread(target=spin, daemon=True).start()\n_thread.start_new_thread(spin, ())",
         Probe::Print,
     ),
     (
@@ -443,7 +467,9 @@ fn escape_10_hostile_code_does_not_break_the_worker() {
             failures.push(format!("{name}: the cell after the probe: {n}"));
             continue;
         }
-        if count(&p) != count(&a) + 1 || count(&n) != count(&a) + 2 || n["kernel"]["generation"] != a["kernel"]["generation"]
+        if count(&p) != count(&a) + 1
+            || count(&n) != count(&a) + 2
+            || n["kernel"]["generation"] != a["kernel"]["generation"]
         {
             failures.push(format!(
                 "{name}: execution counts {} {} {} (generations {} {}): the kernel was replaced or the count stalled",
@@ -483,6 +509,9 @@ fn escape_10_closing_every_channel_copy_is_an_honest_crash() {
         assert_eq!(n["status"], "ok", "{name}: the session's next cell: {n}");
         assert_eq!(n["result"]["text/plain"], "42", "{name}: {n}");
         assert_eq!(n["kernel"]["state_reset"], true, "{name}: {n}");
-        assert_ne!(n["kernel"]["generation"], a["kernel"]["generation"], "{name}: {n}");
+        assert_ne!(
+            n["kernel"]["generation"], a["kernel"]["generation"],
+            "{name}: {n}"
+        );
     }
 }

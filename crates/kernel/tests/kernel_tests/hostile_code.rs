@@ -76,9 +76,16 @@ async fn hostile_values_settle_with_fallbacks_not_dead_kernels() {
     let b = r.result.as_ref().expect("result");
     assert!(b.get("application/json").is_none(), "{b:?}");
     let text = b["text/plain"].as_str().unwrap_or_default();
-    assert!(text.starts_with("E()") && text.contains("could not be encoded"), "{text}");
+    assert!(
+        text.starts_with("E()") && text.contains("could not be encoded"),
+        "{text}"
+    );
     // A __repr__ that raises or returns a non-string: a fallback repr.
-    let r = run(&k.0, "class R:\n    def __repr__(self): raise RuntimeError('nope')\nR()").await;
+    let r = run(
+        &k.0,
+        "class R:\n    def __repr__(self): raise RuntimeError('nope')\nR()",
+    )
+    .await;
     assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
     let text = plain(&r).unwrap_or_default();
     assert!(text.contains("repr failed: RuntimeError: nope"), "{text}");
@@ -97,7 +104,11 @@ async fn hostile_values_settle_with_fallbacks_not_dead_kernels() {
     let r = run(&k.0, "raise ValueError('e' * (80 * 1024 * 1024))").await;
     assert_eq!(r.status, CellStatus::Error, "{r:#?}");
     let e = r.error.as_ref().expect("error");
-    assert!(e.evalue.len() < 1024 * 1024 && e.evalue.contains("cut by the worker"), "{}", e.evalue.len());
+    assert!(
+        e.evalue.len() < 1024 * 1024 && e.evalue.contains("cut by the worker"),
+        "{}",
+        e.evalue.len()
+    );
     let r = run(&k.0, "6 * 7").await;
     assert_eq!(plain(&r).as_deref(), Some("42"), "{r:#?}");
 }
@@ -118,11 +129,10 @@ async fn a_cell_that_ignores_and_blocks_sigint_can_still_be_interrupted_next_tim
         timeout: Some(Duration::from_secs(1)),
         ..Default::default()
     };
-    let r = k
-        .0
-        .execute("while True: time.sleep(0.01)", opts)
-        .await
-        .expect("execute");
+    let r =
+        k.0.execute("while True: time.sleep(0.01)", opts)
+            .await
+            .expect("execute");
     assert_eq!(r.status, CellStatus::Timeout, "{r:#?}");
     let i = r.interrupt.as_ref().expect("interrupt report");
     assert!(i.delivered && !i.escalated && i.state_kept, "{i:?}");
@@ -156,11 +166,19 @@ async fn a_cells_tracer_and_recursion_limit_are_its_own_not_the_workers() {
     // A tracer that raises, set at a cell's end, raises in the cell's
     // next cell (an honest error there, not in the worker), and the
     // interpreter drops it: the cell after that is clean.
-    let r = run(&k.0, "def bad(*a):\n    raise RuntimeError('tracer')\nsys.settrace(bad)").await;
+    let r = run(
+        &k.0,
+        "def bad(*a):\n    raise RuntimeError('tracer')\nsys.settrace(bad)",
+    )
+    .await;
     assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
     let r = run(&k.0, "1 + 1").await;
     assert_eq!(r.status, CellStatus::Error, "{r:#?}");
-    assert_eq!(r.error.as_ref().map(|e| e.evalue.as_str()), Some("tracer"), "{r:#?}");
+    assert_eq!(
+        r.error.as_ref().map(|e| e.evalue.as_str()),
+        Some("tracer"),
+        "{r:#?}"
+    );
     let r = run(&k.0, "print('clean'); 2 + 2").await;
     assert_eq!(r.stdout, "clean\n", "{r:#?}");
     assert_eq!(plain(&r).as_deref(), Some("4"), "{r:#?}");
@@ -196,7 +214,12 @@ async fn a_preloaded_module_that_patches_the_stdlib_cannot_change_forked_kernels
     )
     .expect("write module");
     let t = template(&dir, SandboxProfile::off(), &["cellhost_hostile_preload"]).await;
-    assert_eq!(t.info().preloaded, vec!["cellhost_hostile_preload".to_string()], "{:?}", t.info());
+    assert_eq!(
+        t.info().preloaded,
+        vec!["cellhost_hostile_preload".to_string()],
+        "{:?}",
+        t.info()
+    );
     let k = Guard(t.fork(fork_config(&dir, &t, "a")).await.expect("fork"));
     let r = run(&k.0, "print('hi'); 6 * 7").await;
     assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
