@@ -99,6 +99,7 @@ def _reader():
     cell can reach it only through the interpreter (a tracer set for every
     thread, a gc callback, a ``__del__``): tracing is turned off before each
     frame, and what such code raises here is dropped, not fatal."""
+    failures = 0
     while True:
         try:
             prims.quiet_tracing()
@@ -107,7 +108,13 @@ def _reader():
                 break
             prims.quiet_tracing()
             _handle(frame)
+            failures = 0
         except BaseException:  # noqa: B902 - never let cell code end the reader
+            failures += 1
+            if failures > 1000:
+                # Not a stray exception but a reader that cannot go on:
+                # end the kernel (the host reports it) rather than spin.
+                prims.lost("control channel", "the control thread failed 1000 times in a row")
             continue
     # EOF: the host is gone (or closed the channel). Leave at once.
     os._exit(0)

@@ -186,11 +186,13 @@ def loads_line(line):
 LOST_EXIT = 75
 
 
-def lost(what):
+def lost(what, why=None):
     """The worker cannot go on: a cell closed every copy of ``what`` (the
-    control channel or an output pipe), so no cell could ever end again.
-    Leave at once, so the host reports the kernel crashed instead of waiting."""
-    msg = ("cellhost worker: the cell's code closed every copy of the %s; the kernel cannot go on\n" % what).encode()
+    control channel or an output pipe), or ``why``, so no cell could ever
+    end again. Leave at once, so the host reports the kernel crashed
+    instead of waiting."""
+    why = why or "the cell's code closed every copy of the %s" % what
+    msg = ("cellhost worker: %s; the kernel cannot go on\n" % why).encode()
     for fd in (2, 1):
         try:
             os.write(fd, msg)
