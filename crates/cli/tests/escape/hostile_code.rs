@@ -328,7 +328,12 @@ const ATTACKS: &[(&str, &str, Probe)] = &[
     ),
     (
         "exception-metaclass-names",
-        "class M(type):\n    @property\n    def __name__(cls): raise SystemExit('name')\n    @property\n    def __qualname__(cls): raise SystemExit('qualname')\n    @property\n    def __module__(cls): raise SystemExit('module')\nclass X(Exception, metaclass=M):\n    pass\nraise X('boom')",
+        "class M(type):\n    @property\n    def __name__(cls): raise SystemExit('name')\nclass X(Exception, metaclass=M):\n    pass\nraise X('boom')",
+        Probe::Arith,
+    ),
+    (
+        "exception-metaclass-getattribute",
+        "class M(type):\n    def __getattribute__(cls, n): raise SystemExit(n)\nclass X(Exception, metaclass=M):\n    pass\nraise X('boom')",
         Probe::Arith,
     ),
     (
@@ -437,6 +442,21 @@ impl Drop for Sess<'_> {
     }
 }
 
+/// Attacks whose own cell must end with the error they raised (its real
+/// class name, whatever the class says about itself).
+fn expected_error(name: &str) -> Option<(&'static str, &'static str)> {
+    match name {
+        "exception-str-raises"
+        | "exception-metaclass-names"
+        | "exception-metaclass-getattribute"
+        | "exception-traceback-property" => Some(("error", "X")),
+        "error-over-frame-cap" => Some(("error", "ValueError")),
+        "raise-systemexit" | "repr-raises-systemexit" => Some(("error", "SystemExit")),
+        "repr-raises-keyboardinterrupt" => Some(("interrupted", "KeyboardInterrupt")),
+        _ => None,
+    }
+}
+
 fn count(v: &Value) -> i64 {
     v["execution_count"].as_i64().unwrap_or(-1)
 }
@@ -455,6 +475,14 @@ fn escape_10_hostile_code_does_not_break_the_worker() {
         let status = a["status"].as_str().unwrap_or("?").to_string();
         if status == "crashed" || status == "?" {
             failures.push(format!("{name}: the attack cell ended {status}: {a}"));
+            continue;
+        }
+        if let Some((want, ename)) = expected_error(name)
+            && (status != want || a["error"]["ename"] != ename)
+        {
+            failures.push(format!(
+                "{name}: the attack cell should end {want} with {ename}: {a}"
+            ));
             continue;
         }
         let p = s.exec(probe.code());

@@ -230,3 +230,27 @@ async fn a_preloaded_module_that_patches_the_stdlib_cannot_change_forked_kernels
     let e = r.error.as_ref().expect("error");
     assert!(e.traceback.iter().any(|l| l.trim() == "1/0"), "{e:?}");
 }
+
+#[tokio::test]
+async fn inspecting_a_hostile_namespace_answers_and_keeps_the_kernel() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = Guard(Kernel::spawn(config(&dir)).await.expect("spawn"));
+    // A metaclass that lies about names and equality, a non-str key in
+    // the namespace, a list subclass with a hostile __len__.
+    let r = run(
+        &k.0,
+        "class M(type):\n    def __getattribute__(cls, n): raise SystemExit(n)\n    def __eq__(cls, o): raise SystemExit('eq')\n    __hash__ = type.__hash__\nclass E(metaclass=M):\n    pass\nclass L(list):\n    def __len__(self): raise SystemExit('len')\ne = E()\nl = L([1])\nglobals()[7] = 'seven'\nok = 1",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
+    let vars = k.0.inspect_variables(100).await.expect("variables");
+    let names: Vec<&str> = vars.variables.iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(
+        names.contains(&"ok") && names.contains(&"e") && names.contains(&"l"),
+        "{names:?}"
+    );
+    let e = vars.variables.iter().find(|v| v["name"] == "e").expect("e");
+    assert_eq!(e["type"], "__main__.E", "{e}");
+    let r = run(&k.0, "ok + 1").await;
+    assert_eq!(plain(&r).as_deref(), Some("2"), "{r:#?}");
+}
