@@ -4,7 +4,11 @@ use std::fs;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python/cellhost_worker");
+    // Read at run time, not baked in with env!(): a build script compiled in
+    // another checkout (a copied target directory, a worktree) must still
+    // embed this checkout's worker.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let dir = Path::new(&manifest).join("../../python/cellhost_worker");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut names: Vec<String> = fs::read_dir(&dir)
         .map(|rd| {

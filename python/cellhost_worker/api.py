@@ -1,15 +1,15 @@
 """The ``cellhost`` module that cells import: ``display``, ``call``, ``tools``."""
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
 import itertools
-import threading
 import types
 
 from . import display as _display
-from . import state
+from . import prims, state
 
 channel = None  # set by main
 _ids = itertools.count(1)
 _waiting = {}            # call id -> [event, reply]
-_waiting_lock = threading.Lock()
+_waiting_lock = prims.allocate_lock()
 tool_names = ()
 
 
@@ -25,19 +25,26 @@ def call(name, args=None):
     if channel is None or channel.disabled:
         raise ToolError("host calls are not available in this process")
     cell = state.current
-    if cell is None or threading.get_ident() in state.background_idents:
+    if cell is None or prims.get_native_id() in state.background_idents:
         raise ToolError("host call from outside a running cell: a cell's tool authority ends when the cell settles")
     cid = "h%d" % next(_ids)
-    slot = [threading.Event(), None]
+    # A lock the reader releases when the answer is in (a C primitive: no
+    # Python code of ``threading`` a cell could have patched).
+    done = prims.allocate_lock()
+    done.acquire()
+    slot = [done, None]
     with _waiting_lock:
         _waiting[cid] = slot
     try:
-        channel.send({"type": "host_call", "id": cid, "cell": cell, "method": name, "args": args if args is not None else {}})
-        slot[0].wait()
+        sent = channel.send({"type": "host_call", "id": cid, "cell": cell, "method": name,
+                             "args": args if args is not None else {}}, salvage=False)
+        if not sent:
+            raise ToolError("host call %r not sent: its arguments cannot be encoded as JSON or exceed the frame cap" % (name,))
+        done.acquire()
     finally:
         with _waiting_lock:
             _waiting.pop(cid, None)
-    reply = slot[1] or {}
+    reply = slot[1] if type(slot[1]) is dict else {}
     if reply.get("error") is not None:
         raise ToolError(reply["error"])
     return reply.get("data")
@@ -47,9 +54,9 @@ def deliver(frame):
     """Reader thread: hand a host_response to the thread waiting for it."""
     with _waiting_lock:
         slot = _waiting.get(frame.get("id"))
-    if slot is not None:
+    if slot is not None and slot[1] is None:
         slot[1] = frame
-        slot[0].set()
+        slot[0].release()
 
 
 class _Tools:

@@ -1,8 +1,17 @@
-"""MIME bundles for results and displays, and matplotlib figures."""
-import base64
+"""MIME bundles for results and displays, and matplotlib figures.
+
+Everything here calls code of the cell's objects (``__repr__``,
+``_repr_html_`` …): what that code raises or returns instead of text
+becomes a fallback, never an error of the worker.
+"""
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
+import io as _io_module
 import sys
 
-from . import state
+from . import prims, state
+
+_BytesIO = _io_module.BytesIO
+_modules = prims.MODULES
 
 TEXT_CAP = 2 * 1024 * 1024  # per MIME entry; the host bounds further
 
@@ -20,82 +29,114 @@ channel = None  # set by main
 
 
 def _cap(text):
-    if isinstance(text, str) and len(text) > TEXT_CAP:
+    """An exact ``str`` of at most TEXT_CAP characters (plus a note), or None."""
+    text = prims.exact_str(text)
+    if text is not None and len(text) > TEXT_CAP:
         return text[:TEXT_CAP] + "\n[... %d characters cut by the worker]" % (len(text) - TEXT_CAP)
     return text
 
 
 def _plain(obj):
     try:
-        return _cap(repr(obj))
+        text = _cap(repr(obj))
+        if text is not None:
+            return text
+        why = "__repr__ returned a non-string"
     except Exception as exc:  # a broken __repr__ must not break the cell
-        return "<%s object (repr failed: %s: %s)>" % (type(obj).__name__, type(exc).__name__, exc)
+        why = "%s: %s" % (prims.type_name(exc), prims.exc_text(exc))
+    return "<%s object (repr failed: %s)>" % (prims.type_name(obj), why)
+
+
+def _b64(data):
+    return prims.b2a_base64(data, newline=False).decode("ascii")
 
 
 def _encode_value(mime, value):
+    mime = prims.exact_str(mime)
+    if mime is None:
+        return None
+    t = type(value)
     if mime in _BINARY:
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return base64.b64encode(bytes(value)).decode("ascii")
-        return value if isinstance(value, str) else None
+        if issubclass(t, (bytes, bytearray, memoryview)):
+            return _b64(bytes(value))
+        return prims.exact_str(value)
     if mime == "application/json":
         return value
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    return _cap(value) if isinstance(value, str) else None
+    if issubclass(t, bytes):
+        value = bytes.decode(value, "utf-8", "replace")
+    return _cap(value)
 
 
 def _figure_png(fig):
-    import io
-    buf = io.BytesIO()
+    buf = _BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     return buf.getvalue()
 
 
 def is_figure(obj):
-    mod = sys.modules.get("matplotlib.figure")
-    return mod is not None and isinstance(obj, mod.Figure)
+    mod = _modules.get("matplotlib.figure")
+    if mod is None:
+        return False
+    try:
+        return issubclass(type(obj), mod.Figure)
+    except Exception:
+        return False
 
 
 def bundle(obj):
     """(data, metadata) for an object, like IPython's display formatter."""
     data, metadata = {}, {}
     if is_figure(obj):
-        data["image/png"] = base64.b64encode(_figure_png(obj)).decode("ascii")
+        try:
+            data["image/png"] = _b64(_figure_png(obj))
+        except Exception as exc:
+            data["text/plain"] = "<figure could not be rendered: %s: %s>" % (prims.type_name(exc), prims.exc_text(exc))
+            return data, metadata
         data["text/plain"] = _plain(obj)
         return data, metadata
-    mimebundle = getattr(type(obj), "_repr_mimebundle_", None)
+    cls = type(obj)
+    is_class = issubclass(cls, type)
+    try:
+        mimebundle = None if is_class else getattr(cls, "_repr_mimebundle_", None)
+    except Exception:
+        mimebundle = None
     if mimebundle is not None:
         try:
             got = obj._repr_mimebundle_(include=None, exclude=None)
-            if isinstance(got, tuple):
+            if type(got) is tuple and len(got) == 2:
                 got, md = got
-                metadata.update(md or {})
-            for mime, value in (got or {}).items():
-                enc = _encode_value(mime, value)
-                if enc is not None:
-                    data[mime] = enc
+                if type(md) is dict:
+                    metadata.update(md)
+            if type(got) is dict:
+                for mime, value in list(got.items()):
+                    enc = _encode_value(mime, value)
+                    if enc is not None:
+                        data[prims.exact_str(mime)] = enc
         except Exception:
             pass
     for method, mime in _REPR_METHODS:
-        if mime in data:
-            continue
-        fn = getattr(type(obj), method, None)
-        if fn is None or isinstance(obj, type):
+        if mime in data or is_class:
             continue
         try:
+            if getattr(cls, method, None) is None:
+                continue
             value = getattr(obj, method)()
         except Exception:
             continue
-        if isinstance(value, tuple) and len(value) == 2:
+        if type(value) is tuple and len(value) == 2:
             value, md = value
-            if md:
+            if md and type(md) is dict:
                 metadata[mime] = md
         if value is None:
             continue
-        enc = _encode_value(mime, value)
+        try:
+            enc = _encode_value(mime, value)
+        except Exception:
+            continue
         if enc is not None:
             data[mime] = enc
-    data.setdefault("text/plain", _plain(obj))
+    if "text/plain" not in data:
+        data["text/plain"] = _plain(obj)
     return data, metadata
 
 
@@ -109,9 +150,16 @@ def display(*objs, raw=False, metadata=None, **_ignored):
 
     ``raw=True`` takes each object as a ready MIME bundle (a dict).
     """
+    if metadata is not None and type(metadata) is not dict:
+        metadata = None
     for obj in objs:
-        if raw and isinstance(obj, dict):
-            send_display({k: _encode_value(k, v) for k, v in obj.items()}, metadata)
+        if raw and issubclass(type(obj), dict):
+            bundle_ = {}
+            for k, v in list(dict.items(obj)):
+                enc = _encode_value(k, v)
+                if enc is not None:
+                    bundle_[prims.exact_str(k)] = enc
+            send_display(bundle_, metadata)
         else:
             data, md = bundle(obj)
             if metadata:
@@ -122,7 +170,7 @@ def display(*objs, raw=False, metadata=None, **_ignored):
 
 
 def _close_figure(fig):
-    plt = sys.modules.get("matplotlib.pyplot")
+    plt = _modules.get("matplotlib.pyplot")
     if plt is not None:
         try:
             plt.close(fig)
@@ -132,7 +180,7 @@ def _close_figure(fig):
 
 def flush_figures():
     """Send every open pyplot figure as an image/png display and close it."""
-    plt = sys.modules.get("matplotlib.pyplot")
+    plt = _modules.get("matplotlib.pyplot")
     if plt is None:
         return
     try:
@@ -142,10 +190,11 @@ def flush_figures():
     for num in nums:
         try:
             fig = plt.figure(num)
-            data = {"image/png": base64.b64encode(_figure_png(fig)).decode("ascii"), "text/plain": _plain(fig)}
+            data = {"image/png": _b64(_figure_png(fig)), "text/plain": _plain(fig)}
             send_display(data)
         except Exception as exc:
-            send_display({"text/plain": "<figure %s could not be rendered: %s: %s>" % (num, type(exc).__name__, exc)})
+            send_display({"text/plain": "<figure %s could not be rendered: %s: %s>"
+                          % (prims.exact_str(repr(num)) if type(num) is int else "?", prims.type_name(exc), prims.exc_text(exc))})
     try:
         plt.close("all")
     except Exception:

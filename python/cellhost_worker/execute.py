@@ -1,42 +1,73 @@
 """Running one cell in the persistent namespace."""
-import ast
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
+import _ast
 import linecache
-import os
+import os as _os_module
 import traceback
 
-from . import state
+from . import prims, state
+
+os = prims.os
+_PyCF_ONLY_AST = _ast.PyCF_ONLY_AST
+_PyCF_ALLOW_TOP_LEVEL_AWAIT = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_Expr = _ast.Expr
+_Expression = _ast.Expression
+_linecache = linecache.cache  # the dict itself: a cell rebinding linecache.cache does not stop us
+_TracebackException = traceback.TracebackException
+_tb_of = BaseException.__dict__["__traceback__"].__get__
 
 # inspect.CO_COROUTINE, without importing inspect (about 3 ms at start).
 _CO_COROUTINE = 0x80
 
-WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
+WORKER_DIR = _os_module.path.dirname(_os_module.path.abspath(__file__))
 _loop = None
+# An error's text and traceback (the host bounds further).
+MAX_ERROR_TEXT = 256 * 1024
+MAX_TB_LINES = 2000
+# What a cell set on the main thread, put back for the next cell's code
+# (the worker's own code between cells runs untraced, at a sane depth).
+_tracer = None
+_profiler = None
+_cell_recursion_limit = None
+_restore_pending = False
 
 
-def _run_code(code_obj, namespace):
-    if code_obj.co_flags & _CO_COROUTINE:
-        # Imported on first use: asyncio (with ssl) is a third of the
-        # worker's start-up, and most cells never await at top level.
-        import asyncio
-        global _loop
-        if _loop is None or _loop.is_closed():
-            _loop = asyncio.new_event_loop()
-        coro = eval(code_obj, namespace)
-        # The loop runs only for this cell: between cells (and inside cells
-        # that call asyncio.run()) no event loop is running.
-        return _loop.run_until_complete(coro)
-    return eval(code_obj, namespace)
+def _run_code(body, last, namespace):
+    """Runs the cell's body, then its last expression; returns the value.
+    One call for both, so a tracer the cell set sees no worker frame."""
+    global _loop
+    _restore_tracing()
+    value = None
+    for code_obj in (body, last):
+        if code_obj is None:
+            break
+        value = eval(code_obj, namespace)
+        if code_obj.co_flags & _CO_COROUTINE:
+            if _loop is None or _loop.is_closed():
+                # Imported on first use: asyncio (with ssl) is a third of
+                # the worker's start-up, and most cells never await at top
+                # level.
+                import asyncio
+                _loop = asyncio.new_event_loop()
+            # The loop runs only for this cell: between cells (and inside
+            # cells that call asyncio.run()) no event loop is running.
+            value = _loop.run_until_complete(value)
+    return value
 
 
 def compile_cell(source, filename):
     """(body, last_expression) code objects; last is None if the cell does not end with an expression."""
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    tree = compile(source, filename, "exec", ast.PyCF_ONLY_AST | flags, dont_inherit=True)
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    if type(source) is not str:
+        source = prims.exact_str(source) or ""
+    flags = _PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(source, filename, "exec", _PyCF_ONLY_AST | flags, dont_inherit=True)
+    try:
+        _linecache[filename] = (len(source), None, source.splitlines(True), filename)
+    except BaseException:  # noqa: B902 - only tracebacks lose their source lines
+        pass
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";"):
-        last = ast.Expression(tree.body.pop().value)
-        ast.copy_location(last, last.body)
+    if tree.body and type(tree.body[-1]) is _Expr and not source.rstrip().endswith(";"):
+        last = _Expression(tree.body.pop().value)
     body = compile(tree, filename, "exec", flags, dont_inherit=True)
     last_code = compile(last, filename, "eval", flags, dont_inherit=True) if last is not None else None
     return body, last_code
@@ -56,15 +87,56 @@ def run_user_code(body, last, namespace, cell_id):
         if cancelled or state.sigint_pending:
             state.sigint_pending = False
             raise KeyboardInterrupt("interrupted before the cell's code started")
-        _run_code(body, namespace)
-        value = _run_code(last, namespace) if last is not None else None
+        _before_user_code()
+        value = _run_code(body, last, namespace)
     finally:
+        # Inline C calls first: a tracer the cell set sees no worker frame.
+        tracer = prims.gettrace()
+        prims.settrace(None)
         state.running = False
+        after_user_code(tracer)
     return value, last is not None
 
 
+def _before_user_code():
+    """Puts back what the previous cell set for itself: its recursion limit
+    now, its tracer and profiler right before its code (see _run_code)."""
+    global _cell_recursion_limit, _restore_pending
+    prims.restore_recursion_limit(_cell_recursion_limit)
+    _cell_recursion_limit = None
+    _restore_pending = True
+
+
+def _restore_tracing():
+    global _restore_pending, _tracer, _profiler
+    if not _restore_pending:
+        return
+    _restore_pending = False
+    tracer, profiler = _tracer, _profiler
+    _tracer = _profiler = None
+    if profiler is not None:
+        prims.setprofile(profiler)
+    if tracer is not None:
+        prims.settrace(tracer)
+
+
+def after_user_code(tracer=None):
+    """Right after user code (a cell's, or a repr the worker called): the
+    worker's own code runs untraced and with room on the stack. ``tracer``
+    is the cell's, if the caller already turned it off."""
+    global _tracer, _profiler, _cell_recursion_limit, _restore_pending
+    _restore_pending = False
+    still, profiler = prims.quiet_tracing()
+    tracer = tracer if tracer is not None else still
+    if tracer is not None or profiler is not None:
+        _tracer, _profiler = tracer, profiler
+    limit = prims.lift_recursion_limit()
+    if limit is not None:
+        _cell_recursion_limit = limit
+
+
 def _is_worker_frame(filename):
-    return filename.startswith(WORKER_DIR + os.sep)
+    return type(filename) is str and filename.startswith(WORKER_DIR + "/")
 
 
 def _collapse(frames):
@@ -92,8 +164,40 @@ def _collapse(frames):
 
 
 def format_exception(exc):
-    """{ename, evalue, traceback} without worker frames, repeats collapsed."""
-    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, capture_locals=False, compact=True)
+    """{ename, evalue, traceback} without worker frames, repeats collapsed.
+
+    Never raises: when the standard formatter fails (a cell broke what it
+    relies on, or the exception's own methods raise), a plainer traceback
+    built from the frames alone is returned."""
+    try:
+        return _format_standard(exc)
+    except BaseException:  # noqa: B902
+        pass
+    try:
+        return _format_plain(exc)
+    except BaseException:  # noqa: B902
+        return {"ename": prims.type_name(exc), "evalue": "", "traceback": []}
+
+
+def _format_plain(exc):
+    lines = []
+    tb = _tb_of(exc)
+    frames = []
+    while tb is not None and len(frames) < 200:
+        code = tb.tb_frame.f_code
+        if not _is_worker_frame(code.co_filename):
+            frames.append('  File "%s", line %s, in %s' % (code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    if frames:
+        lines.append("Traceback (most recent call last):")
+        lines.extend(frames)
+    ename, evalue = prims.type_name(exc), _cap(prims.exc_text(exc))
+    lines.append("%s: %s" % (ename, evalue) if evalue else ename)
+    return {"ename": ename, "evalue": evalue, "traceback": lines}
+
+
+def _format_standard(exc):
+    te = _TracebackException(type(exc), exc, _tb_of(exc), capture_locals=False, compact=True)
     lines = []
 
     def emit(te_obj):
@@ -117,8 +221,16 @@ def format_exception(exc):
         lines.extend(l.rstrip("\n") for l in te_obj.format_exception_only())
 
     emit(te)
-    try:
-        evalue = str(exc)
-    except Exception:
-        evalue = "<str() of the exception failed>"
-    return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}
+    out = []
+    for line in lines[-MAX_TB_LINES:]:
+        text = prims.exact_str(line)
+        if text is None:
+            raise TypeError("traceback line is not text")
+        out.append(_cap(text))
+    return {"ename": prims.type_name(exc), "evalue": _cap(prims.exc_text(exc)), "traceback": out}
+
+
+def _cap(text):
+    if len(text) > MAX_ERROR_TEXT:
+        return text[:MAX_ERROR_TEXT] + "[... %d characters cut by the worker]" % (len(text) - MAX_ERROR_TEXT)
+    return text

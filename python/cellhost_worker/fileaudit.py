@@ -5,14 +5,18 @@ at once for every other event and while no cell's code runs, so it costs a
 string comparison between cells. Opens by the interpreter's own library
 directories (imports, ``.pyc`` files) and by the worker are left out.
 """
-import os
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
+import os as _os_module
 import sys
 import sysconfig
 
-from . import state
+from . import prims, state
+
+os = prims.os
+_abspath = _os_module.path.abspath
 
 LIMIT = 256
-_WORKER_DIR = os.path.dirname(os.path.abspath(__file__))
+_WORKER_DIR = _os_module.path.dirname(_abspath(__file__))
 
 _seen = set()
 _read = []
@@ -27,7 +31,7 @@ def _prefixes():
         for key in ("stdlib", "platstdlib", "purelib", "platlib"):
             p = sysconfig.get_paths().get(key)
             if p:
-                out.add(os.path.abspath(p) + os.sep)
+                out.add(_abspath(p) + os.sep)
     except Exception:
         pass
     return tuple(out)
@@ -60,7 +64,7 @@ def _hook(event, args):
         path = os.fsdecode(path)
         if path.endswith(".pyc"):
             return
-        path = os.path.abspath(path)
+        path = _abspath(path)
         if path.startswith(_skip):
             return
         mode = args[1] if len(args) > 1 else None

@@ -1,28 +1,36 @@
-"""Worker entry point: handshake, reader thread, main loop."""
+"""Worker entry point: handshake, reader thread, main loop.
+
+Everything the worker needs is bound before the first cell runs (see
+:mod:`prims`), so a cell that rebinds builtins, replaces modules or patches
+their functions cannot crash the worker or corrupt the protocol: every cell
+ends with its end markers and one ``response`` frame.
+"""
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
 import builtins
 import faulthandler
-import fcntl
-import json
-import os
-import queue
 import resource
-import signal
 import sys
-import threading
-import time
 
-from . import api, channel as channel_mod, display, execute, fileaudit, inspect_vars, state, streams
+from . import api, channel as channel_mod, display, execute, fileaudit, inspect_vars, prims, state, streams
 
 PROTOCOL = 1
 CONTROL_FD = 3
 
-_queue = queue.Queue()
+os = prims.os
+signal = prims.signal
+_getrusage = resource.getrusage
+_RUSAGE_SELF = resource.RUSAGE_SELF
+_RUSAGE_CHILDREN = resource.RUSAGE_CHILDREN
+_queue = prims.SimpleQueue()
 _channel = None
 _namespace = None
 
 
 def _classify_sigint():
-    h = signal.getsignal(signal.SIGINT)
+    try:
+        h = signal.getsignal(signal.SIGINT)
+    except BaseException:  # noqa: B902
+        return "user"
     if h is _on_sigint:
         return "worker"
     if h is signal.SIG_IGN:
@@ -60,46 +68,72 @@ def _no_input(prompt=""):
     )
 
 
+def _handle(frame):
+    kind = frame.get("type")
+    if kind == "execute":
+        with state.lock:
+            state.queued.add(frame.get("id"))
+        _queue.put(frame)
+    elif kind == "interrupt":
+        cid = frame.get("id")
+        with state.lock:
+            running = state.current == cid and state.running
+            if running:
+                if not frame.get("signalled"):
+                    # The host sent the frame alone (it had not seen
+                    # `started`), but the code is already running.
+                    signal.pthread_kill(state.main_ident, signal.SIGINT)
+            elif cid in state.queued or state.current == cid:
+                state.cancelled.add(cid)
+            raised = state.ki_raised if state.current == cid else 0
+        _channel.send({"type": "interrupt_ack", "id": cid, "running": running,
+                       "handler": _classify_sigint(), "raised": raised})
+    elif kind == "host_response":
+        api.deliver(frame)
+    elif kind in ("inspect_variables", "shutdown"):
+        _queue.put(frame)
+
+
 def _reader():
-    for frame in _channel.read_frames():
-        kind = frame.get("type")
-        if kind == "execute":
-            with state.lock:
-                state.queued.add(frame["id"])
-            _queue.put(frame)
-        elif kind == "interrupt":
-            cid = frame.get("id")
-            with state.lock:
-                running = state.current == cid and state.running
-                if running:
-                    if not frame.get("signalled"):
-                        # The host sent the frame alone (it had not seen
-                        # `started`), but the code is already running.
-                        signal.pthread_kill(state.main_ident, signal.SIGINT)
-                elif cid in state.queued or state.current == cid:
-                    state.cancelled.add(cid)
-                raised = state.ki_raised if state.current == cid else 0
-            _channel.send({"type": "interrupt_ack", "id": cid, "running": running,
-                           "handler": _classify_sigint(), "raised": raised})
-        elif kind == "host_response":
-            api.deliver(frame)
-        elif kind in ("inspect_variables", "shutdown"):
-            _queue.put(frame)
+    """The control thread. It runs concurrently with cells, so code of a
+    cell can reach it only through the interpreter (a tracer set for every
+    thread, a gc callback, a ``__del__``): tracing is turned off before each
+    frame, and what such code raises here is dropped, not fatal."""
+    failures = 0
+    while True:
+        try:
+            prims.quiet_tracing()
+            frame = _channel.next_frame()
+            if frame is None:
+                break
+            prims.quiet_tracing()
+            _handle(frame)
+            failures = 0
+        except BaseException:  # noqa: B902 - never let cell code end the reader
+            failures += 1
+            if failures > 1000:
+                # Not a stray exception but a reader that cannot go on:
+                # end the kernel (the host reports it) rather than spin.
+                prims.lost("control channel", "the control thread failed 1000 times in a row")
+            continue
     # EOF: the host is gone (or closed the channel). Leave at once.
     os._exit(0)
 
 
 def _usage(before):
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    rc = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = ru.ru_utime + ru.ru_stime + rc.ru_utime + rc.ru_stime
-    return {"cpu_s": round(cpu - before, 6), "peak_rss_kb": ru.ru_maxrss}, cpu
+    try:
+        ru = _getrusage(_RUSAGE_SELF)
+        rc = _getrusage(_RUSAGE_CHILDREN)
+        cpu = ru.ru_utime + ru.ru_stime + rc.ru_utime + rc.ru_stime
+        return {"cpu_s": round(cpu - before, 6), "peak_rss_kb": ru.ru_maxrss}, cpu
+    except BaseException:  # noqa: B902
+        return None, before
 
 
 def _cwd():
     try:
         return os.getcwd()
-    except OSError:
+    except BaseException:  # noqa: B902
         return None
 
 
@@ -115,24 +149,45 @@ def _leave_if_forked_child():
         os._exit(0)
 
 
+def _guarded(fn, *args):
+    """Worker steps after a cell's code: whatever a cell left behind makes
+    them fail, not the cell's end."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        _log("worker: %s failed: %s: %s" % (prims.exact_str(fn.__name__), prims.type_name(exc), prims.exc_text(exc)))
+        return None
+
+
+def _log(msg):
+    _channel.send({"type": "log", "msg": msg})
+
+
 def _run_cell(frame):
-    cid = frame["id"]
+    cid = frame.get("id")
     code = frame.get("code", "")
+    options = frame.get("options") or {}
     with state.lock:
         state.queued.discard(cid)
         state.current = cid
         state.ki_raised = 0
     state.start_written = False
     _channel.send({"type": "started", "id": cid})
-    streams.restore_fds()
-    streams.install(sys)
-    me = threading.get_ident()
-    # Every thread alive now, `_thread` ones included, is an earlier cell's.
-    streams.begin_cell(frame["marker"], frozenset(i for i in sys._current_frames() if i != me))
-    state.start_written = True
-    streams.set_ring_tag(frame.get("marker", ""), bool((frame.get("options") or {}).get("rings")))
+    _guarded(streams.restore_fds)
+    _guarded(streams.install, sys)
+    # Every thread alive now (``_thread`` and C ones included) is an earlier
+    # cell's: from the start marker on, their Python-level writes are
+    # background frames; whatever the host reads before it is background.
+    if _guarded(streams.begin_cell, frame.get("marker", ""), streams.other_threads()):
+        state.start_written = True
+    _guarded(streams.set_ring_tag, frame.get("marker", ""), bool(options.get("rings")))
+    # Re-armed for every cell: a cell may have ignored, replaced or blocked SIGINT.
     signal.signal(signal.SIGINT, _on_sigint)
-    silent = bool((frame.get("options") or {}).get("silent"))
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT,))
+    except OSError:
+        pass
+    silent = bool(options.get("silent"))
     if not silent:
         state.execution_count += 1
     count = state.execution_count
@@ -144,37 +199,54 @@ def _run_cell(frame):
         value, has_value = execute.run_user_code(body, last, _namespace, cid)
         _leave_if_forked_child()
         if has_value and value is not None:
-            data, _md = display.bundle(value)
+            try:
+                data, _md = display.bundle(value)
+            finally:
+                execute.after_user_code()  # the value's reprs are cell code too
             result = data
             if not silent:
                 _namespace["_"] = value
     except BaseException as exc:  # noqa: B902 - every exception belongs to the cell
         state.running = False
+        execute.after_user_code()
         _leave_if_forked_child()
-        if isinstance(exc, KeyboardInterrupt):
+        if issubclass(type(exc), KeyboardInterrupt):
             status = "interrupted"
         else:
             status = "error"
         error = execute.format_exception(exc)
-        exc.__traceback__ = None
+        try:
+            exc.__traceback__ = None
+        except BaseException:  # noqa: B902
+            pass
+        del exc
+    _end_cell(cid, frame.get("marker", ""), status, count, result, error, cpu_before)
+
+
+def _end_cell(cid, marker, status, count, result, error, cpu_before=None):
+    """The cell's end: figures, flushes, end markers, then ``response``."""
     sigint_after = _classify_sigint()
     try:
         display.flush_figures()
-    except BaseException:
+    except BaseException:  # noqa: B902
         pass
     streams.flush_all(sys)
-    streams.end_of_cell_rings()
-    streams.restore_fds()
-    usage, _ = _usage(cpu_before)
+    _guarded(streams.end_of_cell_rings)
+    _guarded(streams.restore_fds)
+    usage = _usage(cpu_before)[0] if cpu_before is not None else None
+    # From the end marker on, every other thread's Python-level writes are
+    # background output: none may land after the marker in the pipe, where
+    # the host would count it as the next cell's.
+    state.background_idents = streams.other_threads()
     with state.lock:
         state.current = None
         state.sigint_pending = False
         state.cancelled.discard(cid)
-    streams.write_marker(frame["marker"])
+    _guarded(_end_markers, marker)
     _channel.send({
         "type": "response", "id": cid, "status": status, "execution_count": count,
         "result": result, "error": error, "usage": usage, "cwd": _cwd(),
-        "sigint_handler": sigint_after, "files": fileaudit.take(),
+        "sigint_handler": sigint_after, "files": _guarded(fileaudit.take),
     })
 
 
@@ -187,9 +259,12 @@ def _end_markers(marker):
 
 
 def _inspect(frame):
-    limit = max(1, min(500, int(frame.get("limit", 100))))
+    try:
+        limit = max(1, min(500, int(frame.get("limit", 100))))
+    except (TypeError, ValueError):
+        limit = 100
     variables, truncated = inspect_vars.inspect(_namespace, limit)
-    _channel.send({"type": "variables", "id": frame["id"], "variables": variables, "truncated": truncated})
+    _channel.send({"type": "variables", "id": frame.get("id"), "variables": variables, "truncated": truncated})
 
 
 def _read_config(fd):
@@ -210,15 +285,14 @@ def _read_config(fd):
         if not chunk:
             break
         data += chunk
-    return json.loads(data.decode() or "{}")
+    return prims.loads_line(data) or {}
 
 
 def run():
     global _channel, _namespace
     config = _read_config(CONTROL_FD)
-    ctl = fcntl.fcntl(CONTROL_FD, fcntl.F_DUPFD_CLOEXEC, streams.HIGH_FD)
+    _channel = channel_mod.Channel(CONTROL_FD)
     os.close(CONTROL_FD)
-    _channel = channel_mod.Channel(ctl)
     streams.channel = _channel
     display.channel = _channel
     api.channel = _channel
@@ -235,42 +309,58 @@ def run():
     sys.modules["cellhost"] = api.make_module()
     _namespace = sys.modules["__main__"].__dict__
     signal.signal(signal.SIGINT, _on_sigint)
-    threading.Thread(target=_reader, name="cellhost-control", daemon=True).start()
+    prims.start_new_thread(_reader, ())
     _channel.send({"type": "ready", "pid": os.getpid(), "python": sys.version,
                    "executable": sys.executable, "protocol": PROTOCOL,
                    "rings": streams.create_rings()})
     while True:
+        frame = None
         try:
             frame = _queue.get()
-        except KeyboardInterrupt:
-            continue
-        kind = frame.get("type")
+            _serve(frame)
+        except BaseException as exc:  # noqa: B902 - nothing a cell does may end the worker
+            _recover(frame, exc)
+        frame = None
+
+
+def _serve(frame):
+    kind = frame.get("type")
+    if kind == "execute":
+        _run_cell(frame)
+    elif kind == "inspect_variables":
+        _inspect(frame)
+    elif kind == "shutdown":
+        streams.flush_all(sys)
+        os._exit(0)
+
+
+def _recover(frame, exc):
+    """An exception in worker code: an interrupt that landed after the
+    cell's code ended, or a worker step that what a cell left behind broke.
+    The cell still gets its end markers and one response."""
+    prims.quiet_tracing()
+    state.running = False
+    if frame is None or type(frame) is not dict:
+        return
+    kind = frame.get("type")
+    interrupted = issubclass(type(exc), KeyboardInterrupt)
+    if not interrupted:
         try:
-            if kind == "execute":
-                _run_cell(frame)
-            elif kind == "inspect_variables":
-                _inspect(frame)
-            elif kind == "shutdown":
-                streams.flush_all(sys)
-                os._exit(0)
-        except KeyboardInterrupt:
-            # An interrupt that landed in worker code after the cell's code
-            # ended; the cell's response was already built or is sent below.
-            if kind == "execute" and state.current == frame.get("id"):
-                state.current = None
-                streams.end_of_cell_rings()
-                _end_markers(frame["marker"])
-                _channel.send({"type": "response", "id": frame["id"], "status": "interrupted",
-                               "execution_count": state.execution_count, "result": None,
-                               "error": {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []},
-                               "usage": None, "cwd": _cwd(), "sigint_handler": _classify_sigint()})
-        except Exception as exc:  # a worker bug must not kill the session silently
-            _channel.send({"type": "log", "msg": "worker error: %s: %s" % (type(exc).__name__, exc)})
-            if kind == "execute" and state.current == frame.get("id"):
-                state.current = None
-                streams.end_of_cell_rings()
-                _end_markers(frame["marker"])
-                _channel.send({"type": "response", "id": frame["id"], "status": "error",
-                               "execution_count": state.execution_count, "result": None,
-                               "error": execute.format_exception(exc), "usage": None, "cwd": _cwd()})
-        del frame
+            _log("worker error: %s: %s" % (prims.type_name(exc), prims.exc_text(exc)))
+        except BaseException:  # noqa: B902
+            pass
+    if kind == "execute" and state.current == frame.get("id"):
+        if interrupted:
+            error = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+        else:
+            error = {"ename": prims.type_name(exc), "evalue": prims.exc_text(exc),
+                     "traceback": ["(in cellhost's worker, after the cell's code)"]}
+        for _ in range(3):
+            try:
+                _end_cell(frame.get("id"), frame.get("marker", ""), "interrupted" if interrupted else "error",
+                          state.execution_count, None, error)
+                return
+            except BaseException:  # noqa: B902 - a second interrupt: end the cell again
+                continue
+    elif kind == "inspect_variables":
+        _channel.send({"type": "variables", "id": frame.get("id"), "variables": [], "truncated": False})

@@ -1,9 +1,9 @@
 """Worker state shared by the main thread, the reader thread and the SIGINT handler."""
-import os
-import threading
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
+from . import prims
 
-WORKER_PID = os.getpid()
-lock = threading.Lock()
+WORKER_PID = prims.os.getpid()
+lock = prims.allocate_lock()
 
 # Cell bookkeeping (guarded by ``lock``).
 queued = set()          # cell ids received but not started
@@ -14,7 +14,8 @@ sigint_pending = False  # SIGINT arrived while ``current`` was being prepared
 ki_raised = 0           # KeyboardInterrupts raised in ``current``
 execution_count = 0
 
-# Threads alive when the current cell started: their Python-level writes are
+# Native thread ids (``/proc/self/task``) alive when the current cell
+# started, other than the main thread: their Python-level writes are
 # background output of earlier cells.
 background_idents = frozenset()
 # The current cell's start marker went to fd 1 and fd 2.
@@ -24,18 +25,18 @@ start_written = False
 # raised when the send completes (a frame must never be cut in half).
 _critical = 0
 deferred_ki = False
-main_ident = threading.get_ident()
+main_ident = prims.get_ident()
 
 
 def critical_enter():
     global _critical
-    if threading.get_ident() == main_ident:
+    if prims.get_ident() == main_ident:
         _critical += 1
 
 
 def critical_exit():
     global _critical, deferred_ki
-    if threading.get_ident() != main_ident:
+    if prims.get_ident() != main_ident:
         return
     _critical -= 1
     if _critical == 0 and deferred_ki:

@@ -6,18 +6,25 @@ The host reads fd 1 and fd 2 as raw bytes, so Python prints, C ``printf``,
 buffer), except for threads that an earlier cell started: their writes go to
 the host as ``background`` frames so they never mix into a later cell.
 """
-import fcntl
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
+import fcntl as _fcntl_module
 import io
 import mmap
-import os
-import select
+import select as _select_module
 import struct
-import threading
 
-from . import state
+from . import prims, state
+
+os = prims.os
+_fcntl = _fcntl_module.fcntl
+_F_DUPFD_CLOEXEC = _fcntl_module.F_DUPFD_CLOEXEC
+_select = _select_module.select
+_unpack_from = struct.unpack_from
+_mmap = mmap.mmap
+_MADV_REMOVE = getattr(mmap, "MADV_REMOVE", None)
 
 HIGH_FD = 1000
-_saved = {}          # 1/2 -> high, close-on-exec copy of the original pipe
+_saved = {}          # 1/2 -> prims.GuardedFd: high, close-on-exec copies of the original pipe
 _identity = {}       # 1/2 -> (st_dev, st_ino) of the original pipe
 channel = None       # set by main
 _libc_fflush = None
@@ -42,9 +49,9 @@ class _Ring:
         efd = os.eventfd(0, os.EFD_CLOEXEC)
         try:
             os.ftruncate(memfd, RING_HEADER + RING_SIZE)
-            self.mm = mmap.mmap(memfd, RING_HEADER + RING_SIZE)
-            self.memfd = fcntl.fcntl(memfd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
-            self.efd = fcntl.fcntl(efd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
+            self.mm = _mmap(memfd, RING_HEADER + RING_SIZE)
+            self.memfd = _fcntl(memfd, _F_DUPFD_CLOEXEC, HIGH_FD)
+            self.efd = _fcntl(efd, _F_DUPFD_CLOEXEC, HIGH_FD)
         finally:
             os.close(memfd)
             os.close(efd)
@@ -55,15 +62,16 @@ class _Ring:
         # set and cleared under the lock, so no token can follow the
         # cell's end marker.
         self.tag = None
-        self.lock = threading.Lock()
+        self.lock = prims.allocate_lock()
+        self.owner = None
 
     def _read_pos(self):
-        return struct.unpack_from("<Q", self.mm, 8)[0]
+        return _unpack_from("<Q", self.mm, 8)[0]
 
     def _room(self, n):
         """Waits until `n` bytes fit; False if the host took nothing for a while."""
         while RING_SIZE - (self.write_pos - self._read_pos()) < n:
-            ready, _, _ = select.select([self.efd], [], [], RING_WAIT_S)
+            ready, _, _ = _select([self.efd], [], [], RING_WAIT_S)
             if not ready:
                 return False
             try:
@@ -77,36 +85,49 @@ class _Ring:
         get room in time, or comes between cells, goes through `fd` itself,
         in order."""
         view = memoryview(data)
+        me = prims.get_ident()
+        if self.owner == me:
+            # A write from code that ran inside this thread's ring write (a
+            # __del__ or gc callback): straight to the pipe, between tokens.
+            _write_all(fd, view)
+            return
         with self.lock:
-            tag = self.tag
-            if tag is None:
+            self.owner = me
+            try:
+                self._write_locked(fd, view)
+            finally:
+                self.owner = None
+
+    def _write_locked(self, fd, view):
+        tag = self.tag
+        if tag is None:
+            _write_all(fd, view)
+            return
+        while view:
+            n = min(len(view), RING_SIZE // 2)
+            if not self._room(n):
                 _write_all(fd, view)
                 return
-            while view:
-                n = min(len(view), RING_SIZE // 2)
-                if not self._room(n):
-                    _write_all(fd, view)
-                    return
-                off = self.write_pos % RING_SIZE
-                first = min(n, RING_SIZE - off)
-                state.critical_enter()
-                try:
-                    self.mm[RING_HEADER + off:RING_HEADER + off + first] = view[:first]
-                    if n > first:
-                        self.mm[RING_HEADER:RING_HEADER + n - first] = view[first:n]
-                    token = b"\x01cellhost-ring-%s:%d:%d\x01" % (tag, self.write_pos, n)
-                    self.write_pos += n
-                    self.used = True
-                    _write_all(fd, token)
-                finally:
-                    state.critical_exit()
-                view = view[n:]
+            off = self.write_pos % RING_SIZE
+            first = min(n, RING_SIZE - off)
+            state.critical_enter()
+            try:
+                self.mm[RING_HEADER + off:RING_HEADER + off + first] = view[:first]
+                if n > first:
+                    self.mm[RING_HEADER:RING_HEADER + n - first] = view[first:n]
+                token = b"\x01cellhost-ring-%s:%d:%d\x01" % (tag, self.write_pos, n)
+                self.write_pos += n
+                self.used = True
+                _write_all(fd, token)
+            finally:
+                state.critical_exit()
+            view = view[n:]
 
     def release(self):
         """Gives the ring's pages back once the host has read everything."""
         if self.used and self._read_pos() == self.write_pos:
             try:
-                self.mm.madvise(mmap.MADV_REMOVE, RING_HEADER, RING_SIZE)
+                self.mm.madvise(_MADV_REMOVE, RING_HEADER, RING_SIZE)
                 self.used = False
             except (OSError, AttributeError, ValueError):
                 pass
@@ -154,10 +175,12 @@ def after_fork_in_child():
 def begin_cell(marker, background):
     """At a cell's start: `background` (thread idents) from now on write
     through frames, then the cell's start marker goes to fd 1 and fd 2.
-    Everything the host reads before it is background output."""
+    Everything the host reads before it is background output. Returns
+    True once the marker is written."""
     with _write_lock:
         state.background_idents = background
         write_marker(start_marker(marker))
+    return True
 
 
 def start_marker(marker):
@@ -182,21 +205,40 @@ def _is_original(fd):
 
 def save_original_fds():
     for fd in (1, 2):
-        _saved[fd] = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
-        st = os.fstat(fd)
-        _identity[fd] = (st.st_dev, st.st_ino)
+        _saved[fd] = prims.GuardedFd(fd, HIGH_FD)
+        _identity[fd] = _saved[fd].ident
 
 
 def restore_fds():
     """Point fd 1/2 at the host's pipes again if a cell closed or redirected them."""
     for fd in (1, 2):
+        if _is_original(fd):
+            continue
         try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == _identity[fd]:
-                continue
+            os.dup2(_saved[fd].fd(), fd)
         except OSError:
             pass
-        os.dup2(_saved[fd], fd)
+
+
+def other_threads():
+    """Native ids of this process's threads other than the calling one
+    (``/proc/self/task``: also threads started with ``_thread`` or from C,
+    and no Python-level registry a cell could rewrite)."""
+    me = prims.get_native_id()
+    try:
+        tids = frozenset(int(t) for t in os.listdir("/proc/self/task"))
+        if me in tids:
+            return tids - {me}
+    except (OSError, ValueError):
+        pass
+    # No /proc of this pid namespace: the threads the threading module knows.
+    try:
+        threading = prims.MODULES.get("threading")
+        if threading is None:
+            return frozenset()
+        return frozenset(t.native_id for t in list(dict.values(threading._active))) - {me}
+    except Exception:
+        return frozenset()
 
 
 class _BinaryView:
@@ -282,7 +324,7 @@ class FdStream(io.TextIOBase):
 
     def _write_locked(self, data, as_text):
         bg = state.background_idents
-        if bg and threading.get_ident() in bg and channel is not None and os.getpid() == state.WORKER_PID:
+        if bg and prims.get_native_id() in bg and channel is not None and os.getpid() == state.WORKER_PID:
             channel.send({"type": "background", "stream": self._name, "text": as_text()})
             return
         if len(data) >= RING_MIN:
@@ -301,40 +343,41 @@ def line_buffer_c_stdout():
     would arrive after later Python or subprocess output; line buffering
     keeps the order a terminal shows.
     """
+    global _libc_fflush
     try:
         import ctypes
         libc = ctypes.CDLL(None)
         stdout_ptr = ctypes.c_void_p.in_dll(libc, "stdout")
         libc.setvbuf(stdout_ptr, None, 1, 0)  # _IOLBF
+        # Bound now: flush_all runs after cells, when ctypes may be gone.
+        _libc_fflush = libc.fflush
     except Exception:
         pass
 
 
 def install(sys_module, force=False):
-    """Install fresh streams if the cell closed or replaced ours."""
+    """Install fresh streams at every cell's start: a cell may have closed,
+    replaced or patched (``sys.stdout.write = ...``) the previous ones."""
     for attr, name, fd in (("stdout", "stdout", 1), ("stderr", "stderr", 2)):
-        cur = getattr(sys_module, attr, None)
-        if force or not isinstance(cur, FdStream) or cur.closed:
-            setattr(sys_module, attr, FdStream(name, fd))
+        setattr(sys_module, attr, FdStream(name, fd))
 
 
 def flush_all(sys_module):
     """Flush whatever the cell left as sys.stdout/err and C stdio; never raise."""
-    global _libc_fflush
     for attr in ("stdout", "stderr"):
-        obj = getattr(sys_module, attr, None)
-        flush = getattr(obj, "flush", None)
-        if flush is not None:
-            try:
+        try:
+            obj = sys_module.__dict__.get(attr)
+            if type(obj) is FdStream:
+                continue  # writes through: nothing to flush
+            flush = getattr(obj, "flush", None)
+            if flush is not None:
                 flush()
-            except Exception:
-                pass
+        except BaseException:  # noqa: B902 - the cell's own stream object
+            pass
     try:
-        if _libc_fflush is None:
-            import ctypes
-            _libc_fflush = ctypes.CDLL(None).fflush
-        _libc_fflush(None)
-    except Exception:
+        if _libc_fflush is not None:
+            _libc_fflush(None)
+    except BaseException:  # noqa: B902
         pass
 
 
@@ -344,7 +387,11 @@ def write_marker(marker):
         view = memoryview(data)
         while view:
             try:
-                n = os.write(_saved[fd], view)
+                target = _saved[fd].fd((fd,))
+            except OSError:
+                prims.lost("stdout pipe" if fd == 1 else "stderr pipe")
+            try:
+                n = os.write(target, view)
             except InterruptedError:
                 continue
             view = view[n:]

@@ -29,15 +29,26 @@ is single-threaded at the Python level; BLAS pools (OpenBLAS) park their
 threads in their own ``pthread_atfork`` handlers and start them again on the
 next call in the child.
 """
+from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
 import importlib
-import json
-import os
-import select
-import signal
+import select as _select_module
 import socket
 import sys
 import threading
 import time
+
+# Bound before any preloaded module runs (see prims): a module that patches
+# os, json or signal in the template cannot change how kernels are forked.
+from . import prims
+
+os = prims.os
+signal = prims.signal
+_select = _select_module.select
+_recv_fds = socket.recv_fds
+_socket_from_fd = socket.socket
+_active_count = threading.active_count
+_perf_counter = time.perf_counter
+_import_module = importlib.import_module
 
 CONTROL_FD = 3
 HIGH_FD = 1000
@@ -47,7 +58,7 @@ _BLOCKED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal
 
 
 def _send(sock, obj):
-    sock.sendall((json.dumps(obj) + "\n").encode())
+    sock.sendall((prims.dumps(obj) + "\n").encode())
 
 
 def _threads():
@@ -61,14 +72,14 @@ def _preload(names):
     done, failed = [], {}
     for name in names:
         try:
-            importlib.import_module(name)
+            _import_module(name)
             done.append(name)
         except BaseException as exc:  # noqa: B902 - report, never die on a bad module
             failed[name] = "%s: %s" % (type(exc).__name__, exc)
     if "matplotlib.pyplot" in sys.modules or "matplotlib" in sys.modules:
         try:
             # The font list is read once here, not in every kernel.
-            importlib.import_module("matplotlib.font_manager")
+            _import_module("matplotlib.font_manager")
         except BaseException:
             pass
     return done, failed
@@ -124,7 +135,7 @@ def _kernel_init(req, fds):
         # The ns-init's spec goes on a memfd, never on its command line
         # (it is pid 1 of the kernel: /proc/1/cmdline is readable there).
         spec_fd = os.memfd_create("cellhost-ns-spec", 0)
-        os.write(spec_fd, json.dumps({"spec": req.get("spec"), "kernel_id": kid}).encode())
+        os.write(spec_fd, prims.dumps({"spec": req.get("spec"), "kernel_id": kid}).encode())
         os.lseek(spec_fd, 0, os.SEEK_SET)
         args = ["cellhost", "__cellhost-ns-init", "--go-fd", str(go_w), "--barrier-fd", str(barrier_r),
                 "--unshared", str(flags), "--spec-fd", str(spec_fd)]
@@ -259,7 +270,9 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
         os.close(go_r)
         if not go_raw.strip():
             _die(err, "the ns-init ended before the mounts were ready")
-        go = json.loads(go_raw)
+        go = prims.loads_line(go_raw)
+        if go is None:
+            _die(err, "the ns-init's go message is not a JSON object")
         confine.set_parent_death_signal(signal.SIGKILL)
         os.dup2(out, 1)
         os.dup2(err, 2)
@@ -284,7 +297,7 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
             layers = _merge_layers(plan.get("layers") or [], go.get("layers") or [])
             layers += _confine_worker(plan, kid, go.get("idmap_failures") or [])
             frame = {"type": "sandbox", "mode": plan["mode"], "layers": layers}
-            os.write(CONTROL_FD, (json.dumps(frame) + "\n").encode())
+            os.write(CONTROL_FD, (prims.dumps(frame) + "\n").encode())
             if plan["mode"] == "enforce" and any(
                     not l["enforced"] and not l.get("optional") for l in layers):
                 os._exit(72)
@@ -293,7 +306,7 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
         _reseed()
         from . import main, state
         state.WORKER_PID = os.getpid()
-        state.main_ident = threading.get_ident()
+        state.main_ident = prims.get_ident()
         sys.stdout.flush()
         main.run()
     except SystemExit:
@@ -318,12 +331,12 @@ def _fork(sock, req, fds):
             os.close(fd)
         return {"type": "fork_failed", "id": req.get("id"),
                 "error": "expected %d descriptors, got %d" % (MAX_FDS, len(fds))}
-    if threading.active_count() != 1:
+    if _active_count() != 1:
         for fd in fds:
             os.close(fd)
         return {"type": "fork_failed", "id": req.get("id"),
                 "error": "the template has %d Python threads; forking would copy their locks"
-                         % threading.active_count()}
+                         % _active_count()}
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -347,25 +360,25 @@ def run():
     import fcntl
     ctl = fcntl.fcntl(CONTROL_FD, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
     os.close(CONTROL_FD)
-    sock = socket.socket(fileno=ctl)
+    sock = _socket_from_fd(fileno=ctl)
     sock.setblocking(True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    t0 = time.perf_counter()
+    t0 = _perf_counter()
     # The worker's own modules first, so a fork starts its main loop at once.
     from . import main  # noqa: F401
     from . import confine  # noqa: F401
     done, failed = _preload(config.get("preload") or ())
     _send(sock, {"type": "template_ready", "pid": os.getpid(), "preloaded": done, "failed": failed,
-                 "import_ms": round((time.perf_counter() - t0) * 1000, 1), "threads": _threads()})
+                 "import_ms": round((_perf_counter() - t0) * 1000, 1), "threads": _threads()})
     buf = b""
     fds = []
     while True:
-        ready, _, _ = select.select([sock], [], [], 1.0)
+        ready, _, _ = _select([sock], [], [], 1.0)
         _reap()
         if not ready:
             continue
         try:
-            data, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, MAX_FDS)
+            data, got, _flags, _addr = _recv_fds(sock, 1 << 20, MAX_FDS)
         except InterruptedError:
             continue
         if not data:
@@ -374,10 +387,9 @@ def run():
         buf += data
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
-            try:
-                req = json.loads(line)
-            except ValueError as exc:
-                _send(sock, {"type": "fork_failed", "id": None, "error": "bad request: %s" % exc})
+            req = prims.loads_line(line)
+            if req is None:
+                _send(sock, {"type": "fork_failed", "id": None, "error": "bad request: not one JSON object"})
                 continue
             if req.get("type") != "fork":
                 _send(sock, {"type": "fork_failed", "id": req.get("id"),

@@ -15,6 +15,8 @@ use tempfile::TempDir;
 
 #[path = "kernel_tests/bulk_output.rs"]
 mod bulk_output;
+#[path = "kernel_tests/hostile_code.rs"]
+mod hostile_code;
 #[path = "kernel_tests/output_ring.rs"]
 mod output_ring;
 #[path = "kernel_tests/results_bounds.rs"]
