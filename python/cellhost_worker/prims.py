@@ -45,6 +45,9 @@ MODULES = sys.modules  # the real module dict, whatever a cell binds to sys.modu
 get_ident = _thread.get_ident
 get_native_id = _thread.get_native_id
 allocate_lock = _thread.allocate_lock
+# Reentrant: a write from a __del__ or gc callback that runs inside a write
+# of the same thread must not deadlock.
+RLock = _thread.RLock
 start_new_thread = _thread.start_new_thread
 b2a_base64 = binascii.b2a_base64
 settrace = sys.settrace

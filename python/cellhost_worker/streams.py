@@ -40,7 +40,7 @@ _rings = {}          # 1/2 -> _Ring
 # while a cell's start marker is written after the background set changed:
 # no write of a thread that just became background can land after the
 # start marker (in the new cell's stream).
-_write_lock = threading.Lock()
+_write_lock = prims.RLock()
 
 
 class _Ring:
@@ -169,7 +169,7 @@ def after_fork_in_child():
     write lock another thread held at the fork)."""
     global _write_lock
     _rings.clear()
-    _write_lock = threading.Lock()
+    _write_lock = prims.RLock()
 
 
 def begin_cell(marker, background):
