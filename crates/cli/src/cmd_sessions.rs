@@ -48,7 +48,14 @@ fn error_code(message: &str, usage: bool) -> u8 {
 /// Runs `exec --session NAME`: the cell runs in the daemon's session
 /// (started on first use), so state persists across invocations. Exit code
 /// by status, as `exec`.
-pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Option<f64>, json: bool) -> u8 {
+pub fn exec(
+    kernel: &KernelArgs,
+    session: String,
+    code: String,
+    timeout_s: Option<f64>,
+    queue: bool,
+    json: bool,
+) -> u8 {
     // An explicit interpreter is resolved here (the daemon may run in
     // another directory and with another PATH).
     let python = match &kernel.python {
@@ -73,6 +80,7 @@ pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Optio
             code,
             timeout_s,
             live: !json,
+            queue,
             python,
             sandbox: kernel.sandbox.map(|m| m.to_string()),
         };
