@@ -130,8 +130,10 @@ pub fn run(args: ExecArgs) -> u8 {
         match result {
             Ok(done) => render::finish_streamed(&printed, &done.result, args.json),
             Err(e) => {
-                eprintln!("cellhost: {e}");
-                if e.is_usage() { EXIT_USAGE } else { 1 }
+                if args.json {
+                    println!("{}", serde_json::json!({ "error": e.to_json() }));
+                }
+                common::request_failed(&e)
             }
         }
     })

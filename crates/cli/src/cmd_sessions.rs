@@ -115,7 +115,15 @@ pub fn exec(
                 }
                 Ok(Some(Reply::Display { .. })) => {}
                 Ok(Some(Reply::Result { result })) => break Ok(result),
-                Ok(Some(Reply::Error { message, usage, .. })) => break Err((message, usage)),
+                Ok(Some(Reply::Error { message, usage, code })) => {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"error": {"code": code, "message": message}})
+                        );
+                    }
+                    break Err((message, usage));
+                }
                 Ok(Some(other)) => break Err((format!("unexpected reply {other:?}"), false)),
                 Ok(None) => break Err(("the daemon closed the connection".into(), false)),
                 Err(e) => break Err((e.to_string(), false)),
