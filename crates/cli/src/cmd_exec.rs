@@ -130,8 +130,11 @@ pub fn run(args: ExecArgs) -> u8 {
         match result {
             Ok(done) => render::finish_streamed(&printed, &done.result, args.json),
             Err(e) => {
+                // With --json, the error envelope (`{"error": {"code",
+                // "message", …}}`) goes to stderr: stdout holds results only.
                 if args.json {
-                    println!("{}", serde_json::json!({ "error": e.to_json() }));
+                    eprintln!("{}", serde_json::json!({ "error": e.to_json() }));
+                    return if e.is_usage() { EXIT_USAGE } else { 1 };
                 }
                 common::request_failed(&e)
             }

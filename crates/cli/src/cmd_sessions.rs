@@ -41,7 +41,9 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 }
 
 fn error_code(message: &str, usage: bool) -> u8 {
-    eprintln!("cellhost: {message}");
+    if !message.is_empty() {
+        eprintln!("cellhost: {message}");
+    }
     if usage { EXIT_USAGE } else { 1 }
 }
 
@@ -116,11 +118,14 @@ pub fn exec(
                 Ok(Some(Reply::Display { .. })) => {}
                 Ok(Some(Reply::Result { result })) => break Ok(result),
                 Ok(Some(Reply::Error { message, usage, code })) => {
+                    // With --json, the error envelope goes to stderr (stdout
+                    // holds results only).
                     if json {
-                        println!(
+                        eprintln!(
                             "{}",
                             serde_json::json!({"error": {"code": code, "message": message}})
                         );
+                        break Err((String::new(), usage));
                     }
                     break Err((message, usage));
                 }

@@ -75,7 +75,10 @@ impl Env {
         args.extend(extra);
         args.push(code);
         let o = self.run(&args);
-        let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        // A result on stdout; an error envelope on stderr.
+        let v = serde_json::from_slice(&o.stdout)
+            .or_else(|_| serde_json::from_slice(&o.stderr))
+            .unwrap_or(Value::Null);
         (o.status.code().unwrap_or(-1), v)
     }
 
