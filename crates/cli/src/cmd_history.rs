@@ -14,7 +14,7 @@ pub struct HistoryArgs {
     session: String,
     /// Owner of the session (default: this user's CLI owner, `cli:<user>`,
     /// which `run` and `exec --session` use; `serve`'s sessions are
-    /// `http:<token owner>`).
+    /// keyed by their token's owner).
     #[arg(long)]
     owner: Option<String>,
     /// Print JSON: `{session, owner, kernels, cells}`.

@@ -20,7 +20,7 @@ pub struct RestoreArgs {
     #[arg(value_name = "SESSION")]
     session: String,
     /// Owner of the journaled session (default: this user's CLI owner,
-    /// `cli:<user>`; `serve`'s sessions are `http:<token owner>`).
+    /// `cli:<user>`; `serve`'s sessions are keyed by their token's owner).
     #[arg(long)]
     owner: Option<String>,
     /// Replay this journaled session instead of SESSION.
