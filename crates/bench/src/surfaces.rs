@@ -75,6 +75,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 code: "x += 1".into(),
                 timeout_s: None,
                 live: false,
+                queue: false,
                 python: None,
                 sandbox: None,
             })

@@ -2,7 +2,10 @@
 
 use std::io::Read;
 
-use cellhost_kernel::{ExecOptions, Session};
+use std::time::Duration;
+
+use cellhost_sessions::requests::ExecuteRequest;
+use cellhost_sessions::{Origin, SessionSpec};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -15,8 +18,9 @@ use crate::render;
 pub struct ExecArgs {
     #[command(flatten)]
     kernel: KernelArgs,
-    /// Deadline in seconds (default 300; 0 = none). At the deadline the cell
-    /// is interrupted, then killed after a 2 s grace.
+    /// Deadline in seconds (default: `cell_timeout_s` of the configuration,
+    /// 300 unless set; 0 = none). At the deadline the cell is interrupted,
+    /// then killed after a 2 s grace.
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
     /// Print the CellResult as JSON instead of the output.
@@ -27,6 +31,10 @@ pub struct ExecArgs {
     /// `cellhost kill NAME` or the daemon's idle exit.
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
+    /// With `--session`: wait behind a cell the session is running instead
+    /// of failing at once with `session_busy`.
+    #[arg(long, requires = "session")]
+    queue: bool,
     /// The code to run; `-` reads it from stdin.
     #[arg(value_name = "CODE")]
     code: String,
@@ -44,7 +52,7 @@ pub fn run(args: ExecArgs) -> u8 {
     } else {
         args.code.clone()
     };
-    let timeout = match common::parse_timeout(args.timeout) {
+    let deadline = match common::parse_timeout(args.timeout) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("cellhost: {e}");
@@ -52,7 +60,7 @@ pub fn run(args: ExecArgs) -> u8 {
         }
     };
     if let Some(session) = args.session {
-        return crate::cmd_sessions::exec(&args.kernel, session, code, args.timeout, args.json);
+        return crate::cmd_sessions::exec(&args.kernel, session, code, args.timeout, args.queue, args.json);
     }
     common::block_on(async move {
         // Listen for Ctrl-C before the kernel starts: a SIGINT that arrives
@@ -76,40 +84,59 @@ pub fn run(args: ExecArgs) -> u8 {
                 return EXIT_USAGE;
             }
         };
-        let mut session = Session::new(cfg);
-        session.set_cell_timeout(timeout);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let opts = ExecOptions {
-            live: (!args.json).then_some(tx),
-            ..Default::default()
-        };
-        let printer = tokio::spawn(render::print_live(rx));
-        let result = match session.submit(&code, opts).await {
-            Ok(handle) => {
-                // Ctrl-C interrupts the cell (a second one during the grace
-                // is answered by the escalation already under way).
-                let kernel = session.kernel().cloned();
-                let watcher = tokio::spawn(async move {
-                    let Some(mut sigint) = sigint else { return };
-                    while sigint.recv().await.is_some() {
-                        if let Some(k) = &kernel {
-                            k.interrupt().await;
-                        }
-                    }
-                });
-                let r = session.finish(handle).await;
-                watcher.abort();
-                r
-            }
-            Err(e) => Err(e),
-        };
-        let printed = printer.await.unwrap_or_default();
-        session.shutdown().await;
-        match result {
-            Ok(r) => render::finish_streamed(&printed, &r, args.json),
+        // One kernel through the registry (the single-kernel case), the
+        // same request path as every other surface; not journaled.
+        let registry = match common::start_one_shot(cfg, false).await {
+            Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");
-                1
+                return 1;
+            }
+        };
+        let spec = SessionSpec::new(common::cli_owner(), "exec");
+        let key = match spec.key(&registry) {
+            Ok(k) => k,
+            Err(e) => {
+                registry.shutdown().await;
+                return common::request_failed(&e);
+            }
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:exec"));
+        req.deadline = deadline;
+        req.live = (!args.json).then_some(tx);
+        let printer = tokio::spawn(render::print_live(rx));
+        // Ctrl-C interrupts the cell once it is submitted (a second one
+        // during the grace is answered by the escalation already under way).
+        let watcher = {
+            let (registry, key) = (registry.clone(), key.clone());
+            tokio::spawn(async move {
+                let Some(mut sigint) = sigint else { return };
+                while sigint.recv().await.is_some() {
+                    let k = loop {
+                        match registry.kernel(&key) {
+                            Some(k) if k.is_busy() => break k,
+                            _ => tokio::time::sleep(Duration::from_millis(10)).await,
+                        }
+                    };
+                    k.interrupt().await;
+                }
+            })
+        };
+        let result = req.execute(&registry).await;
+        watcher.abort();
+        let printed = printer.await.unwrap_or_default();
+        registry.shutdown().await;
+        match result {
+            Ok(done) => render::finish_streamed(&printed, &done.result, args.json),
+            Err(e) => {
+                // With --json, the error envelope (`{"error": {"code",
+                // "message", …}}`) goes to stderr: stdout holds results only.
+                if args.json {
+                    eprintln!("{}", serde_json::json!({ "error": e.to_json() }));
+                    return if e.is_usage() { EXIT_USAGE } else { 1 };
+                }
+                common::request_failed(&e)
             }
         }
     })

@@ -1,9 +1,10 @@
 //! `cellhost history SESSION [--json] [--owner OWNER]`: a session's cells
 //! from the journal, oldest first, with their kernel generations.
 
+use cellhost_sessions::requests::HistoryRequest;
 use cellhost_sessions::{CellRow, JournalReader};
 
-use crate::common::{self, CLI_OWNER};
+use crate::common;
 
 /// Arguments of `history`.
 #[derive(Debug, clap::Args)]
@@ -11,9 +12,11 @@ pub struct HistoryArgs {
     /// Session name (`cellhost run` uses the input file's stem).
     #[arg(value_name = "SESSION")]
     session: String,
-    /// Owner of the session.
-    #[arg(long, default_value = CLI_OWNER)]
-    owner: String,
+    /// Owner of the session (default: this user's CLI owner, `cli:<user>`,
+    /// which `run` and `exec --session` use; `serve`'s sessions are
+    /// keyed by their token's owner).
+    #[arg(long)]
+    owner: Option<String>,
     /// Print JSON: `{session, owner, kernels, cells}`.
     #[arg(long)]
     json: bool,
@@ -78,28 +81,26 @@ pub fn run(args: HistoryArgs) -> u8 {
             return 1;
         }
     };
-    let (cells, kernels) = match (
-        reader.cells(&args.owner, &args.session),
-        reader.kernels(&args.owner, &args.session),
-    ) {
-        (Ok(c), Ok(k)) => (c, k),
-        (Err(e), _) | (_, Err(e)) => {
+    let owner = args.owner.clone().unwrap_or_else(common::cli_owner);
+    let req = HistoryRequest {
+        owner: owner.clone(),
+        session: args.session.clone(),
+    };
+    let h = match req.execute_on(&reader) {
+        Ok(h) => h,
+        Err(e @ cellhost_sessions::RequestError::SessionNotFound { .. }) => {
+            eprintln!("cellhost: {e} of owner {owner:?} in {}", path.display());
+            return 1;
+        }
+        Err(e) => {
             eprintln!("cellhost: {e}");
             return 1;
         }
     };
-    if cells.is_empty() && kernels.is_empty() {
-        eprintln!(
-            "cellhost: no session {:?} of owner {:?} in {}",
-            args.session,
-            args.owner,
-            path.display()
-        );
-        return 1;
-    }
+    let (cells, kernels) = (h.cells, h.kernels);
     if args.json {
         let v = serde_json::json!({
-            "owner": args.owner, "session": args.session, "kernels": kernels, "cells": cells,
+            "owner": owner, "session": args.session, "kernels": kernels, "cells": cells,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return 0;
@@ -107,7 +108,7 @@ pub fn run(args: HistoryArgs) -> u8 {
     println!(
         "session {} (owner {}): {} cells, {} kernels",
         args.session,
-        args.owner,
+        owner,
         cells.len(),
         kernels.len()
     );

@@ -25,7 +25,12 @@ pub struct OutputArgs {
 
 /// Runs `output`; returns the exit code (2 for a bad path or offset).
 pub fn run(args: OutputArgs) -> u8 {
-    match cellhost_kernel::read_spill(&args.path, args.offset, args.length) {
+    let req = cellhost_sessions::requests::ReadOutputRequest {
+        path: args.path.clone(),
+        offset: args.offset,
+        length: args.length,
+    };
+    match req.execute() {
         Ok(chunk) => {
             if args.json {
                 let v = serde_json::json!({

@@ -6,7 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use cellhost_kernel::{ExecOptions, Session};
+use std::sync::Arc;
+
+use cellhost_sessions::requests::ExecuteRequest;
+use cellhost_sessions::{Deadline, Key, Origin, Registry, RequestError, SessionSpec};
 use rustyline::error::ReadlineError;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -104,12 +107,31 @@ pub fn run(args: ReplArgs) -> u8 {
         }
     };
     let grace = cfg.interrupt_grace;
-    let mut session = Session::new(cfg);
-    session.set_cell_timeout(None);
-    if let Err(e) = rt.block_on(session.ensure_kernel()) {
-        eprintln!("cellhost: {e}");
-        return 1;
-    }
+    // One kernel through the registry (the single-kernel case); not
+    // journaled, no deadline.
+    let registry = match rt.block_on(common::start_one_shot(cfg, false)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return 1;
+        }
+    };
+    let spec = SessionSpec::new(common::cli_owner(), "repl");
+    let started = match spec.key(&registry) {
+        Ok(key) => rt
+            .block_on(registry.acquire(&key))
+            .map(|(k, _)| (key, k))
+            .map_err(RequestError::from),
+        Err(e) => Err(e),
+    };
+    let (key, kernel) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            rt.block_on(registry.shutdown());
+            return 1;
+        }
+    };
     let mut editor = match rustyline::DefaultEditor::new() {
         Ok(e) => e,
         Err(e) => {
@@ -119,7 +141,8 @@ pub fn run(args: ReplArgs) -> u8 {
     };
     let history = common::state_dir().join("repl_history");
     let _ = editor.load_history(&history);
-    if let Some(k) = session.kernel() {
+    {
+        let k = &kernel;
         let v = k.info().python_version.lines().next().unwrap_or("").to_string();
         println!(
             "cellhost repl — Python {v} ({}). Ctrl-C interrupts, Ctrl-D quits.",
@@ -132,7 +155,7 @@ pub fn run(args: ReplArgs) -> u8 {
         if eof {
             let _ = std::fs::create_dir_all(common::state_dir());
             let _ = editor.save_history(&history);
-            rt.block_on(session.shutdown());
+            rt.block_on(registry.shutdown());
             return 0;
         }
         let mut code = String::new();
@@ -159,12 +182,12 @@ pub fn run(args: ReplArgs) -> u8 {
                 Err(ReadlineError::Eof) => {
                     let _ = std::fs::create_dir_all(common::state_dir());
                     let _ = editor.save_history(&history);
-                    rt.block_on(session.shutdown());
+                    rt.block_on(registry.shutdown());
                     return 0;
                 }
                 Err(e) => {
                     eprintln!("cellhost: {e}");
-                    rt.block_on(session.shutdown());
+                    rt.block_on(registry.shutdown());
                     return 1;
                 }
             }
@@ -173,7 +196,7 @@ pub fn run(args: ReplArgs) -> u8 {
             continue;
         }
         let _ = editor.add_history_entry(code.trim_end());
-        let result = rt.block_on(run_cell(&mut session, &code, grace));
+        let result = rt.block_on(run_cell(&registry, &spec, &key, &code, grace));
         match result {
             Ok(r) => {
                 render::print_result(&r, true);
@@ -185,51 +208,49 @@ pub fn run(args: ReplArgs) -> u8 {
 }
 
 async fn run_cell(
-    session: &mut Session,
+    registry: &Arc<Registry>,
+    spec: &SessionSpec,
+    key: &Key,
     code: &str,
     grace: Duration,
-) -> Result<cellhost_kernel::CellResult, cellhost_kernel::KernelError> {
+) -> Result<cellhost_kernel::CellResult, RequestError> {
     // Listen before the cell is submitted: a Ctrl-C pressed as soon as the
     // cell starts must reach it (a listener created later would miss it).
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let (tx, rx) = mpsc::unbounded_channel();
-    let handle = session
-        .submit(
-            code,
-            ExecOptions {
-                live: Some(tx),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let kernel = session.kernel().cloned();
+    let mut req = ExecuteRequest::new(spec.clone(), code, Origin::new("cli:repl"));
+    req.deadline = Deadline::None;
+    req.live = Some(tx);
     let printer = tokio::spawn(render::print_live(rx));
-    let watcher = tokio::spawn(async move {
-        let mut first: Option<Instant> = None;
-        let Some(sigint) = sigint.as_mut() else {
-            return;
-        };
-        while sigint.recv().await.is_some() {
-            let Some(k) = &kernel else { break };
-            match first {
-                Some(t) if t.elapsed() <= grace => {
-                    eprintln!("\ncellhost: second Ctrl-C: killing the kernel");
-                    k.kill().await;
-                }
-                _ => {
-                    first = Some(Instant::now());
-                    let out = k.interrupt().await;
-                    if !out.delivered {
-                        eprintln!(
-                            "\ncellhost: interrupt not delivered: {}",
-                            out.reason.unwrap_or_default()
-                        );
+    let watcher = {
+        let (registry, key) = (registry.clone(), key.clone());
+        tokio::spawn(async move {
+            let mut first: Option<Instant> = None;
+            let Some(sigint) = sigint.as_mut() else {
+                return;
+            };
+            while sigint.recv().await.is_some() {
+                let Some(k) = registry.kernel(&key) else { continue };
+                match first {
+                    Some(t) if t.elapsed() <= grace => {
+                        eprintln!("\ncellhost: second Ctrl-C: killing the kernel");
+                        k.kill().await;
+                    }
+                    _ => {
+                        first = Some(Instant::now());
+                        let out = k.interrupt().await;
+                        if !out.delivered {
+                            eprintln!(
+                                "\ncellhost: interrupt not delivered: {}",
+                                out.reason.unwrap_or_default()
+                            );
+                        }
                     }
                 }
             }
-        }
-    });
-    let r = session.finish(handle).await;
+        })
+    };
+    let r = req.execute(registry).await.map(|done| done.result);
     watcher.abort();
     let printed = printer.await.unwrap_or_default();
     if let Ok(r) = &r {

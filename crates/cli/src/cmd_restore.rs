@@ -1,24 +1,31 @@
-//! `cellhost restore SESSION [--owner OWNER] [--python PATH] [--json]`:
-//! replays the successful cells of a session's last journaled kernel into a
-//! new kernel, and reports which cells it replayed and which it skipped.
-//! Opt-in: nothing replays code unless asked.
+//! `cellhost restore SESSION [--owner OWNER] [--from NAME] [--python PATH] [--json]`:
+//! rebuilds a session in the per-user daemon (started on first use) by
+//! replaying the successful cells of the session's last journaled kernel
+//! (of that owner only) into a new kernel, and reports which cells it
+//! replayed and which it skipped. The rebuilt session is the daemon's:
+//! `cellhost exec --session SESSION` goes on where it left off. Opt-in:
+//! nothing replays code unless asked.
 
-use std::sync::Arc;
-
-use cellhost_sessions::{Journal, Registry, RegistryConfig};
+use cellhost_server::daemon::{Reply, Request};
 
 use crate::KernelArgs;
-use crate::common::{self, CLI_OWNER, EXIT_USAGE};
+use crate::cmd_daemon;
+use crate::common::EXIT_USAGE;
 
 /// Arguments of `restore`.
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
-    /// Session name.
+    /// Session name: the daemon session to rebuild (and, without `--from`,
+    /// the journaled session to replay).
     #[arg(value_name = "SESSION")]
     session: String,
-    /// Owner of the session.
-    #[arg(long, default_value = CLI_OWNER)]
-    owner: String,
+    /// Owner of the journaled session (default: this user's CLI owner,
+    /// `cli:<user>`; `serve`'s sessions are keyed by their token's owner).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Replay this journaled session instead of SESSION.
+    #[arg(long, value_name = "NAME")]
+    from: Option<String>,
     #[command(flatten)]
     kernel: KernelArgs,
     /// Print the report as JSON.
@@ -28,68 +35,65 @@ pub struct RestoreArgs {
 
 /// Runs `restore`.
 pub fn run(args: RestoreArgs) -> u8 {
-    let config = match common::config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return EXIT_USAGE;
-        }
+    let python = match &args.kernel.python {
+        None => None,
+        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
+            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return EXIT_USAGE;
+            }
+        },
     };
-    let dir = common::new_session_dir("restore");
-    let template = match common::kernel_config(&args.kernel, &args.session, &dir) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cellhost: {e}");
-            return 1;
-        }
-    };
-    common::block_on(async move {
-        let journal = match Journal::open(common::journal_path(), config.durability()) {
-            Ok(j) => Arc::new(j),
+    crate::common::block_on(async move {
+        let mut c = match cmd_daemon::connect(&args.kernel).await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cellhost: cannot reach the daemon: {e}");
+                return 1;
+            }
+        };
+        let req = Request::Restore {
+            session: args.session.clone(),
+            from: args.from.clone(),
+            owner: args.owner.clone(),
+            python,
+            sandbox: args.kernel.sandbox.map(|m| m.to_string()),
+        };
+        let rep = match c.call(&req).await {
+            Ok(Reply::Restored { report }) => report,
+            Ok(Reply::Error { message, usage, .. }) => {
+                eprintln!("cellhost: {message}");
+                return if usage { EXIT_USAGE } else { 1 };
+            }
+            Ok(other) => {
+                eprintln!("cellhost: unexpected reply {other:?}");
+                return 1;
+            }
             Err(e) => {
                 eprintln!("cellhost: {e}");
                 return 1;
             }
         };
-        let mut rc = RegistryConfig::new(common::state_dir(), template);
-        config.apply_to_registry(&mut rc);
-        rc.pool_size = 0;
-        let reg = match Registry::start(rc, Some(journal)).await {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return 1;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&rep).unwrap_or_default());
+        } else {
+            println!(
+                "restored session {} from generation {} into generation {} (in the daemon: exec --session {} goes on): {} replayed, {} skipped",
+                args.session,
+                rep.from_generation,
+                rep.generation,
+                args.session,
+                rep.replayed.len(),
+                rep.skipped.len()
+            );
+            for id in &rep.replayed {
+                println!("  replayed {id}");
             }
-        };
-        let key = reg.key(&args.owner, &args.session);
-        let out = reg.restore(&key, false).await;
-        reg.shutdown().await;
-        match out {
-            Ok(rep) => {
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&rep).unwrap_or_default());
-                } else {
-                    println!(
-                        "restored session {} from generation {} into generation {}: {} replayed, {} skipped",
-                        args.session,
-                        rep.from_generation,
-                        rep.generation,
-                        rep.replayed.len(),
-                        rep.skipped.len()
-                    );
-                    for id in &rep.replayed {
-                        println!("  replayed {id}");
-                    }
-                    for s in &rep.skipped {
-                        println!("  skipped {} ({})", s.cell, s.reason);
-                    }
-                }
-                u8::from(rep.skipped.iter().any(|s| s.status == "ok"))
-            }
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                1
+            for s in &rep.skipped {
+                println!("  skipped {} ({})", s.cell, s.reason);
             }
         }
+        u8::from(rep.skipped.iter().any(|s| s.status == "ok"))
     })
 }

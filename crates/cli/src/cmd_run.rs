@@ -4,11 +4,13 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use cellhost_kernel::{CellResult, CellStatus, ExecOptions};
-use cellhost_notebook::{Notebook, Output, default_output_path, merge_streams};
-use cellhost_sessions::Origin;
-use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cellhost_kernel::CellResult;
+use cellhost_notebook::{Notebook, Observer, RunOptions, Stop, default_output_path};
+use cellhost_sessions::requests::RunNotebookRequest;
+use cellhost_sessions::{Origin, SessionSpec};
 
 use crate::KernelArgs;
 use crate::common::{self, EXIT_USAGE};
@@ -25,7 +27,8 @@ pub struct RunArgs {
     output: Option<PathBuf>,
     #[command(flatten)]
     kernel: KernelArgs,
-    /// Deadline per cell in seconds (default 300; 0 = none).
+    /// Deadline per cell in seconds (default: `cell_timeout_s` of the
+    /// configuration, 300 unless set; 0 = none).
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
     /// Keep going after a cell fails.
@@ -45,7 +48,7 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let timeout = match common::parse_timeout(args.timeout) {
+    let deadline = match common::parse_timeout(args.timeout) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("cellhost: {e}");
@@ -94,7 +97,6 @@ pub fn run(args: RunArgs) -> u8 {
                 return 1;
             }
         };
-        let python = cfg.python.clone();
         let mut cfg = cfg;
         // A notebook runs in its own directory, as under Jupyter.
         if let Some(dir) = std::fs::canonicalize(&args.input)
@@ -104,104 +106,90 @@ pub fn run(args: RunArgs) -> u8 {
         {
             cfg.cwd = Some(dir);
         }
-        cfg.cell_timeout = timeout;
-        // One kernel is needed: no warm pool.
-        let registry = match common::start_registry(cfg, Some(0), true, None).await {
+        // One kernel is needed: no warm pool; every cell journaled.
+        let registry = match common::start_one_shot(cfg, true).await {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("cellhost: {e}");
                 return 1;
             }
         };
-        let key = registry.key(common::CLI_OWNER, &session_name);
-        let origin = Origin {
-            origin: "cli:run".into(),
-            context: Some(serde_json::json!({"input": args.input.display().to_string()})),
+        let stop = Arc::new(AtomicBool::new(false));
+        let req = RunNotebookRequest {
+            session: SessionSpec::new(common::cli_owner(), &session_name),
+            deadline,
+            options: RunOptions {
+                files_dir: files_dir.clone(),
+                allow_errors: args.allow_errors,
+                timeout: None,
+                stop: Some(stop.clone()),
+            },
+            origin: Origin {
+                origin: "cli:run".into(),
+                context: Some(serde_json::json!({"input": args.input.display().to_string()})),
+            },
         };
-        nb.clear_outputs();
-        let cells = nb.code_cells();
-        let total = cells.len();
+        let key = match req.session.key(&registry) {
+            Ok(k) => k,
+            Err(e) => {
+                registry.shutdown().await;
+                return common::request_failed(&e);
+            }
+        };
         let started = Instant::now();
-        let progress = Progress::new();
-        let mut exit = 0u8;
-        let mut figures = 0usize;
-        let mut kernel_info_set = false;
         // Ctrl-C interrupts the running cell; the run then stops, writes what
         // it has and exits 130.
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = {
             let (stop, registry, key) = (stop.clone(), registry.clone(), key.clone());
             tokio::spawn(async move {
                 while tokio::signal::ctrl_c().await.is_ok() {
-                    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                    stop.store(true, Ordering::SeqCst);
                     if let Some(k) = registry.kernel(&key) {
                         k.interrupt().await;
                     }
                 }
             })
         };
-        for (i, cell) in cells.iter().enumerate() {
-            if cell.source.trim().is_empty() {
-                continue;
-            }
-            // A Ctrl-C between two cells stops the run before the next one.
-            if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                eprintln!(
-                    "cellhost: interrupted before cell {}/{total}; writing what ran",
-                    i + 1
-                );
-                exit = 130;
-                break;
-            }
-            let t0 = Instant::now();
-            let fut = registry.execute(&key, &cell.source, ExecOptions::default(), &origin);
-            let result = progress.track(i + 1, total, started, fut).await;
-            let r = match result {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("cellhost: cell {}/{total}: {e}", i + 1);
-                    exit = 1;
-                    break;
-                }
-            };
-            if !kernel_info_set && let Some(k) = registry.kernel(&key) {
-                nb.set_kernel_info(&k.info().python_version, &python.display().to_string());
-                nb.set_sandbox(serde_json::to_value(&r.kernel.sandbox).unwrap_or_default());
-                kernel_info_set = true;
-            }
-            let outputs = to_outputs(&r, &files_dir, i + 1, &mut figures, timeout);
-            let count = (r.execution_count > 0).then_some(r.execution_count);
-            if let Err(e) = nb.set_outputs(cell.index, count, merge_streams(outputs)) {
-                eprintln!("cellhost: {e}");
-                exit = 1;
-                break;
-            }
-            progress.done(i + 1, total, &r, t0.elapsed());
-            if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                eprintln!(
-                    "cellhost: interrupted at cell {}/{total}; writing what ran",
-                    i + 1
-                );
-                exit = 130;
-                break;
-            }
-            if r.status != CellStatus::Ok && !args.allow_errors {
-                eprintln!(
-                    "cellhost: stopped at cell {}/{total} ({}); use --allow-errors to go on",
-                    i + 1,
-                    r.status.as_str()
-                );
-                if let Some(e) = &r.error {
-                    for line in &e.traceback {
-                        eprintln!("{line}");
-                    }
-                }
-                exit = r.status.exit_code() as u8;
-                break;
-            }
-        }
+        let mut progress = Progress::start(started);
+        let summary = req.execute(&registry, &mut nb, &mut progress).await;
+        progress.finish();
         watcher.abort();
         registry.shutdown().await;
+        let summary = match summary {
+            Ok(s) => s,
+            Err(e) => return common::request_failed(&e),
+        };
+        let total = summary.total;
+        match &summary.stop {
+            None => {}
+            Some(Stop::Interrupted { cell, before: true }) => {
+                eprintln!("cellhost: interrupted before cell {cell}/{total}; writing what ran");
+            }
+            Some(Stop::Interrupted { cell, before: false }) => {
+                eprintln!("cellhost: interrupted at cell {cell}/{total}; writing what ran");
+            }
+            Some(Stop::CellFailed {
+                cell,
+                status,
+                traceback,
+            }) => {
+                eprintln!(
+                    "cellhost: stopped at cell {cell}/{total} ({}); use --allow-errors to go on",
+                    status.as_str()
+                );
+                for line in traceback {
+                    eprintln!("{line}");
+                }
+            }
+            Some(Stop::RunnerFailed { cell, message } | Stop::NotebookFailed { cell, message }) => {
+                eprintln!("cellhost: cell {cell}/{total}: {message}");
+            }
+            Some(Stop::JournalFailed { cell, message }) => {
+                eprintln!(
+                    "cellhost: cell {cell}/{total} ran but the journal failed ({message}); stopping, since the journal would not show this run"
+                );
+            }
+        }
         if let Err(e) = nb.write(&output) {
             eprintln!("cellhost: {e}");
             return 1;
@@ -211,228 +199,83 @@ pub fn run(args: RunArgs) -> u8 {
             output.display(),
             total,
             started.elapsed().as_secs_f64(),
-            if figures > 0 {
-                format!("; {figures} figure(s) in {}", files_dir.display())
+            if summary.figures > 0 {
+                format!("; {} figure(s) in {}", summary.figures, files_dir.display())
             } else {
                 String::new()
             }
         );
-        exit
+        summary.exit_code()
     })
 }
 
-/// Jupyter outputs for one result; images are read back from the session
-/// directory, embedded as base64, and copied to `files_dir`.
-fn to_outputs(
-    r: &CellResult,
-    files_dir: &Path,
-    cell_no: usize,
-    figures: &mut usize,
-    timeout: Option<Duration>,
-) -> Vec<Output> {
-    let mut out = Vec::new();
-    if r.kernel.state_reset {
-        // The notebook must say that the namespace is new (an earlier cell
-        // crashed or was killed), not just restart the execution counts.
-        out.push(Output::Stream {
-            name: "stderr".into(),
-            text: format!(
-                "cellhost: state reset: {} (a fresh kernel, generation {}); earlier cells' variables are gone\n",
-                r.kernel.reset_reason.as_deref().unwrap_or("new kernel"),
-                r.kernel.generation
-            ),
-        });
-    }
-    // Output of earlier cells' threads or children stays apart from this
-    // cell's streams: a display marked as background, never a stream that
-    // Jupyter would merge into the cell's own text.
-    if let Some(bg) = &r.background_output {
-        for (name, text) in [("stdout", &bg.stdout), ("stderr", &bg.stderr)] {
-            if text.is_empty() {
-                continue;
-            }
-            let mut data = Map::new();
-            data.insert(
-                "text/plain".into(),
-                Value::String(format!(
-                    "[background {name} from earlier cells' threads or children]\n{text}"
-                )),
-            );
-            let mut metadata = Map::new();
-            metadata.insert("cellhost".into(), serde_json::json!({ "background": name }));
-            out.push(Output::DisplayData { data, metadata });
-        }
-    }
-    if !r.stdout.is_empty() {
-        out.push(Output::Stream {
-            name: "stdout".into(),
-            text: r.stdout.clone(),
-        });
-    }
-    if !r.stderr.is_empty() {
-        out.push(Output::Stream {
-            name: "stderr".into(),
-            text: r.stderr.clone(),
-        });
-    }
-    for (n, d) in r.displays.iter().enumerate() {
-        let data = embed(&d.data, files_dir, &format!("cell{cell_no}-{}", n + 1), figures);
-        out.push(Output::DisplayData {
-            data,
-            metadata: d.metadata.clone(),
-        });
-    }
-    if let Some(res) = &r.result {
-        let data = embed(res, files_dir, &format!("cell{cell_no}-result"), figures);
-        out.push(Output::ExecuteResult {
-            execution_count: r.execution_count,
-            data,
-            metadata: Map::new(),
-        });
-    }
-    if matches!(r.status, CellStatus::Timeout | CellStatus::Interrupted) {
-        // Say why the cell stopped (not just the KeyboardInterrupt the
-        // interrupt raised), and keep the Python traceback: it shows where.
-        out.push(Output::Error {
-            ename: if r.status == CellStatus::Timeout {
-                "CellTimeout"
-            } else {
-                "CellInterrupted"
-            }
-            .to_string(),
-            evalue: stop_message(r, timeout),
-            traceback: r
-                .error
-                .as_ref()
-                .map(|e| e.traceback.clone())
-                .filter(|t| !t.is_empty())
-                .unwrap_or_else(|| vec![stop_message(r, timeout)]),
-        });
-    } else if let Some(e) = &r.error {
-        out.push(Output::Error {
-            ename: e.ename.clone(),
-            evalue: e.evalue.clone(),
-            traceback: e.traceback.clone(),
-        });
-    } else if r.status != CellStatus::Ok {
-        let (ename, evalue) = match &r.crash {
-            Some(c) => ("KernelCrashed".to_string(), c.message.clone()),
-            None => ("CellFailed".to_string(), r.status.as_str().to_string()),
-        };
-        // Viewers show the traceback, not ename/evalue: never leave it empty.
-        let traceback = vec![format!("{ename}: {evalue}")];
-        out.push(Output::Error {
-            ename,
-            evalue,
-            traceback,
-        });
-    }
-    out
-}
-
-/// Why a timed-out or interrupted cell stopped, and what became of the
-/// kernel's state.
-fn stop_message(r: &CellResult, timeout: Option<Duration>) -> String {
-    let what = match (r.status, timeout) {
-        (CellStatus::Timeout, Some(t)) => {
-            format!("the cell exceeded its {} s timeout", t.as_secs_f64())
-        }
-        (CellStatus::Timeout, None) => "the cell timed out".to_string(),
-        _ => "the cell was interrupted".to_string(),
-    };
-    match &r.interrupt {
-        Some(i) if i.escalated => match &i.reason {
-            Some(reason) => format!("{what}: {reason}; the session's state is gone"),
-            None => format!("{what}; the kernel was killed and the session's state is gone"),
-        },
-        Some(i) if i.state_kept => format!("{what}; the code stopped and the session's state is kept"),
-        Some(i) => format!(
-            "{what}; {}",
-            i.reason.as_deref().unwrap_or("the interrupt was not delivered")
-        ),
-        None => what,
-    }
-}
-
-fn embed(
-    bundle: &Map<String, Value>,
-    files_dir: &Path,
-    stem: &str,
-    figures: &mut usize,
-) -> Map<String, Value> {
-    let mut data = Map::new();
-    for (mime, v) in bundle {
-        if let Some(path) = v.get("path").and_then(Value::as_str) {
-            match std::fs::read(path) {
-                Ok(bytes) => {
-                    let ext = Path::new(path)
-                        .extension()
-                        .and_then(|e| e.to_str())
-                        .unwrap_or("bin");
-                    if std::fs::create_dir_all(files_dir).is_ok() {
-                        let dest = files_dir.join(format!("{stem}.{ext}"));
-                        if std::fs::write(&dest, &bytes).is_ok() {
-                            *figures += 1;
-                        }
-                    }
-                    data.insert(
-                        mime.clone(),
-                        Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
-                    );
-                }
-                Err(e) => eprintln!("cellhost: cannot read {path}: {e}"),
-            }
-        } else if !v.is_object() || mime == "application/json" {
-            data.insert(mime.clone(), v.clone());
-        }
-    }
-    data
-}
-
 /// Progress on stderr: a spinner with the elapsed time on a terminal, one
-/// line per cell otherwise.
+/// line per cell otherwise. The spinner is its own task, fed by the
+/// executor's [`Observer`] calls.
 struct Progress {
-    tty: bool,
+    current: Arc<Mutex<Option<(usize, usize, Instant)>>>,
+    spinner: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Progress {
-    fn new() -> Self {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-        }
-    }
-
-    async fn track<F: std::future::Future>(&self, i: usize, n: usize, started: Instant, fut: F) -> F::Output {
-        if !self.tty {
-            return fut.await;
-        }
-        tokio::pin!(fut);
-        let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
-        let t0 = Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut k = 0;
-        loop {
-            tokio::select! {
-                out = &mut fut => {
-                    eprint!("\r\x1b[2K");
-                    return out;
-                }
-                _ = tick.tick() => {
-                    if t0.elapsed() > Duration::from_millis(300) {
-                        eprint!("\r\x1b[2K{} cell {i}/{n}  {:.1} s (total {:.1} s)", frames[k % frames.len()], t0.elapsed().as_secs_f64(), started.elapsed().as_secs_f64());
+    fn start(started: Instant) -> Self {
+        let current: Arc<Mutex<Option<(usize, usize, Instant)>>> = Arc::new(Mutex::new(None));
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let current = current.clone();
+            tokio::spawn(async move {
+                let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                let mut k = 0;
+                loop {
+                    tick.tick().await;
+                    let now = current.lock().ok().and_then(|c| *c);
+                    if let Some((i, n, t0)) = now
+                        && t0.elapsed() > Duration::from_millis(300)
+                    {
+                        eprint!(
+                            "\r\x1b[2K{} cell {i}/{n}  {:.1} s (total {:.1} s)",
+                            frames[k % frames.len()],
+                            t0.elapsed().as_secs_f64(),
+                            started.elapsed().as_secs_f64()
+                        );
                         let _ = std::io::stderr().flush();
                         k += 1;
                     }
                 }
-            }
+            })
+        });
+        Progress { current, spinner }
+    }
+
+    fn finish(&mut self) {
+        if let Some(h) = self.spinner.take() {
+            h.abort();
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn cell_started(&mut self, n: usize, total: usize) {
+        if let Ok(mut c) = self.current.lock() {
+            *c = Some((n, total, Instant::now()));
         }
     }
 
-    fn done(&self, i: usize, n: usize, r: &CellResult, took: Duration) {
+    fn cell_done(&mut self, n: usize, total: usize, r: &CellResult, took: Duration) {
+        if let Ok(mut c) = self.current.lock() {
+            *c = None;
+        }
+        if self.spinner.is_some() {
+            eprint!("\r\x1b[2K");
+        }
         eprintln!(
-            "cell {i}/{n} {} in {:.2} s",
+            "cell {n}/{total} {} in {:.2} s",
             r.status.as_str(),
             took.as_secs_f64()
         );
+    }
+
+    fn note(&mut self, message: &str) {
+        eprintln!("cellhost: {message}");
     }
 }

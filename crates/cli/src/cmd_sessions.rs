@@ -41,14 +41,23 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 }
 
 fn error_code(message: &str, usage: bool) -> u8 {
-    eprintln!("cellhost: {message}");
+    if !message.is_empty() {
+        eprintln!("cellhost: {message}");
+    }
     if usage { EXIT_USAGE } else { 1 }
 }
 
 /// Runs `exec --session NAME`: the cell runs in the daemon's session
 /// (started on first use), so state persists across invocations. Exit code
 /// by status, as `exec`.
-pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Option<f64>, json: bool) -> u8 {
+pub fn exec(
+    kernel: &KernelArgs,
+    session: String,
+    code: String,
+    timeout_s: Option<f64>,
+    queue: bool,
+    json: bool,
+) -> u8 {
     // An explicit interpreter is resolved here (the daemon may run in
     // another directory and with another PATH).
     let python = match &kernel.python {
@@ -73,6 +82,7 @@ pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Optio
             code,
             timeout_s,
             live: !json,
+            queue,
             python,
             sandbox: kernel.sandbox.map(|m| m.to_string()),
         };
@@ -107,7 +117,18 @@ pub fn exec(kernel: &KernelArgs, session: String, code: String, timeout_s: Optio
                 }
                 Ok(Some(Reply::Display { .. })) => {}
                 Ok(Some(Reply::Result { result })) => break Ok(result),
-                Ok(Some(Reply::Error { message, usage, .. })) => break Err((message, usage)),
+                Ok(Some(Reply::Error { message, usage, code })) => {
+                    // With --json, the error envelope goes to stderr (stdout
+                    // holds results only).
+                    if json {
+                        eprintln!(
+                            "{}",
+                            serde_json::json!({"error": {"code": code, "message": message}})
+                        );
+                        break Err((String::new(), usage));
+                    }
+                    break Err((message, usage));
+                }
                 Ok(Some(other)) => break Err((format!("unexpected reply {other:?}"), false)),
                 Ok(None) => break Err(("the daemon closed the connection".into(), false)),
                 Err(e) => break Err((e.to_string(), false)),

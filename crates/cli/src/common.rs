@@ -52,8 +52,19 @@ pub fn journal_path() -> PathBuf {
     state_dir().join("journal.sqlite3")
 }
 
-/// The owner of sessions the CLI creates.
-pub const CLI_OWNER: &str = "local";
+/// The owner of the sessions the CLI creates — one-shot commands and the
+/// daemon alike: `cli:<user>` (never an owner of another surface, such as
+/// `serve`'s `http:<token owner>`).
+pub fn cli_owner() -> String {
+    cellhost_sessions::requests::cli_owner()
+}
+
+/// Prints a request's error and returns its exit code: 2 for the caller's
+/// mistake (a bad name or timeout, no such session), 1 otherwise.
+pub fn request_failed(e: &cellhost_sessions::RequestError) -> u8 {
+    eprintln!("cellhost: {e}");
+    if e.is_usage() { EXIT_USAGE } else { 1 }
+}
 
 /// A fresh directory for a one-off session's files (figures, spills).
 pub fn new_session_dir(prefix: &str) -> PathBuf {
@@ -92,18 +103,10 @@ pub fn sweep_old_sessions(root: &Path, max_age: Duration) -> usize {
     n
 }
 
-/// Parses `--timeout SECONDS` (0 = no deadline).
-pub fn parse_timeout(secs: Option<f64>) -> Result<Option<Duration>, String> {
-    match secs {
-        None => Ok(Some(Duration::from_secs(300))),
-        Some(s) if !s.is_finite() || s < 0.0 => {
-            Err(format!("--timeout must be a number of seconds >= 0, got {s}"))
-        }
-        Some(0.0) => Ok(None),
-        Some(s) => Duration::try_from_secs_f64(s)
-            .map(Some)
-            .map_err(|_| format!("--timeout {s:e} is too large (0 means no deadline)")),
-    }
+/// Parses `--timeout SECONDS`: absent is the configured default
+/// (`cell_timeout_s`), 0 is no deadline.
+pub fn parse_timeout(secs: Option<f64>) -> Result<cellhost_sessions::Deadline, String> {
+    cellhost_sessions::Deadline::from_secs(secs).map_err(|e| format!("--timeout: {e}"))
 }
 
 /// The kernel configuration for a CLI session.
@@ -177,9 +180,32 @@ pub async fn start_registry(
     one_shot: bool,
     session_workdirs: Option<PathBuf>,
 ) -> Result<std::sync::Arc<cellhost_sessions::Registry>, String> {
+    start_registry_with(template, pool_size, one_shot, session_workdirs, true).await
+}
+
+/// The registry of a one-shot command (`exec`, `repl`, `run`): one kernel,
+/// no warm pool, no template; journaled when `journal` (and the
+/// configuration's `journal`) says so.
+///
+/// # Errors
+/// As [`start_registry`].
+pub async fn start_one_shot(
+    template: KernelConfig,
+    journal: bool,
+) -> Result<std::sync::Arc<cellhost_sessions::Registry>, String> {
+    start_registry_with(template, Some(0), true, None, journal).await
+}
+
+async fn start_registry_with(
+    template: KernelConfig,
+    pool_size: Option<usize>,
+    one_shot: bool,
+    session_workdirs: Option<PathBuf>,
+    journal: bool,
+) -> Result<std::sync::Arc<cellhost_sessions::Registry>, String> {
     use cellhost_sessions::{Journal, Registry, RegistryConfig};
     let config = config()?;
-    let journal = if config.bool("journal") {
+    let journal = if journal && config.bool("journal") {
         match Journal::open(journal_path(), config.durability()) {
             Ok(j) => Some(std::sync::Arc::new(j)),
             Err(e) => {

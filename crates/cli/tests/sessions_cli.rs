@@ -25,6 +25,7 @@ fn cellhost(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .current_dir(dir)
         .env("CELLHOST_STATE_DIR", dir.join("state"))
+        .env("XDG_RUNTIME_DIR", dir.join("run"))
         .env_remove("CELLHOST_CONFIG")
         .env("XDG_CONFIG_HOME", dir.join("xdg"))
         .output()
@@ -39,10 +40,21 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Stops the test's daemon (`restore` starts one) when the test ends,
+/// passed or failed.
+struct StopDaemon<'a>(&'a Path);
+
+impl Drop for StopDaemon<'_> {
+    fn drop(&mut self) {
+        let _ = cellhost(self.0, &["daemon", "stop"]);
+    }
+}
+
 #[test]
 fn run_journals_history_shows_and_restore_replays() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
+    let _stop = StopDaemon(d);
     std::fs::write(
         d.join("nb.py"),
         "# %%\nx = 41\nprint('hello')\n# %%\nopen('data.txt', 'w').write('x')\n# %%\ny = x + 1\ny\n",
@@ -94,6 +106,12 @@ fn run_journals_history_shows_and_restore_replays() {
     let v: Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["cells"].as_array().map(Vec::len), Some(6));
     assert_eq!(v["kernels"].as_array().map(Vec::len), Some(2));
+    // The rebuilt kernel is the daemon's: the session goes on there.
+    let o = cellhost(d, &["exec", "--python", &py, "--session", "nb", "--json", "y"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(r["result"]["text/plain"], "42", "{r}");
+    assert_eq!(r["kernel"]["generation"], 2, "{r}");
 }
 
 #[test]

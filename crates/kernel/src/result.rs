@@ -248,8 +248,14 @@ pub struct CellResult {
     /// Set for status `crashed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crash: Option<CrashReport>,
-    /// Wall time from submission to settlement, in milliseconds.
+    /// Wall time of the cell's own run, from the moment it started running
+    /// to its settlement, in milliseconds (a queued cell's wait is not in
+    /// it: see `queued_ms`).
     pub duration_ms: u64,
+    /// Milliseconds the cell waited behind earlier cells of its kernel
+    /// before it started running (absent when it did not wait).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub queued_ms: u64,
     /// Worker resource use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -270,4 +276,8 @@ pub struct CellResult {
     /// events; at most 256 paths).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<FilesOpened>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

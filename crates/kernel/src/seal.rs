@@ -108,6 +108,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         interrupt,
         crash,
         duration_ms: _,
+        queued_ms: _,
         usage,
         tool_calls,
         background_output,
@@ -415,6 +416,7 @@ mod tests {
                 message: s.clone(),
             }),
             duration_ms: 0,
+            queued_ms: 0,
             usage: Some(Usage {
                 cpu_s: f64::NAN,
                 peak_rss_kb: 0,

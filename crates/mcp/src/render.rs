@@ -213,6 +213,7 @@ mod tests {
             interrupt: None,
             crash: None,
             duration_ms: 12,
+            queued_ms: 0,
             usage: None,
             tool_calls: Vec::new(),
             background_output: None,

@@ -3,9 +3,11 @@
 //! cells, take their outputs back, and write a notebook that is valid
 //! nbformat 4.5.
 //!
-//! The crate knows nothing of kernels: the caller runs each [`CodeCell`]'s
+//! The crate knows no kernel lifecycle: the caller runs each [`CodeCell`]'s
 //! source wherever it likes and reports [`Output`]s with
-//! [`Notebook::set_outputs`].
+//! [`Notebook::set_outputs`], or hands the whole notebook to
+//! [`execute_notebook`] with a [`CellRunner`] (`cellhost-sessions` has one
+//! over its registry).
 //!
 //! A [`Notebook`] holds the nbformat JSON itself, so everything this crate
 //! does not touch (notebook and cell metadata, unknown fields, attachments,
@@ -34,6 +36,7 @@
 
 mod atomic;
 mod error;
+pub mod executor;
 mod lines;
 mod output;
 mod percent;
@@ -46,6 +49,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 pub use error::NotebookError;
+pub use executor::{CellRun, CellRunner, Observer, RunOptions, RunSummary, Stop, execute_notebook};
 pub use output::{Output, merge_streams};
 
 /// `metadata.kernelspec.name` of notebooks cellhost writes.

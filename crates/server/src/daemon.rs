@@ -22,17 +22,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellhost_kernel::{CellResult, DisplayOutput, ExecOptions, InterruptOutcome, LiveEvent};
+use cellhost_kernel::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sandbox::profile::SandboxMode;
-use cellhost_sessions::{Origin, Registry};
+use cellhost_sessions::requests::{
+    ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
+};
+use cellhost_sessions::{Deadline, Origin, Registry, RequestError, RestoreReport};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Notify, mpsc};
 
-/// The owner of every daemon session (the local user).
-pub const DAEMON_OWNER: &str = "local";
+/// The owner of every daemon session: the local user's CLI owner,
+/// `cli:<user>` (the one-shot commands' too, so `history` and `restore`
+/// find the daemon's sessions; never `serve`'s `http:` owners).
+pub fn daemon_owner() -> String {
+    cellhost_sessions::requests::cli_owner()
+}
 
 /// Default idle period after which the daemon exits (30 min).
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(1800);
@@ -59,6 +66,10 @@ pub enum Request {
         /// Send live output.
         #[serde(default)]
         live: bool,
+        /// Wait behind a running cell of the session instead of being
+        /// refused with code `session_busy`.
+        #[serde(default)]
+        queue: bool,
         /// Interpreter of the session (default: the daemon's); a session
         /// is keyed by it, as by the sandbox mode.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -80,6 +91,26 @@ pub enum Request {
     Interrupt {
         /// Session name.
         session: String,
+    },
+    /// Rebuild `session` in the daemon from the journal: replay the
+    /// successful cells of the last journaled kernel of `from` (default:
+    /// the same session) of `owner` (default: the daemon's), answered by
+    /// one `restored` reply.
+    Restore {
+        /// The daemon session to rebuild.
+        session: String,
+        /// The journaled session to replay (default: `session`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
+        /// Whose journaled session (default: the daemon's owner).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<String>,
+        /// Interpreter of the session (default: the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the session (never below the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
     },
     /// Shut the daemon down.
     Stop,
@@ -131,6 +162,11 @@ pub enum Reply {
         /// The outcome.
         outcome: InterruptOutcome,
     },
+    /// What a restore did.
+    Restored {
+        /// The report.
+        report: RestoreReport,
+    },
     /// Done.
     Ok {
         /// What was done.
@@ -144,11 +180,12 @@ pub enum Reply {
         /// a failure of the daemon or kernel (exit 1).
         #[serde(default)]
         usage: bool,
-        /// Stable error code where there is one: `peer_refused` (the
-        /// connecting process may not use the daemon), `sandbox_below_floor`,
-        /// `sandbox_unavailable`, `bad_request`, and the registry's codes.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        code: Option<String>,
+        /// Stable error code, always present: `peer_refused` (the
+        /// connecting process may not use the daemon), `bad_request`, and
+        /// the request layer's ([`RequestError::code`]: `session_busy`,
+        /// `session_not_found`, `sandbox_below_floor`, `kernel_failed`, …).
+        #[serde(default)]
+        code: String,
     },
 }
 
@@ -289,8 +326,23 @@ fn usage_error(message: impl Into<String>) -> Reply {
     Reply::Error {
         message: message.into(),
         usage: true,
-        code: Some("bad_request".into()),
+        code: "bad_request".into(),
     }
+}
+
+fn request_error(e: &RequestError) -> Reply {
+    Reply::Error {
+        message: e.to_string(),
+        usage: e.is_usage(),
+        code: e.code().into(),
+    }
+}
+
+fn parse_sandbox(sandbox: Option<&str>) -> Result<Option<SandboxMode>, RequestError> {
+    sandbox
+        .map(str::parse::<SandboxMode>)
+        .transpose()
+        .map_err(RequestError::bad_request)
 }
 
 /// Answers a refused peer with one `peer_refused` error and closes. What
@@ -301,7 +353,7 @@ async fn refuse(stream: UnixStream, why: String) {
     let reply = Reply::Error {
         message: format!("this daemon refuses the connecting process: {why}"),
         usage: false,
-        code: Some(PEER_REFUSED.into()),
+        code: PEER_REFUSED.into(),
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         let _ = send(&mut w, &reply).await;
@@ -340,20 +392,13 @@ async fn serve_conn(stream: UnixStream, reg: Arc<Registry>, stop: Arc<Notify>) -
     }
 }
 
-fn keys_named(reg: &Registry, session: &str) -> Vec<cellhost_sessions::Key> {
-    reg.sessions_of(DAEMON_OWNER)
-        .into_iter()
-        .map(|(k, _)| k)
-        .filter(|k| k.session == session)
-        .collect()
-}
-
 async fn handle(
     req: Request,
     reg: &Arc<Registry>,
     stop: &Notify,
     w: &mut tokio::net::unix::OwnedWriteHalf,
 ) -> std::io::Result<()> {
+    let owner = daemon_owner();
     match req {
         Request::Ping => {
             send(
@@ -369,52 +414,28 @@ async fn handle(
             code,
             timeout_s,
             live,
+            queue,
             python,
             sandbox,
         } => {
-            let timeout = match timeout_s {
-                None => None,
-                Some(s) if !s.is_finite() || s < 0.0 => {
-                    return send(w, &usage_error(format!("timeout must be >= 0, got {s}"))).await;
-                }
-                Some(s) => match Duration::try_from_secs_f64(s) {
-                    Ok(d) => Some(d),
-                    Err(_) => return send(w, &usage_error("timeout too large")).await,
-                },
+            let parsed = Deadline::from_secs(timeout_s)
+                .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
+            let (deadline, requested) = match parsed {
+                Ok(x) => x,
+                Err(e) => return send(w, &request_error(&e)).await,
             };
-            if session.is_empty() || session.len() > 128 {
-                return send(w, &usage_error("a session name is 1-128 characters")).await;
-            }
-            let requested = match sandbox.as_deref().map(str::parse::<SandboxMode>) {
-                None => None,
-                Some(Ok(m)) => Some(m),
-                Some(Err(e)) => return send(w, &usage_error(e)).await,
+            let spec = SessionSpec {
+                owner,
+                session,
+                python,
+                sandbox: requested,
             };
-            let mut key = match reg.key_with_sandbox(DAEMON_OWNER, &session, requested) {
-                Ok(k) => k,
-                Err(e) => {
-                    return send(
-                        w,
-                        &Reply::Error {
-                            message: e.to_string(),
-                            usage: true,
-                            code: Some(e.code().into()),
-                        },
-                    )
-                    .await;
-                }
-            };
-            if let Some(p) = python {
-                key.python = p;
-            }
             let (tx, mut rx) = mpsc::unbounded_channel();
-            let opts = ExecOptions {
-                timeout,
-                live: live.then_some(tx),
-                ..Default::default()
-            };
-            let origin = Origin::new("cli:daemon");
-            let run = reg.execute(&key, &code, opts, &origin);
+            let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));
+            req.deadline = deadline;
+            req.queue = queue;
+            req.live = live.then_some(tx);
+            let run = req.execute(reg);
             tokio::pin!(run);
             let mut live_open = live;
             let out = loop {
@@ -430,59 +451,80 @@ async fn handle(
                 send(w, &live_reply(ev)).await?;
             }
             match out {
-                Ok(r) => send(w, &Reply::Result { result: Box::new(r) }).await,
-                Err(e) => {
+                Ok(done) => {
+                    if let Some(e) = &done.journal_error {
+                        tracing::warn!("cell {} not journaled: {e}", done.result.cell_id);
+                    }
                     send(
                         w,
-                        &Reply::Error {
-                            message: e.to_string(),
-                            usage: false,
-                            code: Some(e.code().into()),
+                        &Reply::Result {
+                            result: Box::new(done.result),
                         },
                     )
                     .await
                 }
+                Err(e) => send(w, &request_error(&e)).await,
             }
         }
         Request::Sessions => {
-            let sessions = reg
-                .sessions_of(DAEMON_OWNER)
+            let sessions = ListRequest { owner }
+                .execute(reg)
                 .into_iter()
-                .filter_map(|(k, generation)| {
-                    let kern = reg.kernel(&k)?;
-                    Some(SessionInfo {
-                        name: k.session.clone(),
-                        generation,
-                        pid: kern.info().pid,
-                        busy: kern.is_busy(),
-                        python: k.python.clone(),
-                    })
+                .map(|s| SessionInfo {
+                    name: s.name,
+                    generation: s.generation,
+                    pid: s.pid,
+                    busy: s.busy,
+                    python: s.python,
                 })
                 .collect();
             send(w, &Reply::Sessions { sessions }).await
         }
-        Request::Kill { session } => {
-            let keys = keys_named(reg, &session);
-            if keys.is_empty() {
-                return send(w, &usage_error(format!("no session named {session:?}"))).await;
+        Request::Kill { session } => match (KillRequest { owner, session }).execute(reg).await {
+            Ok(rep) => {
+                send(
+                    w,
+                    &Reply::Ok {
+                        message: format!("killed session {}", rep.session),
+                    },
+                )
+                .await
             }
-            for k in keys {
-                reg.dispose(&k).await;
-            }
-            send(
-                w,
-                &Reply::Ok {
-                    message: format!("killed session {session}"),
-                },
-            )
-            .await
-        }
-        Request::Interrupt { session } => {
-            let Some(k) = keys_named(reg, &session).into_iter().find_map(|k| reg.kernel(&k)) else {
-                return send(w, &usage_error(format!("no session named {session:?}"))).await;
+            Err(e) => send(w, &request_error(&e)).await,
+        },
+        Request::Interrupt { session } => match (InterruptRequest { owner, session }).execute(reg).await {
+            Ok(outcome) => send(w, &Reply::Interrupt { outcome }).await,
+            Err(e) => send(w, &request_error(&e)).await,
+        },
+        Request::Restore {
+            session,
+            from,
+            owner: from_owner,
+            python,
+            sandbox,
+        } => {
+            let requested = match parse_sandbox(sandbox.as_deref()) {
+                Ok(m) => m,
+                Err(e) => return send(w, &request_error(&e)).await,
             };
-            let outcome = k.interrupt().await;
-            send(w, &Reply::Interrupt { outcome }).await
+            let source = (
+                from_owner.unwrap_or_else(|| owner.clone()),
+                from.unwrap_or_else(|| session.clone()),
+            );
+            let req = RestoreRequest {
+                into: SessionSpec {
+                    owner,
+                    session,
+                    python,
+                    sandbox: requested,
+                },
+                from: Some(source),
+                force: false,
+            };
+            match req.execute(reg).await {
+                Ok(report) => send(w, &Reply::Restored { report }).await,
+                Err(e) => send(w, &request_error(&e)).await,
+            }
         }
         Request::Stop => {
             send(

@@ -405,7 +405,9 @@ impl Journal {
         });
     }
 
-    /// Writes a settled cell and waits until it is committed.
+    /// Writes a settled cell and waits until it is committed. Its row
+    /// records the run, not a wait behind earlier cells: `started_ms` is
+    /// when the cell started running (its end less its `duration_ms`).
     ///
     /// # Errors
     /// [`JournalError`] if the row could not be written.
@@ -434,8 +436,8 @@ impl Journal {
                 "INSERT INTO cells (id, owner, session, generation, execution_count, code, status, started_ms,
                    ended_ms, duration_ms, stdout_head, stdout_tail, stderr_head, stderr_tail, display_files,
                    tool_calls, origin, context, files_read, files_written, files_truncated, error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
-                 ON CONFLICT (id) DO UPDATE SET generation=?4, execution_count=?5, status=?7, ended_ms=?8,
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 - ?9, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+                 ON CONFLICT (id) DO UPDATE SET generation=?4, execution_count=?5, status=?7, started_ms=?8 - ?9, ended_ms=?8,
                    duration_ms=?9, stdout_head=?10, stdout_tail=?11, stderr_head=?12, stderr_tail=?13,
                    display_files=?14, tool_calls=?15, files_read=?18, files_written=?19, files_truncated=?20, error=?21",
                 params![

@@ -1,7 +1,8 @@
 //! Sessions over kernels: a registry of kernels keyed by owner and session,
 //! their lifecycle (LRU cap, idle reaper, pinned children, shutdown), a warm
 //! pool of prespawned kernels, host tools run as external commands, the
-//! SQLite journal, and the configuration file.
+//! SQLite journal, the configuration file, and the request layer every
+//! surface goes through ([`requests`]).
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -10,6 +11,7 @@ pub mod journal;
 pub mod journal_schema;
 pub mod pool;
 pub mod registry;
+pub mod requests;
 pub mod templates;
 pub mod tools;
 
@@ -19,4 +21,5 @@ pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, Journal
 pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
 };
+pub use requests::{Deadline, RequestError, SessionSpec, Surface};
 pub use tools::{CommandTools, ToolSpec};

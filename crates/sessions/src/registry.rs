@@ -169,7 +169,7 @@ impl RegistryConfig {
 }
 
 /// What [`Registry::restore`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RestoreReport {
     /// The journaled generation that was replayed.
     pub from_generation: u64,
@@ -182,7 +182,7 @@ pub struct RestoreReport {
 }
 
 /// A cell [`Registry::restore`] did not replay.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RestoreSkip {
     /// Cell id.
     pub cell: String,
@@ -809,6 +809,27 @@ impl Registry {
         options: ExecOptions,
         origin: &Origin,
     ) -> Result<CellResult, RegistryError> {
+        let (r, journal_error) = self.execute_journaled(key, code, options, origin).await?;
+        if let Some(e) = journal_error {
+            tracing::warn!("cell {} not journaled: {e}", r.cell_id);
+        }
+        Ok(r)
+    }
+
+    /// [`Registry::execute`], and the journal's failure to record the
+    /// settled cell when it failed (the cell ran: its result is returned
+    /// beside the error, and the row is marked `failed` if the journal
+    /// still takes that).
+    ///
+    /// # Errors
+    /// As [`Registry::execute`].
+    pub async fn execute_journaled(
+        &self,
+        key: &Key,
+        code: &str,
+        options: ExecOptions,
+        origin: &Origin,
+    ) -> Result<(CellResult, Option<crate::journal::JournalError>), RegistryError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(RegistryError::ShutDown);
         }
@@ -874,12 +895,17 @@ impl Registry {
                 g.pending_reset = Some(why);
             }
         }
+        let mut journal_error = None;
         if let Some(j) = &self.journal
             && let Err(e) = j.cell_settled(&start, &r).await
         {
-            tracing::warn!("cell {} not journaled: {e}", r.cell_id);
+            let why = format!("its journal row could not be written: {e}");
+            if let Err(e2) = j.cell_failed(&start.id, "failed", &why).await {
+                tracing::warn!("cell {} left unsettled in the journal: {e2}", r.cell_id);
+            }
+            journal_error = Some(e);
         }
-        Ok(r)
+        Ok((r, journal_error))
     }
 
     /// Makes sure `key` has a live kernel (for benches and warm-up) and
@@ -902,17 +928,33 @@ impl Registry {
     /// [`RegistryError::Restore`] without a journal, without cells to
     /// replay, or with a live kernel and no `force`; kernel errors.
     pub async fn restore(&self, key: &Key, force: bool) -> Result<RestoreReport, RegistryError> {
+        self.restore_from(&key.owner, &key.session, key, force).await
+    }
+
+    /// [`Registry::restore`] of the journaled session `session` of `owner`
+    /// (that owner's only) into `key`'s session (which may be another
+    /// owner's or name: the host whose kernels outlive the command, the
+    /// CLI's daemon, rebuilds a session one-shot `run` journaled).
+    ///
+    /// # Errors
+    /// As [`Registry::restore`].
+    pub async fn restore_from(
+        &self,
+        owner: &str,
+        session: &str,
+        key: &Key,
+        force: bool,
+    ) -> Result<RestoreReport, RegistryError> {
         let Some(j) = &self.journal else {
             return Err(RegistryError::Restore("no journal is kept".into()));
         };
         let cells = j
-            .history(&key.owner, &key.session)
+            .history(owner, session)
             .await
             .map_err(|e| RegistryError::Restore(e.to_string()))?;
         let Some(last) = cells.iter().map(|c| c.generation).max() else {
             return Err(RegistryError::Restore(format!(
-                "session {} has no journaled cells",
-                key.session
+                "session {session} of owner {owner} has no journaled cells"
             )));
         };
         if let Some(k) = self.kernel(key) {

@@ -1,0 +1,50 @@
+//! `kill`: end a session's kernels and forget the session.
+
+use serde::Serialize;
+
+use super::{RequestError, live_keys, validate_session};
+use crate::registry::Registry;
+
+/// Kill every live kernel of an owner's session (and its delegated
+/// children) and forget it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillRequest {
+    /// The owner.
+    pub owner: String,
+    /// The session.
+    pub session: String,
+}
+
+/// What a kill did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KillReport {
+    /// The session.
+    pub session: String,
+    /// Kernels killed (one per interpreter and mode the session ran under).
+    pub killed: usize,
+}
+
+impl KillRequest {
+    /// Runs the request.
+    ///
+    /// # Errors
+    /// `bad_request`; `session_not_found` when the session has no live
+    /// kernel.
+    pub async fn execute(&self, reg: &Registry) -> Result<KillReport, RequestError> {
+        validate_session(&self.session)?;
+        let keys = live_keys(reg, &self.owner, &self.session);
+        if keys.is_empty() {
+            return Err(RequestError::SessionNotFound {
+                session: self.session.clone(),
+                live: true,
+            });
+        }
+        for k in &keys {
+            reg.dispose(k).await;
+        }
+        Ok(KillReport {
+            session: self.session.clone(),
+            killed: keys.len(),
+        })
+    }
+}

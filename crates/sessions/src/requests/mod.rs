@@ -1,0 +1,381 @@
+//! The request layer: one typed request per operation, validated once and
+//! executed against the [`Registry`]. Every surface — the CLI (one-shot
+//! `exec`, `run`, `repl`, and the daemon behind `exec --session`), HTTP and
+//! MCP — parses its input into one of these, calls its `execute`, and only
+//! renders what comes back; so a timeout, a sandbox mode, an owner and the
+//! busy rule mean the same on every surface.
+//!
+//! - A deadline is a [`Deadline`]: the configured default, none, or a
+//!   duration — one spelling of "no deadline".
+//! - Owners are namespaced by surface ([`Surface::owner`]): `cli:<user>`
+//!   (one-shot commands and the daemon), `http:<token owner>`,
+//!   `mcp:<connection>`, so sessions of one name on two surfaces never share
+//!   a journal or a generation count.
+//! - The busy rule: an execute on a session whose kernel runs (or queues) a
+//!   cell is refused with [`RequestError::SessionBusy`] (`session_busy`)
+//!   unless the request asks to queue; a queued cell's `duration_ms` counts
+//!   its own run only, and its `queued_ms` says how long it waited.
+//! - Every failure is a [`RequestError`] with a stable [`RequestError::code`].
+
+mod execute;
+mod history;
+mod interrupt;
+mod kill;
+mod list;
+mod read_output;
+mod restart;
+mod restore;
+mod run_notebook;
+mod variables;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cellhost_kernel::KernelError;
+use cellhost_sandbox::profile::SandboxMode;
+
+pub use execute::{ExecuteRequest, Executed};
+pub use history::{History, HistoryRequest};
+pub use interrupt::InterruptRequest;
+pub use kill::{KillReport, KillRequest};
+pub use list::{ListRequest, SessionSummary};
+pub use read_output::{OutputPage, ReadOutputRequest};
+pub use restart::{RestartReport, RestartRequest};
+pub use restore::RestoreRequest;
+pub use run_notebook::{RegistryRunner, RunNotebookRequest};
+pub use variables::VariablesRequest;
+
+use crate::registry::{Key, Registry, RegistryError};
+
+/// Longest session name, in bytes.
+pub const MAX_SESSION_NAME: usize = 128;
+
+/// A cell's deadline as a request gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deadline {
+    /// The registry's configured default (`cell_timeout_s`, 300 s unless
+    /// configured).
+    #[default]
+    Default,
+    /// No deadline: the cell runs until it ends or is interrupted.
+    None,
+    /// Interrupt the cell this long after it starts running.
+    After(Duration),
+}
+
+impl Deadline {
+    /// The deadline of a `timeout_s` field or `--timeout SECONDS` option:
+    /// absent is [`Deadline::Default`], `0` is [`Deadline::None`].
+    ///
+    /// # Errors
+    /// [`RequestError::BadRequest`] for a negative, non-finite or too large
+    /// number.
+    pub fn from_secs(secs: Option<f64>) -> Result<Deadline, RequestError> {
+        match secs {
+            None => Ok(Deadline::Default),
+            Some(s) if !s.is_finite() || s < 0.0 => Err(RequestError::bad_request(format!(
+                "a timeout is a number of seconds >= 0 (0 = none), got {s}"
+            ))),
+            Some(0.0) => Ok(Deadline::None),
+            Some(s) => Duration::try_from_secs_f64(s).map(Deadline::After).map_err(|_| {
+                RequestError::bad_request(format!("timeout {s:e} s is too large (0 means none)"))
+            }),
+        }
+    }
+
+    /// The deadline as the kernel's [`cellhost_kernel::ExecOptions::timeout`]
+    /// spells it (`None`: the kernel's default; `Some(ZERO)`: none).
+    pub fn as_exec_timeout(self) -> Option<Duration> {
+        match self {
+            Deadline::Default => None,
+            Deadline::None => Some(Duration::ZERO),
+            Deadline::After(d) => Some(d),
+        }
+    }
+
+    /// The effective deadline against a default (`None`: no deadline).
+    pub fn resolve(self, default: Option<Duration>) -> Option<Duration> {
+        match self {
+            Deadline::Default => default.filter(|d| !d.is_zero()),
+            Deadline::None => None,
+            Deadline::After(d) => Some(d),
+        }
+    }
+}
+
+/// The surface a request came through; it namespaces owners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Surface {
+    /// The `cellhost` command: one-shot commands and the daemon.
+    Cli,
+    /// The HTTP API (`serve`).
+    Http,
+    /// The MCP server.
+    Mcp,
+    /// A library caller.
+    Library,
+}
+
+impl Surface {
+    /// The prefix of the surface's owners (`cli`, `http`, `mcp`, `lib`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Surface::Cli => "cli",
+            Surface::Http => "http",
+            Surface::Mcp => "mcp",
+            Surface::Library => "lib",
+        }
+    }
+
+    /// The owner of `principal`'s sessions on this surface:
+    /// `<surface>:<principal>` (`cli:alice`, `http:local`).
+    pub fn owner(self, principal: &str) -> String {
+        format!("{}:{principal}", self.as_str())
+    }
+}
+
+/// The name of the user this process runs as (from the passwd database,
+/// else the uid as a number): the principal of CLI owners.
+pub fn local_user() -> String {
+    let uid = rustix::process::getuid().as_raw();
+    std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|p| {
+            p.lines().find_map(|l| {
+                let mut f = l.split(':');
+                let name = f.next()?;
+                let _pw = f.next()?;
+                (f.next()?.parse::<u32>().ok()? == uid && !name.is_empty()).then(|| name.to_string())
+            })
+        })
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// The owner of the CLI's sessions (one-shot commands and the daemon):
+/// `cli:<user>`.
+pub fn cli_owner() -> String {
+    Surface::Cli.owner(&local_user())
+}
+
+/// Errors of a request, each with a stable [`RequestError::code`] that
+/// every surface reports (HTTP derives its status from it, the daemon and
+/// MCP send it as is).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The request is malformed (a bad name, timeout, limit, mode).
+    #[error("{message}")]
+    BadRequest {
+        /// Why.
+        message: String,
+    },
+    /// The owner has no such session (or no live kernel where one is
+    /// needed).
+    #[error("no session named {session:?}{}", if *.live { " with a live kernel" } else { "" })]
+    SessionNotFound {
+        /// The session asked for.
+        session: String,
+        /// Whether a live kernel was what was missing.
+        live: bool,
+    },
+    /// The session's kernel is running (or queueing) a cell and the request
+    /// did not ask to queue.
+    #[error(
+        "session {session:?} is busy running cell {cell}; ask to queue (queue: true, --queue) or interrupt it"
+    )]
+    SessionBusy {
+        /// The session.
+        session: String,
+        /// The cell it runs (`queued` when only queued ones wait).
+        cell: String,
+    },
+    /// The journal could not be read or written.
+    #[error("journal: {message}")]
+    Journal {
+        /// Why.
+        message: String,
+    },
+    /// The registry refused or the kernel failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+impl RequestError {
+    /// A [`RequestError::BadRequest`].
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        RequestError::BadRequest {
+            message: message.into(),
+        }
+    }
+
+    /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
+    /// `journal_failed`, `kernel_failed`, or the registry's
+    /// ([`RegistryError::code`]: `sandbox_below_floor`,
+    /// `sandbox_unavailable`, `registry_full`, `shut_down`, `restore`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RequestError::BadRequest { .. } => "bad_request",
+            RequestError::SessionNotFound { .. } => "session_not_found",
+            RequestError::SessionBusy { .. } => "session_busy",
+            RequestError::Journal { .. } => "journal_failed",
+            RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
+            RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
+            RequestError::Registry(e) => match e.code() {
+                "kernel" => "kernel_failed",
+                c => c,
+            },
+        }
+    }
+
+    /// The caller's mistake (exit 2 on the CLI, 4xx on HTTP) rather than
+    /// a failure of the host or the kernel.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self.code(),
+            "bad_request" | "session_not_found" | "sandbox_below_floor"
+        )
+    }
+
+    /// The error as every surface's envelope carries it:
+    /// `{"code", "message", <fields>}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({"code": self.code(), "message": self.to_string()});
+        match self {
+            RequestError::SessionNotFound { session, .. } => v["session"] = session.clone().into(),
+            RequestError::SessionBusy { session, cell } => {
+                v["session"] = session.clone().into();
+                v["cell"] = cell.clone().into();
+            }
+            _ => {}
+        }
+        v
+    }
+}
+
+/// Checks a session name: 1-128 bytes, no control characters.
+///
+/// # Errors
+/// [`RequestError::BadRequest`].
+pub fn validate_session(name: &str) -> Result<(), RequestError> {
+    if name.is_empty() || name.len() > MAX_SESSION_NAME {
+        return Err(RequestError::bad_request(format!(
+            "a session name is 1-{MAX_SESSION_NAME} bytes, got {}",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(RequestError::bad_request(
+            "a session name has no control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// What names a session's kernel: owner, session, and the optional
+/// interpreter and sandbox mode a request asks for (each defaulting to the
+/// registry's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSpec {
+    /// The owner (see [`Surface::owner`]).
+    pub owner: String,
+    /// The session name.
+    pub session: String,
+    /// Interpreter (`None`: the registry's).
+    pub python: Option<PathBuf>,
+    /// Sandbox mode (`None`: the registry's floor; never below it).
+    pub sandbox: Option<SandboxMode>,
+}
+
+impl SessionSpec {
+    /// `session` of `owner` with the registry's interpreter and mode.
+    pub fn new(owner: impl Into<String>, session: impl Into<String>) -> Self {
+        SessionSpec {
+            owner: owner.into(),
+            session: session.into(),
+            python: None,
+            sandbox: None,
+        }
+    }
+
+    /// The registry key, validated.
+    ///
+    /// # Errors
+    /// [`RequestError::BadRequest`] for a bad name;
+    /// `sandbox_below_floor` for a mode weaker than the registry's.
+    pub fn key(&self, reg: &Registry) -> Result<Key, RequestError> {
+        validate_session(&self.session)?;
+        let mut key = reg.key_with_sandbox(&self.owner, &self.session, self.sandbox)?;
+        if let Some(p) = &self.python {
+            key.python = p.clone();
+        }
+        Ok(key)
+    }
+}
+
+/// The owner's keys of session `name` with a live kernel (any interpreter
+/// or mode).
+pub(crate) fn live_keys(reg: &Registry, owner: &str, name: &str) -> Vec<Key> {
+    reg.sessions_of(owner)
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.session == name)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_has_one_spelling_of_none() {
+        assert_eq!(Deadline::from_secs(None).ok(), Some(Deadline::Default));
+        assert_eq!(Deadline::from_secs(Some(0.0)).ok(), Some(Deadline::None));
+        assert_eq!(
+            Deadline::from_secs(Some(1.5)).ok(),
+            Some(Deadline::After(Duration::from_millis(1500)))
+        );
+        for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let e = Deadline::from_secs(Some(bad)).expect_err("refused");
+            assert_eq!(e.code(), "bad_request");
+        }
+        assert_eq!(Deadline::None.as_exec_timeout(), Some(Duration::ZERO));
+        assert_eq!(Deadline::Default.as_exec_timeout(), None);
+        let d = Some(Duration::from_secs(7));
+        assert_eq!(Deadline::Default.resolve(d), d);
+        assert_eq!(Deadline::Default.resolve(Some(Duration::ZERO)), None);
+        assert_eq!(Deadline::None.resolve(d), None);
+    }
+
+    #[test]
+    fn owners_are_namespaced_by_surface() {
+        assert_eq!(Surface::Cli.owner("local"), "cli:local");
+        assert_eq!(Surface::Http.owner("local"), "http:local");
+        assert_ne!(Surface::Cli.owner("local"), Surface::Http.owner("local"));
+        assert!(cli_owner().starts_with("cli:"));
+    }
+
+    #[test]
+    fn session_names_are_validated() {
+        assert!(validate_session("ana").is_ok());
+        assert!(validate_session("").is_err());
+        assert!(validate_session(&"x".repeat(129)).is_err());
+        assert!(validate_session("a\nb").is_err());
+    }
+
+    #[test]
+    fn errors_carry_codes_and_fields() {
+        let e = RequestError::SessionBusy {
+            session: "s".into(),
+            cell: "c1".into(),
+        };
+        assert_eq!(e.code(), "session_busy");
+        let v = e.to_json();
+        assert_eq!(v["code"], "session_busy");
+        assert_eq!(v["cell"], "c1");
+        let e = RequestError::SessionNotFound {
+            session: "s".into(),
+            live: false,
+        };
+        assert!(e.is_usage());
+        assert_eq!(e.to_json()["session"], "s");
+    }
+}

@@ -1,0 +1,107 @@
+//! `run_notebook`: execute a notebook cell by cell in one session.
+
+use std::sync::Arc;
+
+use cellhost_notebook::{CellRun, CellRunner, Notebook, Observer, RunOptions, RunSummary, execute_notebook};
+
+use super::{Deadline, ExecuteRequest, RequestError, SessionSpec};
+use crate::registry::{Key, Origin, Registry};
+
+/// Run every code cell of a notebook, in order, in one session, filling in
+/// its outputs (see [`cellhost_notebook::execute_notebook`]).
+#[derive(Debug, Clone)]
+pub struct RunNotebookRequest {
+    /// The session the cells run in.
+    pub session: SessionSpec,
+    /// Each cell's deadline.
+    pub deadline: Deadline,
+    /// Figures directory, `allow_errors`, stop flag (its `timeout` is set
+    /// from `deadline`).
+    pub options: RunOptions,
+    /// Who asks (journaled with every cell).
+    pub origin: Origin,
+}
+
+/// A [`CellRunner`] over one session of a registry: each cell an
+/// [`ExecuteRequest`] (queued behind nothing: a notebook's cells run one
+/// after another).
+#[derive(Debug)]
+pub struct RegistryRunner {
+    registry: Arc<Registry>,
+    key: Key,
+    session: SessionSpec,
+    deadline: Deadline,
+    origin: Origin,
+}
+
+impl RegistryRunner {
+    /// A runner for `session` of `registry`.
+    ///
+    /// # Errors
+    /// `bad_request`, `sandbox_below_floor` (the session's key).
+    pub fn new(
+        registry: Arc<Registry>,
+        session: SessionSpec,
+        deadline: Deadline,
+        origin: Origin,
+    ) -> Result<Self, RequestError> {
+        let key = session.key(&registry)?;
+        Ok(RegistryRunner {
+            registry,
+            key,
+            session,
+            deadline,
+            origin,
+        })
+    }
+
+    /// The session's key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+}
+
+impl CellRunner for RegistryRunner {
+    async fn run(&mut self, code: &str) -> Result<CellRun, String> {
+        let mut req = ExecuteRequest::new(self.session.clone(), code, self.origin.clone());
+        req.deadline = self.deadline;
+        let done = req.execute(&self.registry).await.map_err(|e| e.to_string())?;
+        Ok(CellRun {
+            result: done.result,
+            journal_error: done.journal_error,
+        })
+    }
+
+    fn kernel_info(&self) -> Option<(String, String)> {
+        self.registry.kernel(&self.key).map(|k| {
+            (
+                k.info().python_version.clone(),
+                self.key.python.display().to_string(),
+            )
+        })
+    }
+}
+
+impl RunNotebookRequest {
+    /// Runs the request on `nb` (its outputs replaced).
+    ///
+    /// # Errors
+    /// `bad_request`, `sandbox_below_floor`; a cell that cannot run or
+    /// fails is a [`RunSummary::stop`], not an error.
+    pub async fn execute(
+        &self,
+        registry: &Arc<Registry>,
+        nb: &mut Notebook,
+        observer: &mut impl Observer,
+    ) -> Result<RunSummary, RequestError> {
+        let mut runner = RegistryRunner::new(
+            registry.clone(),
+            self.session.clone(),
+            self.deadline,
+            self.origin.clone(),
+        )?;
+        let mut opts = self.options.clone();
+        opts.timeout = self.deadline.resolve(registry.config().template.cell_timeout);
+        Ok(execute_notebook(nb, &mut runner, &opts, observer).await)
+    }
+}
