@@ -25,7 +25,9 @@ pub struct OutputArgs {
 
 /// Runs `output`; returns the exit code (2 for a bad path or offset).
 pub fn run(args: OutputArgs) -> u8 {
-    match cellhost_kernel::read_spill(&args.path, args.offset, args.length) {
+    // The spill file is read by its absolute path, never through a link.
+    let path = std::path::absolute(&args.path).unwrap_or_else(|_| args.path.clone());
+    match cellhost_kernel::read_spill(&path, args.offset, args.length) {
         Ok(chunk) => {
             if args.json {
                 let v = serde_json::json!({

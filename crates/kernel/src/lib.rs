@@ -32,6 +32,7 @@ pub mod template;
 pub mod tools;
 pub mod worker_files;
 
+pub use cellhost_capture::hostfs;
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
 pub use config::{DisplayLimits, KernelConfig, resolve_python};
 pub use error::KernelError;

@@ -15,6 +15,7 @@ mod fds;
 mod http_tenants;
 mod kernel_view;
 mod modes;
+mod redteam;
 mod results;
 mod setid;
 mod slow_clients;

@@ -1,0 +1,219 @@
+//! Red team: holes found after the issue's items were closed, each an
+//! attack from inside a real kernel that must fail while the host stays
+//! healthy.
+//!
+//! * The host writes each cell's figures and spill files into the session
+//!   directory, which is bound read-write into the kernel: a kernel that
+//!   plants `cells/<id>/display-1.png -> /etc/cron.d/x` (or a link on the
+//!   spill file `stdout.txt`) had the host — root, or the host user — write
+//!   attacker bytes anywhere, and a link swapped in after the write had the
+//!   host read any host file back to a client (MCP image content, the
+//!   figure copies and embedded data of `run`). Now `cells/` is covered in
+//!   the kernel's view, and the host never follows a link (nor opens a
+//!   FIFO or a hard link) below a directory a kernel can write.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::common::{self, Env, text};
+
+/// Python that plants links to `VICTIM` on every file the host writes for
+/// this cell (its figure, its spill files, the `_files` directory of
+/// `run`), then makes the host write them: a PNG display and 60 KB of
+/// stdout. Prints `session-dir-seen` when the cell could see its session
+/// directory at all (so the attack is not vacuous) and `planted N`.
+const PLANT: &str = r#"
+import os, sys
+VICTIM = "@VICTIM@"
+st = sys.modules['cellhost_worker.state']
+sds = [l.split()[4] for l in open('/proc/self/mountinfo') if '/sessions/' in l.split()[4]]
+if sds:
+    print("session-dir-seen")
+planted = 0
+for sd in sds:
+    for rel in ['cells/%s/display-1.png' % st.current, 'cells/%s/stdout.txt' % st.current, 'cells/%s/result.png' % st.current]:
+        p = os.path.join(sd, rel)
+        try:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            os.symlink(os.path.join(VICTIM, os.path.basename(p)), p)
+            planted += 1
+        except OSError:
+            pass
+    try:
+        os.rename(os.path.join(sd, 'cells'), os.path.join(sd, 'cells-old'))
+        os.symlink(VICTIM, os.path.join(sd, 'cells'))
+        planted += 1
+    except OSError:
+        pass
+print("planted", planted)
+class P:
+    def _repr_png_(self):
+        return b'\x89PNG\r\n\x1a\n* * * * * root touch /tmp/cellhost-pwned\n'
+display(P())
+print("x" * 60000)
+P()
+"#;
+
+fn victim_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .expect("victim dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `exec` from a workdir that is not the state directory's parent (so the
+/// session directory is bound into the kernel as it is for a user).
+/// `None` when the kernel was refused: `enforce` as non-root, where the
+/// cgroup layer is missing (asserted).
+fn exec_in(env: &Env, wd: &Path, mode: &str, code: &str) -> Option<(i32, Value)> {
+    let py = common::python();
+    let o = env
+        .cmd(&["exec", "--python", py.as_str(), "--json", "--sandbox", mode, code])
+        .current_dir(wd)
+        .output()
+        .expect("run cellhost");
+    if mode == "enforce" && !common::is_root() {
+        assert!(
+            o.status.code() == Some(1) && String::from_utf8_lossy(&o.stderr).contains("refuses"),
+            "enforce as non-root: expected the kernel refused: {}",
+            text(&o)
+        );
+        return None;
+    }
+    let v: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o)));
+    Some((o.status.code().unwrap_or(-1), v))
+}
+
+/// One-shot `exec`, modes auto and enforce, root and non-root: links
+/// planted on the figure, result and spill paths are never followed by the
+/// host; the figure and the spill still land in the session directory.
+#[test]
+fn escape_red_session_dir_links_host_writes() {
+    for mode in ["auto", "enforce"] {
+        let env = Env::new();
+        let wd = env.path().join("wd");
+        std::fs::create_dir_all(&wd).expect("wd");
+        let victim = tempfile::Builder::new()
+            .prefix("cellhost-red-victim-")
+            .tempdir()
+            .expect("victim");
+        let plant = PLANT.replace("@VICTIM@", &victim.path().to_string_lossy());
+        let got = exec_in(&env, &wd, mode, &plant);
+        assert!(
+            victim_files(victim.path()).is_empty(),
+            "{mode}: the host wrote through a link the kernel planted: {:?}\n{got:?}",
+            victim_files(victim.path())
+        );
+        let Some((code, v)) = got else { continue };
+        assert_eq!(code, 0, "{mode}: {v}");
+        let stdout = v["stdout"].as_str().unwrap_or_default();
+        assert!(
+            stdout.contains("session-dir-seen"),
+            "{mode}: the attack did not run: {v}"
+        );
+        // What the host wrote is where it belongs, a regular file.
+        let fig = v["displays"][0]["data"]["image/png"]["path"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{mode}: no saved figure: {v}"));
+        let meta = std::fs::symlink_metadata(fig).expect("figure");
+        assert!(meta.file_type().is_file(), "{mode}: {fig} is not a regular file");
+        assert!(
+            fig.starts_with(&*env.state_dir().to_string_lossy()),
+            "{mode}: {fig}"
+        );
+        let spill = v["truncated"]["stdout"]["spill_path"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            std::fs::symlink_metadata(spill).is_ok_and(|m| m.file_type().is_file()),
+            "{mode}: spill {spill:?}: {v}"
+        );
+        // The host is healthy.
+        let (code, v) = exec_in(&env, &wd, mode, "print(6 * 7)").expect("ran before");
+        assert_eq!((code, v["stdout"].as_str()), (0, Some("42\n")), "{mode}: {v}");
+    }
+}
+
+/// `run`, mode auto (the mode every user gets; enforce shares its code
+/// path): a cell links the notebook's figure directory
+/// (`<stem>_files`) to a host directory, and a later cell's figure must
+/// not be copied there; a figure swapped for a link to a host file after
+/// the host saved it is not read back into the notebook.
+#[test]
+fn escape_red_run_figure_links() {
+    let env = Env::new();
+    let wd = env.path().join("nb");
+    std::fs::create_dir_all(&wd).expect("wd");
+    let victim = tempfile::Builder::new()
+        .prefix("cellhost-red-victim-")
+        .tempdir()
+        .expect("victim");
+    let secret = victim.path().join("host-secret");
+    std::fs::write(&secret, "red-host-secret-9f3k").expect("secret");
+    let nb = format!(
+        r#"# %%
+import os, sys, glob, time
+for d in ["nb.executed_files", "nb_files"]:
+    os.symlink({victim:?}, d)
+print("linked")
+# %%
+class P:
+    def _repr_png_(self):
+        return b'\x89PNG\r\n\x1a\n figure'
+display(P())
+st = sys.modules['cellhost_worker.state']
+sds = [l.split()[4] for l in open('/proc/self/mountinfo') if '/sessions/' in l.split()[4]]
+swapped = 0
+deadline = time.time() + 5
+while sds and time.time() < deadline and not swapped:
+    for f in glob.glob(os.path.join(sds[0], 'cells', st.current, 'display-*.png')):
+        try:
+            os.unlink(f)
+            os.symlink({secret:?}, f)
+            swapped += 1
+        except OSError:
+            pass
+    if not os.path.isdir(os.path.join(sds[0], 'cells', st.current)):
+        break
+print("swapped", swapped)
+# %%
+print(6 * 7)
+"#,
+        victim = victim.path().to_string_lossy(),
+        secret = secret.to_string_lossy(),
+    );
+    std::fs::write(wd.join("nb.py"), nb).expect("notebook");
+    let py = common::python();
+    let o = env
+        .cmd(&["run", "nb.py", "--python", py.as_str(), "--sandbox", "auto"])
+        .current_dir(&wd)
+        .output()
+        .expect("run");
+    let mut files = victim_files(victim.path());
+    files.retain(|f| f != "host-secret");
+    assert!(
+        files.is_empty(),
+        "the host wrote into a linked directory: {files:?}\n{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&secret).expect("secret"),
+        "red-host-secret-9f3k"
+    );
+    let out = std::fs::read_to_string(wd.join("nb.executed.ipynb")).expect("executed notebook");
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode("red-host-secret-9f3k");
+    assert!(
+        !out.contains(&b64) && !out.contains("red-host-secret"),
+        "host file read back: {out}"
+    );
+    assert!(
+        out.contains("linked") && out.contains("42"),
+        "the notebook did not run: {}\n{out}",
+        text(&o)
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
