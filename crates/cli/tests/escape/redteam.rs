@@ -217,3 +217,57 @@ print(6 * 7)
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// A cell that sets up an io_uring and submits `IORING_OP_OPENAT` with
+/// `O_CREAT` and mode 04755: the open runs without a syscall, so seccomp's
+/// argument filters (no set-ID modes, `openat2` refused) never see it.
+/// Prints `setup <errno name>` or `setup ok` and `openat <result>`.
+const URING: &str = r#"
+import ctypes, errno, mmap, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+p = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 4, p)
+if fd < 0:
+    print("setup", errno.errorcode.get(ctypes.get_errno(), "?"))
+else:
+    print("setup ok")
+    sq = struct.unpack_from("8IQ", p.raw, 40)
+    cq = struct.unpack_from("8IQ", p.raw, 80)
+    n_sq, n_cq = struct.unpack_from("2I", p.raw, 0)
+    ring = mmap.mmap(fd, max(sq[6] + n_sq * 4, cq[5] + n_cq * 16), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+    sqes = mmap.mmap(fd, n_sq * 64, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0x10000000)
+    path = ctypes.create_string_buffer(b"uring-made")
+    sqes[0:64] = struct.pack("BBHiQQIIQ", 18, 0, 0, -100, 0, ctypes.addressof(path), 0o4755, os.O_CREAT | os.O_WRONLY, 7).ljust(64, b"\0")
+    tail = struct.unpack_from("I", ring, sq[1])[0]
+    struct.pack_into("I", ring, sq[6] + 4 * (tail & struct.unpack_from("I", ring, sq[2])[0]), 0)
+    struct.pack_into("I", ring, sq[1], tail + 1)
+    libc.syscall(426, fd, 1, 1, 1, None, 0)
+    head = struct.unpack_from("I", ring, cq[0])[0]
+    print("openat", struct.unpack_from("QiI", ring, cq[5] + 16 * (head & struct.unpack_from("I", ring, cq[2])[0]))[1])
+"#;
+
+/// One-shot `exec`, modes auto and enforce, root and non-root: io_uring,
+/// a way around every seccomp filter, is refused (`EPERM`), and no file
+/// with a set-ID bit appears in the workdir.
+#[test]
+fn escape_red_io_uring_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    for mode in ["auto", "enforce"] {
+        let env = Env::new();
+        let wd = env.path().join("wd");
+        std::fs::create_dir_all(&wd).expect("wd");
+        let got = exec_in(&env, &wd, mode, URING);
+        let made = std::fs::metadata(wd.join("uring-made")).map(|m| m.permissions().mode());
+        assert!(
+            made.as_ref().map_or(true, |m| m & 0o6000 == 0),
+            "{mode}: a set-ID file through io_uring: {made:?}"
+        );
+        let Some((code, v)) = got else { continue };
+        assert_eq!(code, 0, "{mode}: {v}");
+        assert_eq!(v["stdout"], "setup EPERM\n", "{mode}: io_uring is available: {v}");
+        assert!(made.is_err(), "{mode}: io_uring created a file: {v}");
+        let (code, v) = exec_in(&env, &wd, mode, "print(6 * 7)").expect("ran before");
+        assert_eq!((code, v["stdout"].as_str()), (0, Some("42\n")), "{mode}: {v}");
+    }
+}
