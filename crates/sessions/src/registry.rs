@@ -597,10 +597,13 @@ impl Registry {
         // The key's mode is the kernel's, always (never the template's or
         // the config's in its place).
         cfg.sandbox.mode = key.sandbox;
+        // Named like the workdir, with a hash of the whole name: sessions
+        // whose names differ only in characters a directory name cannot
+        // hold (`a.b`, `a_b`) or past its 60th never share a directory.
         cfg.session_dir = self
             .staging
-            .join(sanitize(&key.owner))
-            .join(format!("{}-g{generation}", sanitize(&key.session)));
+            .join(path_name(&key.owner))
+            .join(format!("{}-g{generation}", path_name(&key.session)));
         let tools = cfg
             .tool_host
             .take()

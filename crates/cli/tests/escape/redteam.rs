@@ -271,3 +271,79 @@ fn escape_red_io_uring_is_refused() {
         assert_eq!((code, v["stdout"].as_str()), (0, Some("42\n")), "{mode}: {v}");
     }
 }
+
+/// Runs `code` in session `name` of `serve` as `token`'s owner; the result.
+fn serve_exec(serve: &crate::http_tenants::Serve, token: &str, name: &str, code: &str) -> Value {
+    let auth = format!("Bearer {token}");
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let create = serde_json::json!({ "name": name }).to_string();
+    let a = serve.request("POST", "/v1/sessions", &headers, &create);
+    assert!(a.status == 201 || a.status == 409, "{name}: {a:?}");
+    let path = format!(
+        "/v1/sessions/{}/execute",
+        name.replace('.', "%2E").replace('/', "%2F")
+    );
+    let body = serde_json::json!({ "code": code }).to_string();
+    let a = serve.request("POST", &path, &headers, &body);
+    assert_eq!(a.status, 200, "{name}: {a:?}");
+    serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {a:?}"))
+}
+
+/// Python that writes a file named `@MARK@` into every read-write
+/// directory of the kernel's view (its workdir, its session directory) and
+/// prints the directories.
+const DROP_MARK: &str = r#"
+import os
+rw = [l.split()[4] for l in open('/proc/self/mountinfo') if l.split()[5].startswith('rw') and l.split()[4] not in ('/proc', '/dev/shm', '/tmp', '/dev')]
+for d in rw:
+    try:
+        if os.path.isdir(d):
+            open(os.path.join(d, '@MARK@'), 'w').write('x')
+    except OSError:
+        pass
+print(sorted(rw))
+"#;
+
+/// Python that prints every file named `@MARK@` in its read-write view.
+const FIND_MARK: &str = r#"
+import os
+found = []
+for l in open('/proc/self/mountinfo'):
+    d = l.split()[4]
+    if l.split()[5].startswith('rw') and os.path.isdir(d):
+        for root, dirs, files in os.walk(d):
+            found += [os.path.join(root, f) for f in files if f == '@MARK@']
+print("found", found)
+"#;
+
+/// `serve`, mode auto, root and non-root: sessions whose names differ only
+/// in characters a directory name cannot hold (`a.b`, `a_b`) or only
+/// past their first 60 characters must not share their session directory:
+/// a file one session writes anywhere it can is not visible to the other.
+#[test]
+fn escape_red_serve_sessions_with_alike_names_share_no_directory() {
+    use crate::http_tenants::{ALICE, Serve};
+    let serve = Serve::start(&[]);
+    let long = "L".repeat(60);
+    let pairs = [
+        ("a.b".to_string(), "a_b".to_string()),
+        (format!("{long}x"), format!("{long}y")),
+    ];
+    for (i, (first, second)) in pairs.iter().enumerate() {
+        let mark = format!("red-mark-{i}");
+        let v = serve_exec(&serve, ALICE, first, &DROP_MARK.replace("@MARK@", &mark));
+        assert_eq!(v["status"], "ok", "{first}: {v}");
+        let v = serve_exec(&serve, ALICE, second, &FIND_MARK.replace("@MARK@", &mark));
+        assert_eq!(v["status"], "ok", "{second}: {v}");
+        assert_eq!(
+            v["stdout"], "found []\n",
+            "session {second:?} sees what session {first:?} wrote: {v}"
+        );
+    }
+    // The host is healthy: the first session still answers.
+    let v = serve_exec(&serve, ALICE, "a.b", "print(6 * 7)");
+    assert_eq!(v["stdout"], "42\n", "{v}");
+}
