@@ -362,7 +362,11 @@ fn embed(
 ) -> Map<String, Value> {
     let mut data = Map::new();
     for (mime, v) in bundle {
-        if let Some(path) = v.get("path").and_then(Value::as_str) {
+        if let Some(path) = v
+            .get("path")
+            .and_then(Value::as_str)
+            .filter(|_| cellhost_kernel::is_saved_file_mime(mime))
+        {
             // The figure is in the session directory and its copy goes
             // beside the notebook, maybe the kernel's workdir: links the
             // kernel planted in either are never followed.

@@ -23,6 +23,7 @@ mod init_proc;
 pub mod kernel;
 mod marker;
 mod outputs;
+pub use outputs::is_saved_file_mime;
 pub mod result;
 mod ring;
 mod seal;

@@ -24,6 +24,13 @@ pub(crate) const BINARY_MIMES: &[(&str, &str)] = &[
     ("application/pdf", "pdf"),
 ];
 
+/// Whether a result bundle's `mime` entry is a file the host saved
+/// (`{"path", "bytes"}`, or `{"error"}`): only these entries' paths may be
+/// read, never a path in any other entry (a worker can put any JSON there).
+pub fn is_saved_file_mime(mime: &str) -> bool {
+    BINARY_MIMES.iter().any(|(m, _)| *m == mime)
+}
+
 /// MIME types whose data is text (kept inline, redacted): `text/*`, JSON,
 /// XML, SVG and JavaScript. Everything else is binary data (base64 in a
 /// frame), which cannot be masked, only refused.
@@ -213,6 +220,13 @@ pub(crate) fn save_bundle(
                 Ok(json!({"path": path, "bytes": bytes.len()}))
             });
             out.insert(mime, saved.unwrap_or_else(|e| json!({"error": e})));
+            continue;
+        }
+        // Binary data of other types is a base64 string; anything else
+        // (an object such as `{"path": "/etc/shadow"}`) would look like a
+        // file the host saved to whoever reads the bundle.
+        if !is_text_mime(&mime) && !value.is_string() {
+            out.insert(mime, json!({"error": "not a base64 string"}));
             continue;
         }
         let value = if value_size(&value) > max_inline_text as u64 {

@@ -347,3 +347,87 @@ fn escape_red_serve_sessions_with_alike_names_share_no_directory() {
     let v = serve_exec(&serve, ALICE, "a.b", "print(6 * 7)");
     assert_eq!(v["stdout"], "42\n", "{v}");
 }
+
+/// Python that finds the worker's control socket (the highest socket fd)
+/// and sends frames on it: `send(frame_dict)`.
+const FORGE: &str = r#"
+import os, socket, stat, json, sys
+def _ctl():
+    best = None
+    for name in os.listdir('/proc/self/fd'):
+        try:
+            fd = int(name)
+            if stat.S_ISSOCK(os.fstat(fd).st_mode) and (best is None or fd > best):
+                best = fd
+        except (OSError, ValueError):
+            pass
+    return socket.socket(fileno=os.dup(best))
+_sock = _ctl()
+def send(frame):
+    _sock.sendall(json.dumps(frame).encode() + b"\n")
+"#;
+
+/// `run`, mode auto, root and non-root: a hostile worker forges a display
+/// (and a result) whose entries look like files the host saved —
+/// `{"path": <host file>}` under an unknown binary type, `application/json`
+/// and `image/png` — and the host must not read that file into the
+/// notebook or copy it beside it (both in the kernel's workdir).
+#[test]
+fn escape_red_forged_display_paths_are_not_read() {
+    let env = Env::new();
+    let wd = env.path().join("nb");
+    std::fs::create_dir_all(&wd).expect("wd");
+    let victim = tempfile::Builder::new()
+        .prefix("cellhost-red-victim-")
+        .tempdir()
+        .expect("victim");
+    let secret = victim.path().join("host-secret");
+    std::fs::write(&secret, "red-host-secret-4k2q").expect("secret");
+    let fake = serde_json::json!({ "path": secret, "bytes": 20 });
+    let data = serde_json::json!({
+        "application/x-foo": fake,
+        "application/json": fake,
+        "image/png": fake,
+        "text/plain": "forged",
+    });
+    let nb = format!(
+        "# %%\n{FORGE}\nst = sys.modules['cellhost_worker.state']\n\
+         send({{'type': 'display', 'id': st.current, 'data': json.loads({data:?}), 'metadata': {{}}}})\n\
+         print('forged')\n# %%\nprint(6 * 7)\n",
+        data = data.to_string(),
+    );
+    std::fs::write(wd.join("nb.py"), nb).expect("notebook");
+    let py = common::python();
+    let o = env
+        .cmd(&["run", "nb.py", "--python", py.as_str(), "--sandbox", "auto"])
+        .current_dir(&wd)
+        .output()
+        .expect("run");
+    let out = std::fs::read_to_string(wd.join("nb.executed.ipynb")).expect("executed notebook");
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode("red-host-secret-4k2q");
+    assert!(
+        !out.contains(&b64) && !out.contains("red-host-secret"),
+        "host file read into the notebook: {out}"
+    );
+    let mut copied = Vec::new();
+    for d in std::fs::read_dir(&wd).expect("wd").flatten() {
+        if d.path().is_dir() {
+            for f in std::fs::read_dir(d.path()).expect("files dir").flatten() {
+                if std::fs::read_to_string(f.path()).is_ok_and(|s| s.contains("red-host-secret")) {
+                    copied.push(f.path());
+                }
+            }
+        }
+    }
+    assert!(
+        copied.is_empty(),
+        "host file copied beside the notebook: {copied:?}"
+    );
+    assert!(
+        out.contains("forged") && out.contains("42"),
+        "the notebook did not run: {}\n{out}",
+        text(&o)
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
