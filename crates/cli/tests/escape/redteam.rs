@@ -27,8 +27,12 @@ const PLANT: &str = r#"
 import os, sys
 VICTIM = "@VICTIM@"
 st = sys.modules['cellhost_worker.state']
-sds = [l.split()[4] for l in open('/proc/self/mountinfo') if '/sessions/' in l.split()[4]]
-if sds:
+# Every read-write directory bound from the host: the workdir and the
+# session directory (under `sessions/` or, in a long-lived host, `staging/`).
+sds = [l.split()[4] for l in open('/proc/self/mountinfo')
+       if l.split()[5].startswith('rw') and l.split()[4] not in ('/proc', '/dev', '/dev/shm', '/tmp')
+       and not l.split()[4].startswith('/dev/')]
+if any('/sessions/' in d or '/staging/' in d for d in sds):
     print("session-dir-seen")
 planted = 0
 for sd in sds:
@@ -430,4 +434,66 @@ fn escape_red_forged_display_paths_are_not_read() {
         text(&o)
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// Daemon sessions (`exec --session`, mode auto) with `preload` set: as
+/// root the kernels are forked from a template (pool directories under
+/// `staging/`), as another user they start cold; either way links planted
+/// on the host's files are never followed.
+#[test]
+fn escape_red_session_dir_links_daemon_and_template() {
+    let env = Env::new();
+    let wd = env.path().join("wd");
+    std::fs::create_dir_all(&wd).expect("wd");
+    let victim = tempfile::Builder::new()
+        .prefix("cellhost-red-victim-")
+        .tempdir()
+        .expect("victim");
+    let plant = format!(
+        "{}\nprint('forked', 'cellhost_worker.template' in sys.modules)\n",
+        PLANT.replace("@VICTIM@", &victim.path().to_string_lossy())
+    );
+    let py = common::python();
+    let run = |session: &str, code: &str| -> Value {
+        let o = env
+            .cmd(&[
+                "exec",
+                "--session",
+                session,
+                "--python",
+                py.as_str(),
+                "--json",
+                "--sandbox",
+                "auto",
+                code,
+            ])
+            .current_dir(&wd)
+            .env("CELLHOST_PRELOAD", "colorsys")
+            .output()
+            .expect("run cellhost");
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o)))
+    };
+    // Sessions until one is forked from the template (it starts in the
+    // background; the first kernels may start cold meanwhile).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut n = 0;
+    let forked = loop {
+        n += 1;
+        let v = run(&format!("attacker{n}"), &plant);
+        assert!(
+            victim_files(victim.path()).is_empty(),
+            "the host wrote through a planted link: {:?}\n{v}",
+            victim_files(victim.path())
+        );
+        let out = v["stdout"].as_str().unwrap_or_default().to_string();
+        assert!(out.contains("session-dir-seen"), "the attack did not run: {v}");
+        let forked = out.contains("forked True");
+        if forked || !common::is_root() || std::time::Instant::now() > deadline {
+            break forked;
+        }
+    };
+    // A sandboxed template needs root: as another user kernels start cold.
+    assert_eq!(forked, common::is_root(), "forked from the template");
+    let v = run("attacker1", "print(6 * 7)");
+    assert_eq!(v["stdout"], "42\n", "{v}");
 }
