@@ -353,7 +353,11 @@ impl Registry {
     pub async fn start(cfg: RegistryConfig, journal: Option<Arc<Journal>>) -> std::io::Result<Arc<Registry>> {
         let staging_root = cfg.root.join("staging");
         let stamp = crate::journal::now_ms();
-        let staging = staging_root.join(format!("{}-{stamp}", std::process::id()));
+        // Named with a random nonce, not the host's pid: kernels see the
+        // path of their session directory below it.
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::fill(&mut nonce);
+        let staging = staging_root.join(format!("{stamp}-{:016x}", u64::from_le_bytes(nonce)));
         std::fs::create_dir_all(&staging)?;
         std::fs::write(staging.join("host.pid"), std::process::id().to_string())?;
         let swept = sweep_staging(&staging_root, cfg.staging_max_age, &staging);

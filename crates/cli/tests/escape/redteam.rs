@@ -497,3 +497,89 @@ fn escape_red_session_dir_links_daemon_and_template() {
     let v = run("attacker1", "print(6 * 7)");
     assert_eq!(v["stdout"], "42\n", "{v}");
 }
+
+/// Python that prints every host path component the kernel can learn: its
+/// mount points and its working directory, split at `/` and `-`.
+const PATH_WORDS: &str = r#"
+import os, re
+words = set()
+paths = [l.split()[4] for l in open('/proc/self/mountinfo')] + [os.getcwd()]
+for p in paths:
+    words.update(w for w in re.split(r'[/_.-]', p) if w)
+print(" ".join(sorted(words)))
+"#;
+
+/// One-shot `exec` and a daemon session, mode auto, root and non-root:
+/// the host's pid (the `cellhost` process, the daemon) appears in no path
+/// the kernel sees (its session directory used to be named after it).
+#[test]
+fn escape_red_host_pid_is_not_in_the_kernels_paths() {
+    let env = Env::new();
+    let wd = env.path().join("wd");
+    std::fs::create_dir_all(&wd).expect("wd");
+    let py = common::python();
+    let child = env
+        .cmd(&[
+            "exec",
+            "--python",
+            py.as_str(),
+            "--json",
+            "--sandbox",
+            "auto",
+            PATH_WORDS,
+        ])
+        .current_dir(&wd)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let host = child.id().to_string();
+    let o = child.wait_with_output().expect("exec");
+    let v: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o)));
+    let words = v["stdout"].as_str().unwrap_or_default().to_string();
+    assert!(words.contains("exec"), "no session directory seen: {v}");
+    assert!(
+        !words.split_whitespace().any(|w| w == host),
+        "exec's pid {host} in the kernel's paths: {words}"
+    );
+
+    let o = env
+        .cmd(&[
+            "exec",
+            "--session",
+            "s",
+            "--python",
+            py.as_str(),
+            "--json",
+            "--sandbox",
+            "auto",
+            PATH_WORDS,
+        ])
+        .current_dir(&wd)
+        .output()
+        .expect("exec --session");
+    let v: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o)));
+    let daemon = env.daemon_pid().expect("daemon pid").to_string();
+    let words = v["stdout"].as_str().unwrap_or_default().to_string();
+    assert!(words.contains("staging"), "no session directory seen: {v}");
+    assert!(
+        !words.split_whitespace().any(|w| w == daemon),
+        "the daemon's pid {daemon} in the kernel's paths: {words}"
+    );
+    let o = env
+        .cmd(&[
+            "exec",
+            "--session",
+            "s",
+            "--python",
+            py.as_str(),
+            "--sandbox",
+            "auto",
+            "print(6 * 7)",
+        ])
+        .current_dir(&wd)
+        .output()
+        .expect("exec --session");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n", "{}", text(&o));
+}
