@@ -49,6 +49,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod hostfs;
 mod redact;
 mod render;
 mod sink;
@@ -169,6 +170,18 @@ impl StreamCapture {
                 spill_path,
             ),
         }
+    }
+
+    /// Creates the spill file without following any link below `root` (a
+    /// directory the kernel can write, such as its session directory): a
+    /// link, FIFO or hard link planted on the spill path makes the spill
+    /// fail (`spill_error`) instead of writing elsewhere. `spill_path`
+    /// must lie below `root`; the truncation record then gives the
+    /// canonical path. Without it the file's own directory is the root.
+    #[must_use]
+    pub fn spill_beneath(mut self, root: PathBuf) -> Self {
+        self.sink.spill_root = Some(root);
+        self
     }
 
     /// Feeds raw bytes as read from the pipe (any split, any bytes). Returns

@@ -1,6 +1,6 @@
 //! The bounded inline view (head + tail) and the spill file.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -74,7 +74,7 @@ pub fn read_spill(path: &Path, offset: u64, length: u64) -> Result<SpillChunk, C
             source,
         }
     };
-    let mut f = File::open(path).map_err(io("open"))?;
+    let mut f = crate::hostfs::open_verified(path).map_err(io("open"))?;
     let total = f.metadata().map_err(io("open"))?.len();
     if offset > total {
         return Err(CaptureError::OffsetOutOfRange {
@@ -260,6 +260,9 @@ pub(crate) struct Sink {
     head_cap: usize,
     tail_cap: usize,
     spill_cap: u64,
+    /// The trusted directory below which no link of the spill path is
+    /// followed (the session directory a kernel can write).
+    pub(crate) spill_root: Option<PathBuf>,
     head: String,
     head_closed: bool,
     /// The stream after the head; holds at least its last `tail_keep()` bytes.
@@ -303,18 +306,22 @@ fn fail(path: PathBuf, op: &str, e: &std::io::Error) -> Spill {
     }
 }
 
-fn create_spill(path: &Path) -> std::io::Result<File> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut o = OpenOptions::new();
-    o.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        o.mode(0o600);
-    }
-    o.open(path)
+/// Creates the spill file at `path` without following a link below
+/// `root` (or below the file's own directory when there is no root), and
+/// returns it with its canonical path.
+fn create_spill(path: &Path, root: Option<&Path>) -> std::io::Result<(File, PathBuf)> {
+    let (root, rel) = match root.and_then(|r| path.strip_prefix(r).ok().map(|rel| (r, rel))) {
+        Some(x) => x,
+        None => {
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            std::fs::create_dir_all(dir)?;
+            (dir, Path::new(path.file_name().unwrap_or_default()))
+        }
+    };
+    crate::hostfs::create_beneath(root, rel)
 }
 
 impl Sink {
@@ -346,6 +353,7 @@ impl Sink {
             head_cap,
             tail_cap: inline - head_cap,
             spill_cap,
+            spill_root: None,
             head: String::new(),
             head_closed: false,
             tail: String::new(),
@@ -379,8 +387,8 @@ impl Sink {
                 // First time over the inline size: everything so far is
                 // still in head + tail; write it, then keep streaming.
                 let path = std::mem::take(path);
-                self.spill = match create_spill(&path) {
-                    Ok(f) => Spill::Active {
+                self.spill = match create_spill(&path, self.spill_root.as_deref()) {
+                    Ok((f, path)) => Spill::Active {
                         path,
                         w: SpillWriter::new(f),
                         written: 0,

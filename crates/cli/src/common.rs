@@ -74,7 +74,9 @@ pub fn new_session_dir(prefix: &str) -> PathBuf {
         .unwrap_or(0);
     let root = state_dir().join("sessions");
     sweep_old_sessions(&root, SESSION_DIR_MAX_AGE);
-    root.join(format!("{prefix}-{stamp}-{}", std::process::id()))
+    // A random suffix, not the host's pid: the kernel sees this path.
+    let nonce = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), stamp);
+    root.join(format!("{prefix}-{stamp}-{nonce:016x}"))
 }
 
 /// Session directories of one-off commands (their figures and spilled

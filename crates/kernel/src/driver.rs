@@ -598,14 +598,20 @@ impl Driver {
                 let n = a.budget.kept();
                 let redactor = &self.config.redactor;
                 let max_text = self.config.display_limits.max_inline_text;
-                let mut d =
-                    match outputs::save_bundle(data, &a.dir, &format!("display-{n}"), redactor, max_text) {
-                        outputs::Saved::Bundle(data) => DisplayOutput { data, metadata },
-                        outputs::Saved::Withheld(mime) => {
-                            a.budget.withheld();
-                            outputs::withheld_note(&mime)
-                        }
-                    };
+                let mut d = match outputs::save_bundle(
+                    data,
+                    &self.config.session_dir,
+                    &a.dir,
+                    &format!("display-{n}"),
+                    redactor,
+                    max_text,
+                ) {
+                    outputs::Saved::Bundle(data) => DisplayOutput { data, metadata },
+                    outputs::Saved::Withheld(mime) => {
+                        a.budget.withheld();
+                        outputs::withheld_note(&mime)
+                    }
+                };
                 seal::seal_display(&mut d, redactor);
                 if let Some(live) = &a.q.options.live {
                     let _ = live.send(LiveEvent::Display(d.clone()));
@@ -1052,7 +1058,7 @@ impl Driver {
         let _ = getrandom::fill(&mut token);
         let hex: String = token.iter().map(|b| format!("{b:02x}")).collect();
         let marker = format!("\u{1}cellhost-end-{hex}\u{1}");
-        let dir = self.config.session_dir.join("cells").join(&q.id);
+        let dir = self.config.session_dir.join(crate::kernel::CELLS_DIR).join(&q.id);
         let timeout = match q.options.timeout {
             Some(d) if d.is_zero() => None,
             Some(d) => Some(d),
@@ -1065,6 +1071,7 @@ impl Driver {
                 redactor.clone(),
                 Some(dir.join(format!("{name}.txt"))),
             )
+            .spill_beneath(self.config.session_dir.clone())
         };
         let started = Instant::now();
         let frame = HostFrame::Execute {
@@ -1210,7 +1217,8 @@ impl Driver {
                     return None;
                 }
                 let max_text = self.config.display_limits.max_inline_text;
-                match outputs::save_bundle(r, &a.dir, "result", &redactor, max_text) {
+                match outputs::save_bundle(r, &self.config.session_dir, &a.dir, "result", &redactor, max_text)
+                {
                     outputs::Saved::Bundle(b) => Some(b),
                     outputs::Saved::Withheld(mime) => {
                         a.budget.withheld();

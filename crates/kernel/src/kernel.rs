@@ -753,6 +753,9 @@ impl Prepared {
             .map_err(|e| KernelError::io(&label, "writing the worker package", e))?;
         std::fs::create_dir_all(&config.session_dir)
             .map_err(|e| KernelError::io(&label, format!("creating {}", config.session_dir.display()), e))?;
+        let cells = config.session_dir.join(CELLS_DIR);
+        host_only_dir(&cells)
+            .map_err(|e| KernelError::io(&label, format!("creating {}", cells.display()), e))?;
         let mode = config.sandbox.mode;
         let sandboxed = mode != SandboxMode::Off;
         let mut host_layers: Vec<LayerStatus> = Vec::new();
@@ -925,10 +928,30 @@ fn init_spec(
     }
 }
 
-/// The host paths a kernel must never see (the profile's, and the host's
-/// `$XDG_RUNTIME_DIR` with the sockets of its session), canonical.
+/// The directory of the session directory where the host keeps each
+/// cell's spill files and figures (`cells/<cell id>/`). It is covered in
+/// the kernel's view, so a kernel can neither read nor replace what the
+/// host wrote there, nor plant links in it.
+pub(crate) const CELLS_DIR: &str = "cells";
+
+/// Makes `dir` a real directory of the host: anything else at that path (a
+/// link or file a kernel of an earlier generation left) is removed first.
+fn host_only_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_dir() => return Ok(()),
+        Ok(_) => std::fs::remove_file(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(dir)
+}
+
+/// The host paths a kernel must never see (the profile's, the host's
+/// `$XDG_RUNTIME_DIR` with the sockets of its session, and the session
+/// directory's [`CELLS_DIR`]), canonical.
 fn hidden_paths(config: &KernelConfig) -> Vec<std::path::PathBuf> {
     let mut v: Vec<std::path::PathBuf> = config.sandbox.hidden.clone();
+    v.push(config.session_dir.join(CELLS_DIR));
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         v.push(d.into());
     }

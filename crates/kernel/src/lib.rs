@@ -23,6 +23,7 @@ mod init_proc;
 pub mod kernel;
 mod marker;
 mod outputs;
+pub use outputs::is_saved_file_mime;
 pub mod result;
 mod ring;
 mod seal;
@@ -32,6 +33,7 @@ pub mod template;
 pub mod tools;
 pub mod worker_files;
 
+pub use cellhost_capture::hostfs;
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
 pub use config::{DisplayLimits, KernelConfig, resolve_python};
 pub use error::KernelError;

@@ -4,7 +4,8 @@
 //! [`DisplayLimits`].
 
 use std::fs;
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use cellhost_capture::Redactor;
@@ -22,6 +23,13 @@ pub(crate) const BINARY_MIMES: &[(&str, &str)] = &[
     ("image/bmp", "bmp"),
     ("application/pdf", "pdf"),
 ];
+
+/// Whether a result bundle's `mime` entry is a file the host saved
+/// (`{"path", "bytes"}`, or `{"error"}`): only these entries' paths may be
+/// read, never a path in any other entry (a worker can put any JSON there).
+pub fn is_saved_file_mime(mime: &str) -> bool {
+    BINARY_MIMES.iter().any(|(m, _)| *m == mime)
+}
 
 /// MIME types whose data is text (kept inline, redacted): `text/*`, JSON,
 /// XML, SVG and JavaScript. Everything else is binary data (base64 in a
@@ -158,9 +166,12 @@ pub(crate) fn value_size(v: &Value) -> u64 {
 /// an entry that is not valid base64 or cannot be written becomes
 /// `{"error": "..."}` rather than failing the cell), and strings are
 /// redacted; a text entry longer than `max_inline_text` bytes is replaced
-/// by a note.
+/// by a note. Files are created below `root` (the session directory the
+/// kernel can write) without following any link there
+/// ([`cellhost_capture::hostfs::create_beneath`]); `dir` lies below it.
 pub(crate) fn save_bundle(
     data: Map<String, Value>,
+    root: &Path,
     dir: &Path,
     stem: &str,
     redactor: &Redactor,
@@ -196,12 +207,26 @@ pub(crate) fn save_bundle(
                 None => Err("not a base64 string".to_string()),
             };
             let saved = bytes.and_then(|bytes| {
-                fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-                let path = dir.join(format!("{stem}.{ext}"));
-                fs::write(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+                let name = dir.join(format!("{stem}.{ext}"));
+                let (root, rel) = match name.strip_prefix(root) {
+                    Ok(rel) => (root, rel.to_path_buf()),
+                    Err(_) => (dir, PathBuf::from(format!("{stem}.{ext}"))),
+                };
+                fs::create_dir_all(root).map_err(|e| e.to_string())?;
+                let (mut f, path) = cellhost_capture::hostfs::create_beneath(root, &rel)
+                    .map_err(|e| format!("{}: {e}", name.display()))?;
+                f.write_all(&bytes)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
                 Ok(json!({"path": path, "bytes": bytes.len()}))
             });
             out.insert(mime, saved.unwrap_or_else(|e| json!({"error": e})));
+            continue;
+        }
+        // Binary data of other types is a base64 string; anything else
+        // (an object such as `{"path": "/etc/shadow"}`) would look like a
+        // file the host saved to whoever reads the bundle.
+        if !is_text_mime(&mime) && !value.is_string() {
+            out.insert(mime, json!({"error": "not a base64 string"}));
             continue;
         }
         let value = if value_size(&value) > max_inline_text as u64 {
@@ -255,6 +280,7 @@ mod tests {
         let out = saved(save_bundle(
             m,
             dir.path(),
+            dir.path(),
             "display-1",
             &Redactor::disabled(),
             1 << 20,
@@ -270,7 +296,14 @@ mod tests {
     fn bad_base64_is_an_error_entry_not_a_failure() {
         let dir = tempfile::tempdir().expect("tempdir");
         let m = bundle(&[("image/png", "%%%")]);
-        let out = saved(save_bundle(m, dir.path(), "d", &Redactor::disabled(), 1 << 20));
+        let out = saved(save_bundle(
+            m,
+            dir.path(),
+            dir.path(),
+            "d",
+            &Redactor::disabled(),
+            1 << 20,
+        ));
         assert!(out["image/png"]["error"].is_string());
     }
 
@@ -289,7 +322,7 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
         for mime in ["image/png", "application/pdf", "application/octet-stream"] {
             let m = bundle(&[(mime, &b64), ("text/plain", "<Figure>")]);
-            match save_bundle(m, dir.path(), "display-1", &r, 1 << 20) {
+            match save_bundle(m, dir.path(), dir.path(), "display-1", &r, 1 << 20) {
                 Saved::Withheld(got) => assert_eq!(got, mime),
                 Saved::Bundle(b) => panic!("{mime} kept: {b:?}"),
             }
@@ -297,7 +330,7 @@ mod tests {
         // The base64 text itself carrying the value is refused too.
         let m = bundle(&[("image/gif", "Zq7-very-secret-Value")]);
         assert!(matches!(
-            save_bundle(m, dir.path(), "d", &r, 1 << 20),
+            save_bundle(m, dir.path(), dir.path(), "d", &r, 1 << 20),
             Saved::Withheld(_)
         ));
         assert_eq!(
@@ -307,7 +340,7 @@ mod tests {
         );
         // Text is masked, not withheld.
         let m = bundle(&[("text/html", "<b>Zq7-very-secret-Value</b>")]);
-        let out = saved(save_bundle(m, dir.path(), "d", &r, 1 << 20));
+        let out = saved(save_bundle(m, dir.path(), dir.path(), "d", &r, 1 << 20));
         assert!(!out["text/html"].as_str().expect("html").contains("very-secret"));
     }
 
@@ -316,7 +349,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let big = "x".repeat(5000);
         let m = bundle(&[("text/html", &big), ("text/plain", "ok")]);
-        let out = saved(save_bundle(m, dir.path(), "d", &Redactor::disabled(), 4096));
+        let out = saved(save_bundle(
+            m,
+            dir.path(),
+            dir.path(),
+            "d",
+            &Redactor::disabled(),
+            4096,
+        ));
         assert_eq!(out["text/plain"], "ok");
         let html = out["text/html"].as_str().expect("note");
         assert!(html.contains("not kept inline") && html.len() < 200, "{html}");

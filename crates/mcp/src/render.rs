@@ -53,12 +53,19 @@ fn collect_images(bundle: &MimeBundle, images: &mut Vec<ContentBlock>, notes: &m
     }
 }
 
+/// Reads a figure the host saved, never through a link the kernel planted
+/// in its session directory ([`cellhost_kernel::hostfs::open_verified`]).
 fn read_image(path: &Path) -> Result<String, String> {
-    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    use std::io::Read;
+    let f = cellhost_kernel::hostfs::open_verified(path).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
     if len > MAX_IMAGE_BYTES {
         return Err(format!("{len} bytes, more than {MAX_IMAGE_BYTES}"));
     }
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    f.take(MAX_IMAGE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
     Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 

@@ -390,17 +390,38 @@ fn embed(
 ) -> Map<String, Value> {
     let mut data = Map::new();
     for (mime, v) in bundle {
-        if let Some(path) = v.get("path").and_then(Value::as_str) {
-            match std::fs::read(path) {
+        if let Some(path) = v
+            .get("path")
+            .and_then(Value::as_str)
+            .filter(|_| cellhost_kernel::is_saved_file_mime(mime))
+        {
+            // The figure is in the session directory and its copy goes
+            // beside the notebook, maybe the kernel's workdir: links the
+            // kernel planted in either are never followed.
+            let read = cellhost_kernel::hostfs::open_verified(Path::new(path)).and_then(|mut f| {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+            });
+            match read {
                 Ok(bytes) => {
                     let ext = Path::new(path)
                         .extension()
                         .and_then(|e| e.to_str())
                         .unwrap_or("bin");
-                    if std::fs::create_dir_all(files_dir).is_ok() {
-                        let dest = files_dir.join(format!("{stem}.{ext}"));
-                        if std::fs::write(&dest, &bytes).is_ok() {
-                            *figures += 1;
+                    if let (Some(parent), Some(dir_name)) = (files_dir.parent(), files_dir.file_name()) {
+                        let rel = Path::new(dir_name).join(format!("{stem}.{ext}"));
+                        let parent = if parent.as_os_str().is_empty() {
+                            Path::new(".")
+                        } else {
+                            parent
+                        };
+                        match cellhost_kernel::hostfs::create_beneath(parent, &rel)
+                            .and_then(|(mut f, _)| std::io::Write::write_all(&mut f, &bytes))
+                        {
+                            Ok(()) => *figures += 1,
+                            Err(e) => {
+                                observer.note(&format!("cannot write {}: {e}", parent.join(&rel).display()))
+                            }
                         }
                     }
                     data.insert(

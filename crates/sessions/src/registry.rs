@@ -353,7 +353,11 @@ impl Registry {
     pub async fn start(cfg: RegistryConfig, journal: Option<Arc<Journal>>) -> std::io::Result<Arc<Registry>> {
         let staging_root = cfg.root.join("staging");
         let stamp = crate::journal::now_ms();
-        let staging = staging_root.join(format!("{}-{stamp}", std::process::id()));
+        // Named with a random nonce, not the host's pid: kernels see the
+        // path of their session directory below it.
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::fill(&mut nonce);
+        let staging = staging_root.join(format!("{stamp}-{:016x}", u64::from_le_bytes(nonce)));
         std::fs::create_dir_all(&staging)?;
         std::fs::write(staging.join("host.pid"), std::process::id().to_string())?;
         let swept = sweep_staging(&staging_root, cfg.staging_max_age, &staging);
@@ -597,10 +601,13 @@ impl Registry {
         // The key's mode is the kernel's, always (never the template's or
         // the config's in its place).
         cfg.sandbox.mode = key.sandbox;
+        // Named like the workdir, with a hash of the whole name: sessions
+        // whose names differ only in characters a directory name cannot
+        // hold (`a.b`, `a_b`) or past its 60th never share a directory.
         cfg.session_dir = self
             .staging
-            .join(sanitize(&key.owner))
-            .join(format!("{}-g{generation}", sanitize(&key.session)));
+            .join(path_name(&key.owner))
+            .join(format!("{}-g{generation}", path_name(&key.session)));
         let tools = cfg
             .tool_host
             .take()

@@ -16,6 +16,7 @@ mod hostile_code;
 mod http_tenants;
 mod kernel_view;
 mod modes;
+mod redteam;
 mod results;
 mod setid;
 mod slow_clients;

@@ -42,7 +42,9 @@ impl ReadOutputRequest {
     /// # Errors
     /// `bad_request`: an offset past the end, a file that cannot be read.
     pub fn execute(&self) -> Result<OutputPage, RequestError> {
-        let chunk = cellhost_kernel::read_spill(&self.path, self.offset, self.length.min(MAX_PAGE))
+        // The spill file is read by its absolute path, never through a link.
+        let path = std::path::absolute(&self.path).unwrap_or_else(|_| self.path.clone());
+        let chunk = cellhost_kernel::read_spill(&path, self.offset, self.length.min(MAX_PAGE))
             .map_err(|e| RequestError::bad_request(e.to_string()))?;
         Ok(OutputPage {
             text: chunk.text,
