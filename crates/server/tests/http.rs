@@ -250,7 +250,7 @@ async fn sessions_execute_variables_history_restart_delete() {
     assert_eq!(c.status, 201, "{}", c.body);
     assert_eq!(c.json()["alive"], true);
     assert_eq!(create(a, ALICE, "ana").await.status, 409);
-    assert_eq!(create(a, ALICE, "bad name!").await.status, 400);
+    assert_eq!(create(a, ALICE, "bad name!").await.status, 422);
 
     let r = exec(a, ALICE, "ana", "x = 21\nprint('hi')\nx * 2").await;
     assert_eq!(r.status, 200, "{}", r.body);
