@@ -373,8 +373,9 @@ stdout and 10,000 bytes of stderr inline (40% head + 60% tail); when a stream is
 says so and the full stream can be paged with read_output {cell, stream, offset, length}. \
 Deadline: timeout_s (default 300 s, 0 = none); at the deadline the cell is interrupted and the \
 variables are kept when the code can be stopped (otherwise the kernel is killed and the result \
-says state was lost). `reset: true` starts from a fresh kernel. Cancelling the call interrupts \
-the cell. Live output is sent as progress notifications when a progress token is given."
+says state was lost). `reset: true` starts from a fresh kernel. While another cell of the \
+session runs, the call fails with error code session_busy unless `queue: true` (then it waits). \
+Cancelling the call interrupts the cell. Live output is sent as progress notifications when a progress token is given."
     )]
     async fn execute_code(
         &self,
