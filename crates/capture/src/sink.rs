@@ -13,6 +13,7 @@ use crate::render::floor_boundary;
 
 /// How one stream was cut to its inline size. All sizes are bytes of the
 /// rendered, redacted stream (UTF-8).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Truncation {
     /// Bytes of the whole rendered, redacted stream.
@@ -22,6 +23,7 @@ pub struct Truncation {
     /// `total_bytes - shown_bytes`.
     pub omitted_bytes: u64,
     /// File holding the stream from its first byte, if one was written.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub spill_path: Option<PathBuf>,
     /// Bytes in the spill file: `total_bytes`, or less when the spill cap
     /// was reached (cut on a character boundary) or writing failed.

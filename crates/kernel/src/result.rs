@@ -18,6 +18,7 @@ use serde_json::{Map, Value};
 pub type MimeBundle = Map<String, Value>;
 
 /// How a cell ended.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CellStatus {
@@ -59,6 +60,7 @@ impl CellStatus {
 }
 
 /// An exception raised by a cell.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellError {
     /// Exception class name, e.g. `ZeroDivisionError`.
@@ -70,18 +72,22 @@ pub struct CellError {
 }
 
 /// A display (Jupyter `display_data`) shown during the cell.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DisplayOutput {
     /// The bundle (binary types replaced by file references, see [`MimeBundle`]).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub data: MimeBundle,
     /// Jupyter display metadata.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub metadata: Map<String, Value>,
 }
 
 /// Displays the host did not keep for a cell (see
 /// [`DisplayLimits`](crate::config::DisplayLimits)); a `text/plain` note
 /// among the displays says the same.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisplaysDropped {
     /// Displays dropped because the cell's count or byte budget was spent
@@ -107,6 +113,7 @@ impl DisplaysDropped {
 pub use cellhost_capture::Truncation;
 
 /// Which kernel ran the cell.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelRef {
     /// Session name.
@@ -129,6 +136,7 @@ pub struct KernelRef {
 
 /// The sandbox a kernel runs under, as applied (the full layer list is in
 /// the kernel's info).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRef {
     /// The mode applied: `off`, `auto` or `enforce` — the mode asked for
@@ -150,6 +158,7 @@ impl SandboxRef {
 }
 
 /// What happened when a cell was interrupted or timed out.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InterruptReport {
     /// SIGINT reached the worker's main thread.
@@ -167,6 +176,7 @@ pub struct InterruptReport {
 }
 
 /// How the worker process died (status `crashed`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CrashReport {
     /// Exit code, when it exited.
@@ -183,6 +193,7 @@ pub struct CrashReport {
 }
 
 /// Resources used by the worker.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     /// CPU seconds (user + system) the cell used.
@@ -195,6 +206,7 @@ pub struct Usage {
 
 /// Output that earlier cells' threads or children wrote after those cells
 /// settled, delivered with the next result and never mixed into its streams.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackgroundOutput {
     /// Text on stdout.
@@ -214,6 +226,7 @@ impl BackgroundOutput {
 }
 
 /// The result of one cell.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellResult {
     /// Cell id (unique within the host process).
@@ -227,6 +240,7 @@ pub struct CellResult {
     /// Rendered, redacted, bounded stderr.
     pub stderr: String,
     /// The last expression's value (Jupyter `execute_result`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub result: Option<MimeBundle>,
     /// Displays shown during the cell, in order.
     pub displays: Vec<DisplayOutput>,

@@ -40,6 +40,7 @@ pub trait ToolHost: Send + Sync {
 }
 
 /// What the result's `tool_calls` holds for each call.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallRecord {
     /// Tool name.

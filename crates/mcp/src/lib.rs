@@ -114,9 +114,19 @@ struct Inner {
     spills: Mutex<SpillIndex>,
     /// One `execute_code` at a time per session: a cancellation then always
     /// names the cell that is running (a queued call just stops waiting).
-    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    turns: Mutex<HashMap<String, Arc<Turn>>>,
     /// Over HTTP: the authenticated caller the MCP session is bound to.
     caller: Mutex<Option<String>>,
+}
+
+/// The turn of one session's `execute_code` calls.
+#[derive(Default)]
+struct Turn {
+    /// Held by the call whose cell runs.
+    lock: Arc<tokio::sync::Mutex<()>>,
+    /// The holder's call was cancelled and its cell is being stopped: the
+    /// next call waits for it instead of being refused as busy.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// Who sent an HTTP request, as the HTTP layer's authentication established
@@ -169,6 +179,10 @@ pub struct ExecuteCodeParams {
     /// and the session's variables are lost.
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// Wait behind a cell already running in the session instead of being
+    /// refused with error code `session_busy` (default false).
+    #[serde(default)]
+    pub queue: Option<bool>,
     /// Start from a fresh kernel (all variables of the session are dropped)
     /// before running the code.
     #[serde(default)]
@@ -209,16 +223,60 @@ fn text_result(text: impl Into<String>, structured: serde_json::Value) -> CallTo
     r
 }
 
-fn tool_error(text: impl Into<String>) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text.into())])
+/// A tool error: the text says `error CODE: message` (after any status
+/// line the caller gave), and `structuredContent` is the same envelope as
+/// the HTTP API's, `{"error": {"code", "message", ...fields}}`.
+fn tool_error(code: &str, message: impl Into<String>) -> CallToolResult {
+    tool_error_with(code, message, serde_json::Map::new())
+}
+
+fn tool_error_with(
+    code: &str,
+    message: impl Into<String>,
+    fields: serde_json::Map<String, serde_json::Value>,
+) -> CallToolResult {
+    let message = message.into();
+    let mut error = fields;
+    error.insert("code".into(), json!(code));
+    error.insert("message".into(), json!(message));
+    let mut r = CallToolResult::error(vec![ContentBlock::text(format!("error {code}: {message}"))]);
+    r.structured_content = Some(json!({ "error": error }));
+    r
+}
+
+/// A protocol-level error (bad parameters, a foreign caller) with its
+/// code in `data`: `{"code": "invalid_request"}`.
+fn params_error(message: impl Into<String>) -> ErrorData {
+    let message: String = message.into();
+    ErrorData::invalid_params(message, Some(json!({"code": "invalid_request"})))
+}
+
+/// The stable code of a registry error, as the HTTP API names it:
+/// [`cellhost_sessions::RegistryError::code`], with a kernel's errors told
+/// apart.
+pub fn registry_error_code(e: &cellhost_sessions::RegistryError) -> &'static str {
+    use cellhost_kernel::KernelError;
+    use cellhost_sessions::RegistryError;
+    match e {
+        RegistryError::Kernel(KernelError::KernelBusy { .. }) => "session_busy",
+        RegistryError::Kernel(KernelError::StaleGeneration { .. }) => "stale_generation",
+        RegistryError::Kernel(KernelError::InvalidRequest(_)) => "invalid_request",
+        RegistryError::Kernel(KernelError::SandboxUnavailable { .. }) => "sandbox_unavailable",
+        RegistryError::Kernel(_) => "kernel_failed",
+        RegistryError::Restore(_) => "restore_failed",
+        other => other.code(),
+    }
+}
+
+fn registry_tool_error(context: &str, e: &cellhost_sessions::RegistryError) -> CallToolResult {
+    tool_error(registry_error_code(e), format!("{context}: {e}"))
 }
 
 fn session_name(s: Option<String>) -> Result<String, ErrorData> {
     let s = s.unwrap_or_else(|| DEFAULT_SESSION.to_string());
     if s.is_empty() || s.len() > 100 || s.chars().any(char::is_control) {
-        return Err(ErrorData::invalid_params(
+        return Err(params_error(
             "session must be 1 to 100 characters without control characters",
-            None,
         ));
     }
     Ok(s)
@@ -265,12 +323,12 @@ impl CellhostMcp {
             Some(b) if b == caller => Ok(()),
             Some(_) => Err(ErrorData::invalid_request(
                 "this MCP session belongs to another caller",
-                None,
+                Some(json!({"code": "forbidden"})),
             )),
         }
     }
 
-    fn turn(&self, session: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn turn(&self, session: &str) -> Arc<Turn> {
         let mut turns = self.inner.turns.lock().unwrap_or_else(|e| e.into_inner());
         turns.entry(session.to_string()).or_default().clone()
     }
@@ -315,8 +373,9 @@ stdout and 10,000 bytes of stderr inline (40% head + 60% tail); when a stream is
 says so and the full stream can be paged with read_output {cell, stream, offset, length}. \
 Deadline: timeout_s (default 300 s, 0 = none); at the deadline the cell is interrupted and the \
 variables are kept when the code can be stopped (otherwise the kernel is killed and the result \
-says state was lost). `reset: true` starts from a fresh kernel. Cancelling the call interrupts \
-the cell. Live output is sent as progress notifications when a progress token is given."
+says state was lost). `reset: true` starts from a fresh kernel. While another cell of the \
+session runs, the call fails with error code session_busy unless `queue: true` (then it waits). \
+Cancelling the call interrupts the cell. Live output is sent as progress notifications when a progress token is given."
     )]
     async fn execute_code(
         &self,
@@ -327,30 +386,54 @@ the cell. Live output is sent as progress notifications when a progress token is
         let timeout = match p.timeout_s {
             None => None,
             Some(t) if !t.is_finite() || t < 0.0 => {
-                return Err(ErrorData::invalid_params(
-                    format!("timeout_s must be a number of seconds >= 0, got {t}"),
-                    None,
-                ));
+                return Err(params_error(format!(
+                    "timeout_s must be a number of seconds >= 0, got {t}"
+                )));
             }
             Some(0.0) => Some(Duration::ZERO),
-            Some(t) => Some(Duration::try_from_secs_f64(t).map_err(|_| {
-                ErrorData::invalid_params(format!("timeout_s {t} is too large (0 = none)"), None)
-            })?),
+            Some(t) => Some(
+                Duration::try_from_secs_f64(t)
+                    .map_err(|_| params_error(format!("timeout_s {t} is too large (0 = none)")))?,
+            ),
         };
         let key = self.key(&session);
+        let queue = p.queue == Some(true);
         let turn = self.turn(&session);
-        let _turn = tokio::select! {
-            g = turn.lock_owned() => g,
-            _ = ctx.ct.cancelled() => {
-                return Ok(tool_error("status: cancelled before the cell started (another cell of the session was running)"));
+        // Busy rule (every surface): a cell running in the session refuses
+        // the call with `session_busy` unless it asks to queue. A cell whose
+        // call was cancelled is being stopped: the next call waits for it.
+        let held = match turn.lock.clone().try_lock_owned() {
+            Ok(g) => Some(g),
+            Err(_) if !queue && !turn.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
+                let mut fields = serde_json::Map::new();
+                fields.insert("session".into(), json!(session));
+                return Ok(tool_error_with(
+                    "session_busy",
+                    format!(
+                        "a cell is running in session \"{session}\"; pass queue: true to wait for it, or interrupt it"
+                    ),
+                    fields,
+                ));
             }
+            Err(_) => None,
         };
+        let _turn = match held {
+            Some(g) => g,
+            None => tokio::select! {
+                g = turn.lock.clone().lock_owned() => g,
+                _ = ctx.ct.cancelled() => {
+                    return Ok(tool_error("cancelled", "status: cancelled before the cell started (another cell of the session was running)"));
+                }
+            },
+        };
+        turn.stopping.store(false, std::sync::atomic::Ordering::SeqCst);
         if p.reset == Some(true) {
             self.kill_kernel(&key).await;
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let options = ExecOptions {
             timeout,
+            fail_if_busy: !queue,
             live: Some(tx),
             ..ExecOptions::default()
         };
@@ -401,14 +484,20 @@ the cell. Live output is sent as progress notifications when a progress token is
                 }
                 _ = ctx.ct.cancelled(), if !cancelled => {
                     cancelled = true;
+                    turn.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
                     interrupted = self.interrupt_for_cancel(&key, &session).await;
                 }
             }
         };
         let result = match joined {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Ok(tool_error(format!("status: failed to run the cell: {e}"))),
-            Err(e) => return Err(ErrorData::internal_error(format!("cell task failed: {e}"), None)),
+            Ok(Err(e)) => return Ok(registry_tool_error("status: failed to run the cell", &e)),
+            Err(e) => {
+                return Err(ErrorData::internal_error(
+                    format!("cell task failed: {e}"),
+                    Some(json!({"code": "internal"})),
+                ));
+            }
         };
         if let Ok(mut spills) = self.inner.spills.lock() {
             for (stream, t) in &result.truncated {
@@ -429,9 +518,10 @@ status interrupted."
     async fn interrupt(&self, Parameters(p): Parameters<SessionParams>) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
         let Some(k) = self.inner.registry.kernel(&self.key(&session)) else {
-            return Ok(tool_error(format!(
-                "session \"{session}\" has no live kernel: nothing to interrupt"
-            )));
+            return Ok(tool_error(
+                "session_not_found",
+                format!("session \"{session}\" has no live kernel: nothing to interrupt"),
+            ));
         };
         let outcome = k.interrupt().await;
         let text = if outcome.delivered {
@@ -469,9 +559,10 @@ variable and import of the session is dropped, and a fresh kernel (a new generat
                 ),
                 json!({"session": session, "generation": generation, "pid": k.info().pid, "killed_previous": killed}),
             )),
-            Err(e) => Ok(tool_error(format!(
-                "restart of session \"{session}\" failed: {e}"
-            ))),
+            Err(e) => Ok(registry_tool_error(
+                &format!("restart of session \"{session}\" failed"),
+                &e,
+            )),
         }
     }
 
@@ -485,9 +576,12 @@ length, shape, dtype, size and a short preview. Only while no cell runs in that 
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
         let Some(k) = self.inner.registry.kernel(&self.key(&session)) else {
-            return Ok(tool_error(format!(
-                "session \"{session}\" has no live kernel (no cell has run in it yet, or it was restarted or ended)"
-            )));
+            return Ok(tool_error(
+                "session_not_found",
+                format!(
+                    "session \"{session}\" has no live kernel (no cell has run in it yet, or it was restarted or ended)"
+                ),
+            ));
         };
         match k.inspect_variables(200).await {
             Ok(v) => {
@@ -510,9 +604,10 @@ length, shape, dtype, size and a short preview. Only while no cell runs in that 
                 }
                 Ok(text_result(text, json!(v)))
             }
-            Err(e) => Ok(tool_error(format!(
-                "cannot list variables of session \"{session}\": {e}"
-            ))),
+            Err(e) => Ok(registry_tool_error(
+                &format!("cannot list variables of session \"{session}\""),
+                &cellhost_sessions::RegistryError::from(e),
+            )),
         }
     }
 
@@ -527,7 +622,7 @@ says the byte range returned and the next offset; only cells run through this co
         Parameters(p): Parameters<ReadOutputParams>,
     ) -> Result<CallToolResult, ErrorData> {
         if p.stream != "stdout" && p.stream != "stderr" {
-            return Err(ErrorData::invalid_params("stream must be stdout or stderr", None));
+            return Err(params_error("stream must be stdout or stderr"));
         }
         let path = self
             .inner
@@ -536,10 +631,13 @@ says the byte range returned and the next offset; only cells run through this co
             .ok()
             .and_then(|s| s.get(&p.cell, &p.stream));
         let Some(path) = path else {
-            return Ok(tool_error(format!(
-                "no spilled {} for cell {} (only cells of this connection whose {} was truncated can be read)",
-                p.stream, p.cell, p.stream
-            )));
+            return Ok(tool_error(
+                "output_not_found",
+                format!(
+                    "no spilled {} for cell {} (only cells of this connection whose {} was truncated can be read)",
+                    p.stream, p.cell, p.stream
+                ),
+            ));
         };
         let offset = p.offset.unwrap_or(0);
         let length = p.length.unwrap_or(READ_DEFAULT).min(READ_MAX);
@@ -562,7 +660,10 @@ says the byte range returned and the next offset; only cells run through this co
                            "text": chunk.text}),
                 ))
             }
-            Err(e) => Ok(tool_error(format!("cannot read the output: {e}"))),
+            Err(e) => Ok(tool_error(
+                "range_not_satisfiable",
+                format!("cannot read the output: {e}"),
+            )),
         }
     }
 

@@ -235,7 +235,71 @@ def caller_binding(url):
     check("another caller refused", refused and not any("result" in m for m in msgs), (r.status_code, r.text[:300]))
 
 
+async def matrix(command, args):
+    """The MCP row of the surface x request matrix, against a server whose
+    default cell deadline is 2 s: default and explicit deadline, the sandbox
+    mode, the busy rule (error code session_busy unless queue: true)."""
+    server = StdioServerParameters(command=command, args=args)
+    async with Client(server, read_timeout_seconds=120) as client:
+        async def run_cell(code, **kw):
+            a = {"code": code}
+            a.update(kw)
+            return await client.call_tool("execute_code", a)
+
+        r = await run_cell("import time\ntime.sleep(30)")
+        sc = r.structured_content or {}
+        check("matrix: default deadline applies", sc.get("status") == "timeout", text_of(r))
+        r = await run_cell("import time\ntime.sleep(3)\n'done'", timeout_s=60)
+        sc = r.structured_content or {}
+        check("matrix: explicit deadline overrides", sc.get("status") == "ok" and "'done'" in text_of(r), text_of(r))
+        mode = ((sc.get("kernel") or {}).get("sandbox") or {}).get("mode")
+        check("matrix: sandbox mode reported", mode == "auto", mode)
+
+        await run_cell("who = 'me'")
+        box = {}
+
+        async def sleeper():
+            box["r"] = await run_cell("import time\ntime.sleep(120)", timeout_s=0)
+
+        async def queued():
+            box["q"] = await run_cell("who", queue=True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sleeper)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                s = await client.call_tool("list_sessions", {})
+                rows = (s.structured_content or {}).get("sessions", [])
+                if any(x.get("busy") for x in rows):
+                    break
+                await anyio.sleep(0.05)
+            busy = await run_cell("1")
+            err = (busy.structured_content or {}).get("error") or {}
+            check("matrix: busy is refused", busy.is_error and err.get("code") == "session_busy"
+                  and "session_busy" in text_of(busy), (busy.structured_content, text_of(busy)))
+            other = await run_cell("2", session="other")
+            check("matrix: another session is not busy", not other.is_error, text_of(other))
+            tg.start_soon(queued)
+            await anyio.sleep(0.3)
+            check("matrix: a queued call waits", "q" not in box, box.get("q"))
+            await client.call_tool("interrupt", {"session": "default"})
+        t = text_of(box["r"])
+        check("matrix: the running cell was interrupted", t.startswith("status: interrupted"), t)
+        t = text_of(box["q"])
+        check("matrix: the queued call ran after it", t.startswith("status: ok") and "'me'" in t, t)
+        bad = await client.call_tool("read_output", {"cell": "c-nope", "stream": "stdout"})
+        err = (bad.structured_content or {}).get("error") or {}
+        check("matrix: tool errors carry codes", bad.is_error and err.get("code") == "output_not_found", bad.structured_content)
+
+
 def main():
+    if sys.argv[1] == "--matrix":
+        anyio.run(matrix, sys.argv[2], sys.argv[3:])
+        if FAILURES:
+            print(f"{len(FAILURES)} checks failed: {FAILURES}", flush=True)
+            sys.exit(1)
+        print("all checks passed", flush=True)
+        return
     command, args = sys.argv[1], sys.argv[2:]
     anyio.run(run, command, args)
     if command.startswith("http"):

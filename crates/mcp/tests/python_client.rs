@@ -60,6 +60,36 @@ fn python_sdk_client_over_stdio() {
     run_client(&py, &[server, "--python", &py_arg, "--state", &state_arg]);
 }
 
+/// The MCP row of the surface × request matrix (owners apart: the
+/// streamable-HTTP test's `owners isolated` checks).
+#[test]
+fn python_sdk_matrix_timeout_sandbox_busy() {
+    let py = python();
+    if !have_packages(&py) {
+        return;
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let server = env!("CARGO_BIN_EXE_cellhost-mcp-test");
+    let py_arg = py.display().to_string();
+    let state_arg = state.path().display().to_string();
+    let out = run_client(
+        &py,
+        &[
+            "--matrix",
+            server,
+            "--python",
+            &py_arg,
+            "--state",
+            &state_arg,
+            "--sandbox",
+            "auto",
+            "--cell-timeout",
+            "2",
+        ],
+    );
+    assert!(out.contains("ok matrix: busy is refused"), "{out}");
+}
+
 #[test]
 fn python_sdk_client_over_streamable_http() {
     let py = python();

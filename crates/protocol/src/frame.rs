@@ -117,6 +117,7 @@ pub enum SigintHandler {
 
 /// Files a cell opened for reading and writing, as seen by Python's `open`
 /// audit event (absolute paths, each at most once, at most 256 in all).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilesOpened {
     /// Paths opened for reading.

@@ -23,6 +23,7 @@ use crate::cgroup::CgroupLimits;
 
 /// How much confinement a kernel gets. Ordered by strength: `Off < Auto <
 /// Enforce` (the order a sandbox floor compares in).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxMode {

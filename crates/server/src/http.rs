@@ -12,20 +12,23 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Extension, Json, Router};
-use cellhost_kernel::{CellResult, ExecOptions, KernelError, LiveEvent};
-use cellhost_sessions::{Origin, Registry, RegistryError};
-use serde::Deserialize;
+use cellhost_kernel::{CellResult, ExecOptions, LiveEvent};
+use cellhost_sandbox::profile::SandboxMode;
+use cellhost_sessions::{Key, Origin, Registry, RegistryError};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Scope, Tokens};
+use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody, ErrorCode, OptionalJson};
 
 /// Where `cellhost serve` listens unless told otherwise (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
@@ -50,12 +53,18 @@ struct Cells {
     order: VecDeque<String>,
 }
 
+/// A session created through the API.
+struct SessionMeta {
+    /// Its registry key (with the sandbox mode it was created with).
+    key: Key,
+}
+
 /// Shared state of the API.
 pub struct AppState {
     registry: Arc<Registry>,
     tokens: Tokens,
-    /// Sessions created through the API: (owner, name) → created (ms).
-    sessions: Mutex<BTreeMap<(String, String), i64>>,
+    /// Sessions created through the API: (owner, name) → the session.
+    sessions: Mutex<BTreeMap<(String, String), SessionMeta>>,
     cells: Mutex<Cells>,
 }
 
@@ -79,13 +88,6 @@ impl AppState {
     /// The registry.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
-    }
-
-    fn has_session(&self, owner: &str, name: &str) -> bool {
-        self.sessions
-            .lock()
-            .map(|s| s.contains_key(&(owner.to_string(), name.to_string())))
-            .unwrap_or(false)
     }
 
     fn remember_cell(&self, owner: &str, r: &CellResult) {
@@ -114,32 +116,6 @@ impl AppState {
     }
 }
 
-/// An error answer: `{"error": message}` with a status.
-#[derive(Debug)]
-pub struct ApiError(StatusCode, String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1}))).into_response()
-    }
-}
-
-fn not_found(name: &str) -> ApiError {
-    ApiError(StatusCode::NOT_FOUND, format!("no session named {name:?}"))
-}
-
-impl From<RegistryError> for ApiError {
-    fn from(e: RegistryError) -> Self {
-        let status = match &e {
-            RegistryError::Full { .. } | RegistryError::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
-            RegistryError::Kernel(KernelError::KernelBusy { .. }) => StatusCode::CONFLICT,
-            RegistryError::Kernel(KernelError::InvalidRequest(_)) => StatusCode::BAD_REQUEST,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, e.to_string())
-    }
-}
-
 type St = State<Arc<AppState>>;
 
 /// Every route of the API: (method, path, handler). The router is built
@@ -159,7 +135,10 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
     ]
 }
 
-/// The API's router (auth, body limit, every route of [`route_table`]).
+/// The API's router (auth, body limit, every route of [`route_table`]);
+/// every error answer is the JSON envelope of [`crate::error`], unknown
+/// routes (404 `not_found`) and wrong methods (405 `method_not_allowed`)
+/// included.
 pub fn router(state: Arc<AppState>) -> Router {
     let mut v1: Router<Arc<AppState>> = Router::new();
     let mut public: Router<Arc<AppState>> = Router::new();
@@ -173,7 +152,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let v1 = v1.layer(middleware::from_fn_with_state(state.clone(), authenticate));
     public
         .merge(v1)
+        .fallback(crate::error::route_not_found)
+        .method_not_allowed_fallback(crate::error::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::error::envelope_errors))
         .with_state(state)
 }
 
@@ -190,15 +172,12 @@ async fn authenticate(State(st): St, mut req: Request, next: Next) -> Response {
         } else {
             "missing bearer token (Authorization: Bearer TOKEN)"
         };
-        let mut r = ApiError(StatusCode::UNAUTHORIZED, msg.into()).into_response();
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
+        return ApiError::new(ErrorCode::Unauthorized, msg).into_response();
     };
     if caller.scope == Scope::ReadOnly && req.method() != Method::GET {
-        return ApiError(
-            StatusCode::FORBIDDEN,
-            "this token is read-only: it may call GET routes only".into(),
+        return ApiError::new(
+            ErrorCode::Forbidden,
+            "this token is read-only: it may call GET routes only",
         )
         .into_response();
     }
@@ -206,9 +185,16 @@ async fn authenticate(State(st): St, mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// The OpenAPI 3.1 document of this API (no authentication).
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "meta",
+    security(()),
+    responses((status = 200, description = "the OpenAPI document", body = Object)))]
 async fn openapi_doc() -> Json<Value> {
     Json(crate::openapi::document())
 }
+
+/// A session name: 1-64 characters of `A-Z a-z 0-9 - _ .`.
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9._-]{1,64}$";
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -218,115 +204,217 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CreateBody {
-    name: Option<String>,
-}
-
-fn session_json(st: &AppState, owner: &str, name: &str) -> Value {
-    let key = st.registry.key(owner, name);
-    match st.registry.kernel_and_generation(&key) {
-        Some((k, generation)) => json!({
-            "name": name,
-            "alive": true,
-            "busy": k.is_busy(),
-            "generation": generation,
-            "pid": k.info().pid,
-            "python": k.info().python,
-        }),
-        None => json!({"name": name, "alive": false}),
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "a session name is 1-64 characters of A-Z a-z 0-9 - _ .",
+        )
+        .with("field", "name"))
     }
 }
 
+/// Body of `POST /v1/sessions`.
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// The session's name (default: a random `s-…` name).
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$", min_length = 1, max_length = 64)]
+    pub name: Option<String>,
+    /// The sandbox mode of the session's kernels (default: the server's,
+    /// its floor; a weaker mode is refused with `sandbox_below_floor`).
+    pub sandbox: Option<SandboxMode>,
+}
+
+/// A session of the caller.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionInfo {
+    /// The name.
+    pub name: String,
+    /// A kernel is live (false after its kernel died or was reaped; the
+    /// next `execute` starts a new generation).
+    pub alive: bool,
+    /// The sandbox mode of the session's kernels.
+    pub sandbox: SandboxMode,
+    /// A cell is running or queued (live kernels only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy: Option<bool>,
+    /// The session's kernel generation (1 for its first kernel).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// The worker's host pid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The interpreter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+}
+
+/// The caller's sessions.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    /// Oldest name first (by name).
+    pub sessions: Vec<SessionInfo>,
+}
+
+fn session_info(st: &AppState, key: &Key) -> SessionInfo {
+    match st.registry.kernel_and_generation(key) {
+        Some((k, generation)) => SessionInfo {
+            name: key.session.clone(),
+            alive: true,
+            sandbox: key.sandbox,
+            busy: Some(k.is_busy()),
+            generation: Some(generation),
+            pid: Some(k.info().pid),
+            python: Some(k.info().python.display().to_string()),
+        },
+        None => SessionInfo {
+            name: key.session.clone(),
+            alive: false,
+            sandbox: key.sandbox,
+            busy: None,
+            generation: None,
+            pid: None,
+            python: None,
+        },
+    }
+}
+
+/// Create a session and start its kernel.
+#[utoipa::path(post, path = "/v1/sessions", operation_id = "createSession", tag = "sessions",
+    request_body(content = Option<CreateSession>, content_type = "application/json",
+        description = "optional: no body gives a random name and the server's sandbox mode"),
+    responses(
+        (status = 201, description = "created, its kernel started", body = SessionInfo),
+        (status = 403, description = "`sandbox_below_floor`: a sandbox mode below the server's", body = ErrorBody),
+        (status = 409, description = "`session_exists`", body = ErrorBody),
+        (status = 429, description = "`too_many_sessions` (64 an owner)", body = ErrorBody),
+        (status = 502, description = "`kernel_failed`: the kernel could not start", body = ErrorBody),
+        (status = 503, description = "`sandbox_unavailable`, `registry_full` or `shut_down`", body = ErrorBody),
+    ))]
 async fn create_session(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    body: Option<Json<CreateBody>>,
+    OptionalJson(body): OptionalJson<CreateSession>,
 ) -> Result<Response, ApiError> {
-    let name = match body.and_then(|b| b.0.name) {
+    let name = match body.name {
         Some(n) => n,
         None => format!("s-{}", &crate::auth::new_token()[..12]),
     };
-    if !valid_name(&name) {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "a session name is 1-64 characters of A-Z a-z 0-9 - _ .".into(),
-        ));
-    }
+    check_name(&name)?;
+    let key = st.registry.key_with_sandbox(&caller.owner, &name, body.sandbox)?;
     {
         let mut s = st
             .sessions
             .lock()
-            .map_err(|_| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "lock".into()))?;
+            .map_err(|_| ApiError::new(ErrorCode::Internal, "the session table is poisoned"))?;
         let k = (caller.owner.clone(), name.clone());
         if s.contains_key(&k) {
-            return Err(ApiError(StatusCode::CONFLICT, format!("session {name:?} exists")));
+            return Err(
+                ApiError::new(ErrorCode::SessionExists, format!("session {name:?} exists"))
+                    .with("session", name.as_str()),
+            );
         }
         if s.keys().filter(|(o, _)| *o == caller.owner).count() >= SESSIONS_PER_OWNER {
-            return Err(ApiError(
-                StatusCode::TOO_MANY_REQUESTS,
+            return Err(ApiError::new(
+                ErrorCode::TooManySessions,
                 format!("at most {SESSIONS_PER_OWNER} sessions per owner; delete one first"),
-            ));
+            )
+            .with("limit", SESSIONS_PER_OWNER as u64));
         }
-        s.insert(k, cellhost_sessions::journal::now_ms());
+        s.insert(k, SessionMeta { key: key.clone() });
     }
-    let key = st.registry.key(&caller.owner, &name);
     if let Err(e) = st.registry.acquire(&key).await {
         if let Ok(mut s) = st.sessions.lock() {
             s.remove(&(caller.owner.clone(), name.clone()));
         }
         return Err(e.into());
     }
-    Ok((StatusCode::CREATED, Json(session_json(&st, &caller.owner, &name))).into_response())
+    Ok((StatusCode::CREATED, Json(session_info(&st, &key))).into_response())
 }
 
-async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> Json<Value> {
-    let names: Vec<String> = st
+/// The caller's sessions.
+#[utoipa::path(get, path = "/v1/sessions", operation_id = "listSessions", tag = "sessions",
+    responses((status = 200, description = "the caller's sessions", body = SessionList)))]
+async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> Json<SessionList> {
+    let keys: Vec<Key> = st
         .sessions
         .lock()
         .map(|s| {
-            s.keys()
-                .filter(|(o, _)| *o == caller.owner)
-                .map(|(_, n)| n.clone())
+            s.iter()
+                .filter(|((o, _), _)| *o == caller.owner)
+                .map(|(_, m)| m.key.clone())
                 .collect()
         })
         .unwrap_or_default();
-    let list: Vec<Value> = names
-        .iter()
-        .map(|n| session_json(&st, &caller.owner, n))
-        .collect();
-    Json(json!({ "sessions": list }))
+    Json(SessionList {
+        sessions: keys.iter().map(|k| session_info(&st, k)).collect(),
+    })
 }
 
+/// A session named in the path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SessionPath {
+    /// The session's name.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,64}$", min_length = 1, max_length = 64)]
+    pub name: String,
+}
+
+/// Kill a session's kernel and forget the session.
+#[utoipa::path(delete, path = "/v1/sessions/{name}", operation_id = "deleteSession", tag = "sessions",
+    params(SessionPath),
+    responses(
+        (status = 204, description = "deleted"),
+        (status = 404, description = "`session_not_found`", body = ErrorBody),
+    ))]
 async fn delete_session(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<StatusCode, ApiError> {
+    check_name(&name)?;
     let removed = st
         .sessions
         .lock()
-        .map(|mut s| s.remove(&(caller.owner.clone(), name.clone())).is_some())
-        .unwrap_or(false);
-    if !removed {
+        .map(|mut s| s.remove(&(caller.owner.clone(), name.clone())))
+        .ok()
+        .flatten();
+    let Some(meta) = removed else {
         return Err(not_found(&name));
-    }
-    st.registry.dispose(&st.registry.key(&caller.owner, &name)).await;
+    };
+    st.registry.dispose(&meta.key).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
+/// Longest cell deadline a request may ask for, in seconds (7 days).
+pub const MAX_TIMEOUT_S: f64 = 604_800.0;
+
+/// Body of `POST /v1/sessions/{name}/execute`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ExecuteBody {
-    code: String,
-    /// Deadline in seconds (0 = none; default: the server's).
-    timeout_s: Option<f64>,
+pub struct ExecuteRequest {
+    /// Python source of one cell; the value of its last expression is the
+    /// result.
+    pub code: String,
+    /// The cell's deadline in seconds, counted from when it starts running
+    /// (0 = none; absent: the server's `cell_timeout_s`, 300 by default).
+    #[schema(minimum = 0, maximum = 604800)]
+    pub timeout_s: Option<f64>,
+    /// Wait behind a running cell of the session instead of being refused
+    /// with 409 `session_busy` (default false).
+    #[serde(default)]
+    pub queue: bool,
 }
 
-#[derive(Debug, Deserialize, Default)]
-struct ExecuteQuery {
-    stream: Option<bool>,
+/// Query of `execute`.
+#[derive(Debug, Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ExecuteQuery {
+    /// Answer with server-sent events (also with `Accept: text/event-stream`).
+    pub stream: Option<bool>,
 }
 
 fn wants_stream(q: &ExecuteQuery, headers: &HeaderMap) -> bool {
@@ -341,30 +429,76 @@ fn wants_stream(q: &ExecuteQuery, headers: &HeaderMap) -> bool {
 fn timeout_of(t: Option<f64>) -> Result<Option<Duration>, ApiError> {
     match t {
         None => Ok(None),
-        Some(s) if !s.is_finite() || s < 0.0 => Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("timeout_s must be a number >= 0, got {s}"),
-        )),
-        Some(s) => Duration::try_from_secs_f64(s)
-            .map(Some)
-            .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "timeout_s is too large".into())),
+        Some(s) if !s.is_finite() || !(0.0..=MAX_TIMEOUT_S).contains(&s) => Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("timeout_s must be a number of seconds from 0 to {MAX_TIMEOUT_S}, got {s}"),
+        )
+        .with("field", "timeout_s")),
+        Some(s) => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
+            ApiError::new(ErrorCode::InvalidRequest, "timeout_s is out of range").with("field", "timeout_s")
+        }),
     }
 }
 
+/// The answer when a cell runs in the session and the request did not ask
+/// to queue.
+///
+/// The one rule of the HTTP surface until the registry carries it: the
+/// check here answers at once, and `fail_if_busy` in the kernel closes the
+/// race of two requests arriving together.
+fn refuse_if_busy(st: &AppState, key: &Key, queue: bool) -> Result<(), ApiError> {
+    if queue {
+        return Ok(());
+    }
+    match st.registry.kernel(key) {
+        Some(k) if k.is_busy() => Err(ApiError::new(
+            ErrorCode::SessionBusy,
+            format!(
+                "a cell is running in session {:?}; send \"queue\": true to wait for it",
+                key.session
+            ),
+        )
+        .with("session", key.session.as_str())),
+        _ => Ok(()),
+    }
+}
+
+/// Run a cell.
+///
+/// Answers the `CellResult` as JSON, or with `?stream=true` (or `Accept:
+/// text/event-stream`) server-sent events: `stream` events
+/// (`{"name": "stdout"|"stderr", "text"}`), `display` events (a display
+/// bundle), then one `result` event (the `CellResult`) or one `error`
+/// event (the error envelope).
+#[utoipa::path(post, path = "/v1/sessions/{name}/execute", operation_id = "execute", tag = "cells",
+    params(SessionPath, ExecuteQuery),
+    request_body(content = ExecuteRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "the cell's result; or its events", content(
+            (CellResult = "application/json"),
+            (ExecuteEvent = "text/event-stream"),
+        )),
+        (status = 404, description = "`session_not_found`", body = ErrorBody),
+        (status = 409, description = "`session_busy`: a cell is running and `queue` is not true", body = ErrorBody),
+        (status = 502, description = "`kernel_failed`", body = ErrorBody),
+        (status = 503, description = "`sandbox_unavailable`, `registry_full` or `shut_down`", body = ErrorBody),
+    ))]
 async fn execute(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-    Query(q): Query<ExecuteQuery>,
+    ApiPath(SessionPath { name }): ApiPath<SessionPath>,
+    ApiQuery(q): ApiQuery<ExecuteQuery>,
     headers: HeaderMap,
-    Json(body): Json<ExecuteBody>,
+    ApiJson(body): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
     let key = owned_key(&st, &caller, &name)?;
     let timeout = timeout_of(body.timeout_s)?;
+    refuse_if_busy(&st, &key, body.queue)?;
     let origin = Origin::new("http");
     if !wants_stream(&q, &headers) {
         let opts = ExecOptions {
             timeout,
+            fail_if_busy: !body.queue,
             ..Default::default()
         };
         // The cell runs in its own task: a client that disconnects does not
@@ -379,12 +513,13 @@ async fn execute(
             r
         })
         .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the cell's task failed: {e}")))??;
         return Ok(Json(r).into_response());
     }
     let (live_tx, mut live_rx) = mpsc::unbounded_channel();
     let opts = ExecOptions {
         timeout,
+        fail_if_busy: !body.queue,
         live: Some(live_tx),
         ..Default::default()
     };
@@ -417,7 +552,9 @@ async fn execute(
             }
             Err(e) => Event::default()
                 .event("error")
-                .json_data(json!({"error": e.to_string()}))
+                .json_data(ErrorBody {
+                    error: ApiError::from(e).0,
+                })
                 .unwrap_or_else(|_| Event::default().event("error").data("error")),
         };
         let _ = tx.send(ev).await;
@@ -426,6 +563,30 @@ async fn execute(
         rx.recv().await.map(|e| (Ok::<Event, Infallible>(e), rx))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// The name of a server-sent event of a streamed `execute`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecuteEventName {
+    /// Output that became final: `{"name": "stdout"|"stderr", "text"}`.
+    Stream,
+    /// A display: a display bundle (`data`, `metadata`).
+    Display,
+    /// The last event of a cell that ran: the `CellResult`.
+    Result,
+    /// The last event of a cell that could not run: the error envelope.
+    Error,
+}
+
+/// One server-sent event of a streamed `execute` (the schema describes
+/// each event of the stream).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecuteEvent {
+    /// What the event carries.
+    pub event: ExecuteEventName,
+    /// JSON text of the event's value.
+    pub data: String,
 }
 
 fn live_event(ev: LiveEvent) -> Event {
@@ -440,115 +601,326 @@ fn live_event(ev: LiveEvent) -> Event {
         .unwrap_or_else(|_| Event::default().event(v.0))
 }
 
-/// The registry key of `name` when it is one of the caller's sessions;
-/// another owner's session answers 404, exactly like a missing one.
-fn owned_key(st: &AppState, caller: &Caller, name: &str) -> Result<cellhost_sessions::Key, ApiError> {
-    if !st.has_session(&caller.owner, name) {
-        return Err(not_found(name));
-    }
-    Ok(st.registry.key(&caller.owner, name))
+fn not_found(name: &str) -> ApiError {
+    ApiError::new(ErrorCode::SessionNotFound, format!("no session named {name:?}")).with("session", name)
 }
 
+/// The registry key of `name` when it is one of the caller's sessions;
+/// another owner's session answers 404, exactly like a missing one.
+fn owned_key(st: &AppState, caller: &Caller, name: &str) -> Result<Key, ApiError> {
+    check_name(name)?;
+    st.sessions
+        .lock()
+        .ok()
+        .and_then(|s| {
+            s.get(&(caller.owner.clone(), name.to_string()))
+                .map(|m| m.key.clone())
+        })
+        .ok_or_else(|| not_found(name))
+}
+
+/// What an interrupt did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct InterruptAnswer {
+    /// SIGINT reached the worker's main thread.
+    pub delivered: bool,
+    /// `pid/tid` the signal was sent to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The cell the interrupt applies to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// Why it was not delivered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Interrupt the running cell (variables kept when the code can be stopped).
+#[utoipa::path(post, path = "/v1/sessions/{name}/interrupt", operation_id = "interrupt", tag = "cells",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "what the interrupt did", body = InterruptAnswer),
+        (status = 404, description = "`session_not_found`", body = ErrorBody),
+    ))]
 async fn interrupt(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    ApiPath(SessionPath { name }): ApiPath<SessionPath>,
+) -> Result<Json<InterruptAnswer>, ApiError> {
     let key = owned_key(&st, &caller, &name)?;
     let out = match st.registry.kernel(&key) {
-        Some(k) => serde_json::to_value(k.interrupt().await).unwrap_or(Value::Null),
-        None => json!({"delivered": false, "reason": "the session has no live kernel"}),
+        Some(k) => {
+            let o = k.interrupt().await;
+            InterruptAnswer {
+                delivered: o.delivered,
+                target: o.target,
+                cell: o.cell,
+                reason: o.reason,
+            }
+        }
+        None => InterruptAnswer {
+            delivered: false,
+            target: None,
+            cell: None,
+            reason: Some("the session has no live kernel".into()),
+        },
     };
     Ok(Json(out))
 }
 
+/// Kill the kernel and start a new one (all state is lost).
+#[utoipa::path(post, path = "/v1/sessions/{name}/restart", operation_id = "restart", tag = "sessions",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "the new kernel", body = SessionInfo),
+        (status = 404, description = "`session_not_found`", body = ErrorBody),
+        (status = 502, description = "`kernel_failed`", body = ErrorBody),
+        (status = 503, description = "`sandbox_unavailable`, `registry_full` or `shut_down`", body = ErrorBody),
+    ))]
 async fn restart(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    ApiPath(SessionPath { name }): ApiPath<SessionPath>,
+) -> Result<Json<SessionInfo>, ApiError> {
     let key = owned_key(&st, &caller, &name)?;
     st.registry.dispose(&key).await;
     st.registry.acquire(&key).await?;
-    Ok(Json(session_json(&st, &caller.owner, &name)))
+    Ok(Json(session_info(&st, &key)))
 }
 
-#[derive(Debug, Deserialize, Default)]
-struct VariablesQuery {
-    limit: Option<u32>,
+/// Query of `variables`.
+#[derive(Debug, Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct VariablesQuery {
+    /// Variables at most (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
 }
 
+/// A session's namespace.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VariablesAnswer {
+    /// One object per variable: `name`, `type`, and where known `len`,
+    /// `shape`, `dtype`, `size_bytes`, `preview`.
+    #[schema(value_type = Vec<Object>)]
+    pub variables: Vec<Value>,
+    /// More variables existed than the limit.
+    pub truncated: bool,
+    /// The session has a live kernel (no variables otherwise).
+    pub alive: bool,
+}
+
+/// The session's user namespace (idle kernels only).
+#[utoipa::path(get, path = "/v1/sessions/{name}/variables", operation_id = "variables", tag = "sessions",
+    params(SessionPath, VariablesQuery),
+    responses(
+        (status = 200, description = "the variables", body = VariablesAnswer),
+        (status = 404, description = "`session_not_found`", body = ErrorBody),
+        (status = 409, description = "`session_busy`: a cell is running", body = ErrorBody),
+        (status = 502, description = "`kernel_failed`", body = ErrorBody),
+    ))]
 async fn variables(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-    Query(q): Query<VariablesQuery>,
-) -> Result<Json<Value>, ApiError> {
+    ApiPath(SessionPath { name }): ApiPath<SessionPath>,
+    ApiQuery(q): ApiQuery<VariablesQuery>,
+) -> Result<Json<VariablesAnswer>, ApiError> {
     let key = owned_key(&st, &caller, &name)?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("limit must be 1 to 500, got {limit}"),
+        )
+        .with("field", "limit"));
+    }
     let Some(k) = st.registry.kernel(&key) else {
-        return Ok(Json(json!({"variables": [], "truncated": false, "alive": false})));
+        return Ok(Json(VariablesAnswer {
+            variables: Vec::new(),
+            truncated: false,
+            alive: false,
+        }));
     };
     let v = k
-        .inspect_variables(q.limit.unwrap_or(100))
+        .inspect_variables(limit)
         .await
         .map_err(|e| ApiError::from(RegistryError::from(e)))?;
-    Ok(Json(serde_json::to_value(v).unwrap_or(Value::Null)))
+    Ok(Json(VariablesAnswer {
+        variables: v.variables,
+        truncated: v.truncated,
+        alive: true,
+    }))
 }
 
+/// A session's journaled cells.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HistoryAnswer {
+    /// Oldest first: `id`, `generation`, `execution_count`, `code`,
+    /// `status`, times, output heads and tails, …
+    #[schema(value_type = Vec<Object>)]
+    pub cells: Vec<Value>,
+    /// The server keeps a journal (no cells otherwise).
+    pub journal: bool,
+}
+
+/// The session's journaled cells, oldest first.
+#[utoipa::path(get, path = "/v1/sessions/{name}/history", operation_id = "history", tag = "sessions",
+    params(SessionPath),
+    responses(
+        (status = 200, description = "the cells", body = HistoryAnswer),
+        (status = 404, description = "`session_not_found`", body = ErrorBody),
+    ))]
 async fn history(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    ApiPath(SessionPath { name }): ApiPath<SessionPath>,
+) -> Result<Json<HistoryAnswer>, ApiError> {
     owned_key(&st, &caller, &name)?;
     let Some(j) = st.registry.journal() else {
-        return Ok(Json(json!({"cells": [], "journal": false})));
+        return Ok(Json(HistoryAnswer {
+            cells: Vec::new(),
+            journal: false,
+        }));
     };
     let cells = j
         .history(&caller.owner, &name)
         .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(Json(json!({ "cells": cells, "journal": true })))
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("journal: {e}")))?;
+    let cells = cells
+        .iter()
+        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+        .collect();
+    Ok(Json(HistoryAnswer { cells, journal: true }))
 }
 
-#[derive(Debug, Deserialize, Default)]
-struct OutputQuery {
-    offset: Option<u64>,
-    length: Option<u64>,
+/// A stream of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamName {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
 }
 
+impl StreamName {
+    fn as_str(self) -> &'static str {
+        match self {
+            StreamName::Stdout => "stdout",
+            StreamName::Stderr => "stderr",
+        }
+    }
+}
+
+/// A cell's stream named in the path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct OutputPath {
+    /// The cell id of the result (`cell_id`).
+    pub cell: String,
+    /// `stdout` or `stderr`.
+    pub stream: StreamName,
+}
+
+/// Largest `length` of an output page, in bytes (16 MiB, the spill
+/// reader's own cap).
+pub const OUTPUT_MAX_LENGTH: u64 = 16 * 1024 * 1024;
+
+/// Default `length` of an output page, in bytes.
+pub const OUTPUT_DEFAULT_LENGTH: u64 = 65_536;
+
+/// Query of `cellOutput`.
+#[derive(Debug, Deserialize, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutputQuery {
+    /// Byte offset to start at (default 0; moved forward to a character
+    /// boundary).
+    #[param(minimum = 0)]
+    pub offset: Option<u64>,
+    /// Bytes to read (default 65536, at most 16 MiB).
+    #[param(minimum = 1, maximum = 16777216)]
+    pub length: Option<u64>,
+}
+
+/// A page of a cell's spilled output.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutputChunk {
+    /// The cell id.
+    pub cell: String,
+    /// The stream.
+    pub stream: StreamName,
+    /// The text, cut to whole characters.
+    pub text: String,
+    /// Byte offset of `text`.
+    pub offset: u64,
+    /// Offset of the next page; null at the end.
+    pub next_offset: Option<u64>,
+    /// Size of the whole stream in bytes.
+    pub total_bytes: u64,
+}
+
+/// Page through a cell's spilled output by byte offset (the caller's own cells only).
+#[utoipa::path(get, path = "/v1/cells/{cell}/output/{stream}", operation_id = "cellOutput", tag = "cells",
+    params(OutputPath, OutputQuery),
+    responses(
+        (status = 200, description = "a page, cut to whole characters", body = OutputChunk),
+        (status = 404, description = "`output_not_found`: no spilled stream of that cell for this owner", body = ErrorBody),
+        (status = 416, description = "`range_not_satisfiable`: offset past the end", body = ErrorBody),
+    ))]
 async fn cell_output(
     State(st): St,
     Extension(caller): Extension<Caller>,
-    Path((cell, stream)): Path<(String, String)>,
-    Query(q): Query<OutputQuery>,
-) -> Result<Json<Value>, ApiError> {
+    ApiPath(OutputPath { cell, stream }): ApiPath<OutputPath>,
+    ApiQuery(q): ApiQuery<OutputQuery>,
+) -> Result<Json<OutputChunk>, ApiError> {
+    let offset = q.offset.unwrap_or(0);
+    let length = q.length.unwrap_or(OUTPUT_DEFAULT_LENGTH);
+    if !(1..=OUTPUT_MAX_LENGTH).contains(&length) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("length must be 1 to {OUTPUT_MAX_LENGTH}, got {length}"),
+        )
+        .with("field", "length"));
+    }
     let path = st.cells.lock().ok().and_then(|c| {
         c.by_id
             .get(&cell)
             .filter(|m| m.owner == caller.owner)
-            .and_then(|m| m.spills.get(&stream).cloned())
+            .and_then(|m| m.spills.get(stream.as_str()).cloned())
     });
     let Some(path) = path else {
-        return Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no spilled {stream} for cell {cell:?} of this owner"),
-        ));
+        return Err(ApiError::new(
+            ErrorCode::OutputNotFound,
+            format!("no spilled {} for cell {cell:?} of this owner", stream.as_str()),
+        )
+        .with("cell", cell.as_str())
+        .with("stream", stream.as_str()));
     };
-    let offset = q.offset.unwrap_or(0);
-    let length = q.length.unwrap_or(65_536);
-    let chunk = tokio::task::spawn_blocking(move || cellhost_kernel::read_spill(&path, offset, length))
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| ApiError(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()))?;
-    Ok(Json(json!({
-        "cell": cell,
-        "stream": stream,
-        "text": chunk.text,
-        "offset": chunk.offset,
-        "next_offset": chunk.next_offset,
-        "total_bytes": chunk.total_bytes,
-    })))
+    let chunk = tokio::task::spawn_blocking(move || {
+        let total = std::fs::metadata(&path)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the spill file is unreadable: {e}")))?
+            .len();
+        if offset > total {
+            return Err(ApiError::new(
+                ErrorCode::RangeNotSatisfiable,
+                format!("offset {offset} is past the end of the output ({total} bytes)"),
+            )
+            .with("offset", offset)
+            .with("total_bytes", total));
+        }
+        cellhost_kernel::read_spill(&path, offset, length)
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the read failed: {e}")))??;
+    Ok(Json(OutputChunk {
+        cell,
+        stream,
+        text: chunk.text,
+        offset: chunk.offset,
+        next_offset: chunk.next_offset,
+        total_bytes: chunk.total_bytes,
+    }))
 }
 
 /// Serves the API on `listener` until `shutdown` resolves (in-flight

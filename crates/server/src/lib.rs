@@ -2,7 +2,8 @@
 //!
 //! - [`http`]: the HTTP API (axum): sessions, execute (JSON or server-sent
 //!   events), interrupt, restart, variables, spilled output, history; the
-//!   OpenAPI document ([`openapi`]); bearer tokens mapped to owners
+//!   OpenAPI document generated from the types ([`openapi`]); error
+//!   answers with stable codes ([`error`]); bearer tokens mapped to owners
 //!   ([`auth`]); its connections served within [`ServeLimits`]
 //!   ([`listen`]: header, idle and body timeouts, a connection cap);
 //! - [`daemon`]: the per-user daemon behind `cellhost exec --session`, JSON
@@ -13,11 +14,13 @@
 
 pub mod auth;
 pub mod daemon;
+pub mod error;
 pub mod http;
 pub mod listen;
 pub mod openapi;
 
 pub use auth::{Scope, Tokens};
+pub use error::{ApiError, ErrorCode};
 pub use http::{AppState, DEFAULT_LISTEN, MAX_BODY_BYTES, router};
 pub use listen::ServeLimits;
 

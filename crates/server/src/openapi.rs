@@ -1,209 +1,135 @@
 //! The OpenAPI 3.1 document of the HTTP API, served at `/openapi.json`.
-//! Kept by hand; a test checks that its operations are exactly the
-//! router's routes ([`crate::http::route_table`]).
+//!
+//! Generated from the types (utoipa): the request and response structs of
+//! [`crate::http`] and the kernel's `CellResult` derive their schemas, and
+//! every handler carries its `#[utoipa::path]`. What every route shares is
+//! added here once ([`Shared`]): the bearer scheme, and the error answers
+//! the layers in front of the handlers give (401 on `/v1`, 403 on routes
+//! that are not `GET`, 400/413/415/422 where a body is read, 422 where
+//! parameters are parsed, 500). A test checks that the operations are
+//! exactly the router's routes ([`crate::http::route_table`]).
 
-use serde_json::{Value, json};
+use serde_json::Value;
+use utoipa::openapi::path::{Operation, PathItem};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
 
-fn err(desc: &str) -> Value {
-    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
+use crate::http;
+
+const DESCRIPTION: &str = "Persistent Python sessions for agents. Every /v1 route needs \
+`Authorization: Bearer TOKEN`; a token stands for an owner, and owners never see each other's \
+sessions (404, like a missing one). Read-only tokens may call GET routes only (403). Request \
+bodies are limited to 4 MiB (413). A session's variables persist across execute calls until it \
+is restarted, deleted, or its kernel dies (the next result then says `kernel.state_reset`). \
+Every error answer is `{\"error\": {\"code\", \"message\", ...fields}}` as application/json; the \
+HTTP status follows from the code. A second execute on a busy session is refused with 409 \
+`session_busy` unless its body says `\"queue\": true`.";
+
+/// The document's generator.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "cellhost HTTP API", description = DESCRIPTION),
+    servers((url = "http://127.0.0.1:8787")),
+    security(("bearer" = [])),
+    paths(
+        http::openapi_doc,
+        http::create_session,
+        http::list_sessions,
+        http::delete_session,
+        http::execute,
+        http::interrupt,
+        http::restart,
+        http::variables,
+        http::history,
+        http::cell_output,
+    ),
+    components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
+    modifiers(&Shared),
+)]
+pub struct ApiDoc;
+
+/// What every operation shares: the bearer scheme and the errors of the
+/// layers in front of the handlers.
+struct Shared;
+
+fn error_response(description: &str) -> RefOr<utoipa::openapi::Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build(),
+    )
 }
 
-fn ok_json(desc: &str, schema: Value) -> Value {
-    json!({"description": desc, "content": {"application/json": {"schema": schema}}})
-}
-
-fn name_param() -> Value {
-    json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}})
-}
-
-fn common_errors(mut responses: Value, with_404: bool) -> Value {
-    if let Some(m) = responses.as_object_mut() {
-        m.insert("401".into(), err("missing or invalid bearer token"));
-        m.insert(
-            "403".into(),
-            err("the token is read-only and the route is not GET"),
-        );
-        if with_404 {
-            m.insert(
-                "404".into(),
-                err("no such session for this token's owner (other owners' sessions are invisible)"),
-            );
+fn add_errors(path: &str, method: &str, op: &mut Operation) {
+    let r = &mut op.responses.responses;
+    let mut add = |status: &str, desc: &str| {
+        r.entry(status.to_string())
+            .or_insert_with(|| error_response(desc));
+    };
+    if path.starts_with("/v1/") {
+        add("401", "`unauthorized`: missing or unknown bearer token");
+        add("500", "`internal`: a fault of the server");
+        if method != "get" {
+            add("403", "`forbidden`: a read-only token on a route that is not GET");
         }
     }
-    responses
+    if op.request_body.is_some() {
+        add("400", "`bad_request`: the body is not JSON, or could not be read");
+        add("413", "`payload_too_large`: the body is over 4 MiB");
+        add(
+            "415",
+            "`unsupported_media_type`: the body is not application/json",
+        );
+        add("422", "`invalid_request`: a value the document does not allow");
+    }
+    if op.parameters.as_ref().is_some_and(|p| !p.is_empty()) {
+        add(
+            "422",
+            "`invalid_request`: a parameter the document does not allow",
+        );
+    }
 }
 
-/// The document.
-pub fn document() -> Value {
-    let session_ref = json!({"$ref": "#/components/schemas/Session"});
-    json!({
-        "openapi": "3.1.0",
-        "info": {
-            "title": "cellhost HTTP API",
-            "version": env!("CARGO_PKG_VERSION"),
-            "description": "Persistent Python sessions for agents. Every /v1 route needs `Authorization: Bearer TOKEN`; a token stands for an owner, and owners never see each other's sessions. Read-only tokens may call GET routes only. Request bodies are limited to 4 MiB (413 beyond). A session's variables persist across execute calls until it is restarted, deleted, or its kernel dies (the next result then says `kernel.state_reset`)."
-        },
-        "servers": [{"url": "http://127.0.0.1:8787"}],
-        "security": [{"bearer": []}],
-        "paths": {
-            "/openapi.json": {
-                "get": {
-                    "operationId": "openapi",
-                    "summary": "This document (no auth)",
-                    "security": [],
-                    "responses": {"200": ok_json("the OpenAPI document", json!({"type": "object"}))}
+impl Modify for Shared {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        if let Some(c) = doc.components.as_mut() {
+            c.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        }
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let PathItem {
+                get,
+                put,
+                post,
+                delete,
+                patch,
+                ..
+            } = item;
+            for (method, op) in [
+                ("get", get),
+                ("put", put),
+                ("post", post),
+                ("delete", delete),
+                ("patch", patch),
+            ] {
+                if let Some(op) = op.as_mut() {
+                    add_errors(path, method, op);
                 }
-            },
-            "/v1/sessions": {
-                "post": {
-                    "operationId": "createSession",
-                    "summary": "Create a session and start its kernel",
-                    "requestBody": {"required": false, "content": {"application/json": {"schema": {
-                        "type": "object", "additionalProperties": false,
-                        "properties": {"name": {"type": "string", "description": "default: a random name"}}
-                    }}}},
-                    "responses": common_errors(json!({
-                        "201": ok_json("created", session_ref.clone()),
-                        "400": err("bad name"),
-                        "409": err("a session of this name exists"),
-                        "413": err("body larger than 4 MiB"),
-                        "429": err("too many sessions for this owner")
-                    }), false)
-                },
-                "get": {
-                    "operationId": "listSessions",
-                    "summary": "The caller's sessions",
-                    "responses": common_errors(json!({
-                        "200": ok_json("sessions", json!({"type": "object", "properties": {"sessions": {"type": "array", "items": session_ref.clone()}}}))
-                    }), false)
-                }
-            },
-            "/v1/sessions/{name}": {
-                "delete": {
-                    "operationId": "deleteSession",
-                    "summary": "Kill the session's kernel and forget the session",
-                    "parameters": [name_param()],
-                    "responses": common_errors(json!({"204": {"description": "deleted"}}), true)
-                }
-            },
-            "/v1/sessions/{name}/execute": {
-                "post": {
-                    "operationId": "execute",
-                    "summary": "Run a cell: wait for the CellResult, or stream server-sent events",
-                    "description": "With `?stream=true` or `Accept: text/event-stream` the answer is an event stream: `stream` events `{name: stdout|stderr, text}` while the cell runs, `display` events (a MIME bundle, images as file references), then one `result` event with the CellResult (or an `error` event). Output beyond the inline limits is cut (head + tail) and spilled; page it with /v1/cells/{cell}/output/{stream}.",
-                    "parameters": [name_param(), {"name": "stream", "in": "query", "required": false, "schema": {"type": "boolean"}}],
-                    "requestBody": {"required": true, "content": {"application/json": {"schema": {
-                        "type": "object", "additionalProperties": false, "required": ["code"],
-                        "properties": {
-                            "code": {"type": "string"},
-                            "timeout_s": {"type": "number", "minimum": 0, "description": "deadline in seconds; 0 = none; default 300"}
-                        }
-                    }}}},
-                    "responses": common_errors(json!({
-                        "200": {
-                            "description": "the cell's result (status ok, error, timeout, interrupted or crashed)",
-                            "content": {
-                                "application/json": {"schema": {"$ref": "#/components/schemas/CellResult"}},
-                                "text/event-stream": {"schema": {"type": "string"}}
-                            }
-                        },
-                        "400": err("bad body"),
-                        "413": err("body larger than 4 MiB"),
-                        "503": err("no room for another kernel, or shutting down")
-                    }), true)
-                }
-            },
-            "/v1/sessions/{name}/interrupt": {
-                "post": {
-                    "operationId": "interrupt",
-                    "summary": "Interrupt the running cell (SIGINT to the worker's main thread; killed after a 2 s grace)",
-                    "parameters": [name_param()],
-                    "responses": common_errors(json!({
-                        "200": ok_json("what the interrupt did", json!({"type": "object", "properties": {
-                            "delivered": {"type": "boolean"}, "target": {"type": "string"}, "cell": {"type": "string"}, "reason": {"type": "string"}
-                        }}))
-                    }), true)
-                }
-            },
-            "/v1/sessions/{name}/restart": {
-                "post": {
-                    "operationId": "restart",
-                    "summary": "Kill the kernel and start a new one (all state is lost)",
-                    "parameters": [name_param()],
-                    "responses": common_errors(json!({"200": ok_json("the new kernel", session_ref.clone())}), true)
-                }
-            },
-            "/v1/sessions/{name}/variables": {
-                "get": {
-                    "operationId": "variables",
-                    "summary": "The session's user namespace (idle kernels only)",
-                    "parameters": [name_param(), {"name": "limit", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": 500}}],
-                    "responses": common_errors(json!({
-                        "200": ok_json("variables", json!({"type": "object", "properties": {"variables": {"type": "array", "items": {"type": "object"}}, "truncated": {"type": "boolean"}}})),
-                        "409": err("a cell is running")
-                    }), true)
-                }
-            },
-            "/v1/sessions/{name}/history": {
-                "get": {
-                    "operationId": "history",
-                    "summary": "The session's journaled cells, oldest first",
-                    "parameters": [name_param()],
-                    "responses": common_errors(json!({
-                        "200": ok_json("cells", json!({"type": "object", "properties": {"cells": {"type": "array", "items": {"type": "object"}}, "journal": {"type": "boolean"}}}))
-                    }), true)
-                }
-            },
-            "/v1/cells/{cell}/output/{stream}": {
-                "get": {
-                    "operationId": "cellOutput",
-                    "summary": "Page through a cell's spilled output by byte offset (the caller's own cells only)",
-                    "parameters": [
-                        {"name": "cell", "in": "path", "required": true, "schema": {"type": "string"}},
-                        {"name": "stream", "in": "path", "required": true, "schema": {"type": "string", "enum": ["stdout", "stderr"]}},
-                        {"name": "offset", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 0}},
-                        {"name": "length", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "description": "default 65536, at most 16 MiB"}}
-                    ],
-                    "responses": common_errors(json!({
-                        "200": ok_json("a chunk, cut to whole characters", json!({"type": "object", "properties": {
-                            "text": {"type": "string"}, "offset": {"type": "integer"}, "next_offset": {"type": ["integer", "null"]}, "total_bytes": {"type": "integer"}
-                        }})),
-                        "416": err("offset beyond the end")
-                    }), true)
-                }
-            }
-        },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-                "Session": {"type": "object", "required": ["name", "alive"], "properties": {
-                    "name": {"type": "string"}, "alive": {"type": "boolean"}, "busy": {"type": "boolean"},
-                    "generation": {"type": "integer"}, "pid": {"type": "integer"}, "python": {"type": "string"}
-                }},
-                "CellResult": {"type": "object", "required": ["cell_id", "status", "execution_count", "stdout", "stderr", "kernel", "duration_ms"], "properties": {
-                    "cell_id": {"type": "string"},
-                    "status": {"type": "string", "enum": ["ok", "error", "timeout", "interrupted", "crashed"]},
-                    "execution_count": {"type": "integer"},
-                    "stdout": {"type": "string"},
-                    "stderr": {"type": "string"},
-                    "result": {"type": ["object", "null"], "description": "MIME bundle of the last expression"},
-                    "displays": {"type": "array", "items": {"type": "object"}},
-                    "error": {"type": ["object", "null"], "properties": {"ename": {"type": "string"}, "evalue": {"type": "string"}, "traceback": {"type": "array", "items": {"type": "string"}}}},
-                    "truncated": {"type": "object", "additionalProperties": {"type": "object", "properties": {
-                        "total_bytes": {"type": "integer"}, "shown_bytes": {"type": "integer"}, "omitted_bytes": {"type": "integer"}, "spill_path": {"type": ["string", "null"]}
-                    }}},
-                    "kernel": {"type": "object"},
-                    "interrupt": {"type": "object"},
-                    "crash": {"type": "object"},
-                    "duration_ms": {"type": "integer"},
-                    "usage": {"type": "object"},
-                    "tool_calls": {"type": "array", "items": {"type": "object"}},
-                    "background_output": {"type": "object"},
-                    "cwd": {"type": "string"},
-                    "hint": {"type": "string"}
-                }}
             }
         }
-    })
+    }
+}
+
+/// The document, as served.
+pub fn document() -> Value {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    serde_json::to_value(&doc).unwrap_or(Value::Null)
 }

@@ -44,8 +44,17 @@ impl Server {
 }
 
 async fn start() -> Server {
+    start_with(None).await
+}
+
+/// A server whose kernels' default cell deadline is `cell_timeout` (the
+/// config's `cell_timeout_s`; `None`: the built-in 300 s).
+async fn start_with(cell_timeout: Option<Duration>) -> Server {
     let dir = tempfile::tempdir().expect("tmp");
     let mut cfg = KernelConfig::new(python(), dir.path().join("unused"));
+    if cell_timeout.is_some() {
+        cfg.cell_timeout = cell_timeout;
+    }
     cfg.cwd = Some(dir.path().to_path_buf());
     let mut rc = RegistryConfig::new(dir.path().join("state"), cfg);
     rc.pool_size = 0;
@@ -250,7 +259,7 @@ async fn sessions_execute_variables_history_restart_delete() {
     assert_eq!(c.status, 201, "{}", c.body);
     assert_eq!(c.json()["alive"], true);
     assert_eq!(create(a, ALICE, "ana").await.status, 409);
-    assert_eq!(create(a, ALICE, "bad name!").await.status, 400);
+    assert_eq!(create(a, ALICE, "bad name!").await.status, 422);
 
     let r = exec(a, ALICE, "ana", "x = 21\nprint('hi')\nx * 2").await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -566,5 +575,265 @@ async fn curl_smoke_script() {
     );
     assert!(out.status.success(), "curl-smoke.sh failed:\n{text}");
     assert!(text.contains("curl smoke: all passed"), "{text}");
+    srv.stop().await;
+}
+
+/// The error envelope of `resp`: its code, after checking the body is
+/// `{"error": {"code", "message"}}` as application/json.
+fn code_of(resp: &Resp) -> String {
+    assert_eq!(
+        resp.header("content-type"),
+        Some("application/json"),
+        "{} {:?} {}",
+        resp.status,
+        resp.headers,
+        resp.body
+    );
+    let v = resp.json();
+    assert!(v["error"]["message"].is_string(), "{}", resp.body);
+    v["error"]["code"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_error_is_a_json_envelope_with_its_code() {
+    let srv = start().await;
+    let a = srv.addr;
+    let cases: Vec<(Resp, u16, &str)> = vec![
+        (
+            call(a, "GET", "/v1/sessions", None, None).await,
+            401,
+            "unauthorized",
+        ),
+        (
+            call(a, "GET", "/no/such/route", Some(ALICE), None).await,
+            404,
+            "not_found",
+        ),
+        (
+            call(a, "PUT", "/v1/sessions", Some(ALICE), None).await,
+            405,
+            "method_not_allowed",
+        ),
+        (
+            call(a, "POST", "/v1/sessions", Some(READER), None).await,
+            403,
+            "forbidden",
+        ),
+        (
+            call_raw(a, "POST", "/v1/sessions", Some(ALICE), Some(b"{"), &[]).await,
+            400,
+            "bad_request",
+        ),
+        (
+            call_raw(
+                a,
+                "POST",
+                "/v1/sessions",
+                Some(ALICE),
+                Some(br#"{"name": 7}"#),
+                &[],
+            )
+            .await,
+            422,
+            "invalid_request",
+        ),
+        (
+            call_raw(
+                a,
+                "POST",
+                "/v1/sessions",
+                Some(ALICE),
+                Some(br#"{"nome": "x"}"#),
+                &[],
+            )
+            .await,
+            422,
+            "invalid_request",
+        ),
+        (create(a, ALICE, "bad name!").await, 422, "invalid_request"),
+        (
+            call(
+                a,
+                "GET",
+                "/v1/sessions/nope/variables?limit=abc",
+                Some(ALICE),
+                None,
+            )
+            .await,
+            422,
+            "invalid_request",
+        ),
+        (
+            call(a, "GET", "/v1/cells/c1/output/stdin", Some(ALICE), None).await,
+            422,
+            "invalid_request",
+        ),
+        (
+            call(a, "GET", "/v1/cells/c1/output/stdout?length=0", Some(ALICE), None).await,
+            422,
+            "invalid_request",
+        ),
+        (
+            call(a, "GET", "/v1/cells/c1/output/stdout", Some(ALICE), None).await,
+            404,
+            "output_not_found",
+        ),
+        (exec(a, ALICE, "nope", "1").await, 404, "session_not_found"),
+    ];
+    for (resp, status, code) in &cases {
+        assert_eq!(resp.status, *status, "{code}: {}", resp.body);
+        assert_eq!(code_of(resp), *code, "{}", resp.body);
+    }
+    // A body that is not JSON: 415 whatever the route.
+    let mut raw = TcpStream::connect(a).await.expect("connect");
+    let body = r#"{"code": "1"}"#;
+    let req = format!(
+        "POST /v1/sessions/nope/execute HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAuthorization: Bearer {ALICE}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    raw.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    raw.read_to_end(&mut out).await.expect("read");
+    let r = parse(&out);
+    assert_eq!(r.status, 415, "{}", r.body);
+    assert_eq!(code_of(&r), "unsupported_media_type");
+    // Over the body limit: 413 with the limit.
+    let big = vec![b' '; cellhost_server::MAX_BODY_BYTES + 10];
+    let r = call_raw(a, "POST", "/v1/sessions", Some(ALICE), Some(&big), &[]).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(code_of(&r), "payload_too_large");
+    // Values the document refuses are refused by the server, too.
+    assert_eq!(create(a, ALICE, "ok").await.status, 201);
+    for bad in [
+        json!({"code": "1", "timeout_s": -1}),
+        json!({"code": "1", "timeout_s": 604801}),
+    ] {
+        let r = call(a, "POST", "/v1/sessions/ok/execute", Some(ALICE), Some(bad)).await;
+        assert_eq!(
+            (r.status, code_of(&r).as_str()),
+            (422, "invalid_request"),
+            "{}",
+            r.body
+        );
+    }
+    let r = call(a, "GET", "/v1/sessions/ok/variables?limit=501", Some(ALICE), None).await;
+    assert_eq!((r.status, code_of(&r).as_str()), (422, "invalid_request"));
+    // The host is healthy afterwards.
+    assert_eq!(
+        exec(a, ALICE, "ok", "6 * 7").await.json()["result"]["text/plain"],
+        "42"
+    );
+    srv.stop().await;
+}
+
+/// The HTTP row of the surface × request matrix: the default and an
+/// explicit deadline, the sandbox mode, owners kept apart, the busy rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn matrix_http_timeout_sandbox_owner_busy() {
+    let srv = start_with(Some(Duration::from_secs(2))).await;
+    let a = srv.addr;
+    let floor = srv.registry.sandbox_floor();
+
+    // Sandbox: no mode is the floor; a weaker one is refused (403).
+    let c = create(a, ALICE, "m").await;
+    assert_eq!(c.status, 201, "{}", c.body);
+    assert_eq!(c.json()["sandbox"], floor.as_str());
+    let r = exec(a, ALICE, "m", "1").await.json();
+    assert_eq!(r["kernel"]["sandbox"]["mode"], floor.as_str(), "{r}");
+    if floor > cellhost_sandbox::profile::SandboxMode::Off {
+        let r = call(
+            a,
+            "POST",
+            "/v1/sessions",
+            Some(ALICE),
+            Some(json!({"name": "weak", "sandbox": "off"})),
+        )
+        .await;
+        assert_eq!(
+            (r.status, code_of(&r).as_str()),
+            (403, "sandbox_below_floor"),
+            "{}",
+            r.body
+        );
+        assert_eq!(r.json()["error"]["floor"], floor.as_str());
+    }
+
+    // Timeout: no timeout_s is the server's default (2 s here) ...
+    let r = exec(a, ALICE, "m", "import time\ntime.sleep(30)").await.json();
+    assert_eq!(r["status"], "timeout", "{r}");
+    // ... and an explicit one overrides it.
+    let r = call(
+        a,
+        "POST",
+        "/v1/sessions/m/execute",
+        Some(ALICE),
+        Some(json!({"code": "import time\ntime.sleep(3)\n'done'", "timeout_s": 60})),
+    )
+    .await
+    .json();
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["result"]["text/plain"], "'done'");
+
+    // Owners: the same name under two tokens is two sessions.
+    assert_eq!(exec(a, ALICE, "m", "who = 'alice'").await.status, 200);
+    assert_eq!(create(a, BOB, "m").await.status, 201);
+    let r = exec(a, BOB, "m", "'who' in globals()").await.json();
+    assert_eq!(r["result"]["text/plain"], "False", "{r}");
+    assert_eq!(
+        exec(a, ALICE, "m", "who").await.json()["result"]["text/plain"],
+        "'alice'"
+    );
+
+    // Busy: a second execute is refused (409 session_busy) unless it queues.
+    let runner = tokio::spawn(async move {
+        call(
+            a,
+            "POST",
+            "/v1/sessions/m/execute",
+            Some(ALICE),
+            Some(json!({"code": "import time\ntime.sleep(120)", "timeout_s": 0})),
+        )
+        .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let l = call(a, "GET", "/v1/sessions", Some(ALICE), None).await.json();
+        if l["sessions"][0]["busy"] == true {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cell never ran: {l}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = exec(a, ALICE, "m", "1").await;
+    assert_eq!(
+        (r.status, code_of(&r).as_str()),
+        (409, "session_busy"),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.json()["error"]["session"], "m");
+    // Bob's session of the same name is not busy.
+    assert_eq!(exec(a, BOB, "m", "2").await.json()["status"], "ok");
+    let queued = tokio::spawn(async move {
+        call(
+            a,
+            "POST",
+            "/v1/sessions/m/execute",
+            Some(ALICE),
+            Some(json!({"code": "who", "queue": true})),
+        )
+        .await
+    });
+    // The queued call is waiting, not refused: it ends only after the
+    // running cell is interrupted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!queued.is_finished(), "the queued call did not wait");
+    let i = call(a, "POST", "/v1/sessions/m/interrupt", Some(ALICE), None).await;
+    assert_eq!(i.status, 200, "{}", i.body);
+    let first = runner.await.expect("runner").json();
+    assert_eq!(first["status"], "interrupted", "{first}");
+    let q = queued.await.expect("queued").json();
+    assert_eq!(q["status"], "ok", "{q}");
+    assert_eq!(q["result"]["text/plain"], "'alice'");
     srv.stop().await;
 }

@@ -201,7 +201,7 @@ fn serve_http(env: &Env, mode: &str) -> Outcome {
         &format!("{url}/v1/sessions"),
     ]);
     // Creating the session starts its kernel: a refusal shows here.
-    if serde_json::from_str::<Value>(&created).is_ok_and(|v| v["error"].is_string()) {
+    if serde_json::from_str::<Value>(&created).is_ok_and(|v| v["error"]["code"].is_string()) {
         return Outcome::Refused(created);
     }
     let body = json!({"code": CELL}).to_string();

@@ -1,6 +1,6 @@
 //! A stdio MCP server for cellhost-mcp's tests (the `cellhost` binary lives
 //! in another crate): `cellhost-mcp-test --python PATH [--sandbox MODE]
-//! [--state DIR]`. Logs go to standard error.
+//! [--state DIR] [--cell-timeout SECONDS]`. Logs go to standard error.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,12 +19,14 @@ fn main() -> ExitCode {
     let mut python: Option<PathBuf> = None;
     let mut sandbox: Option<String> = None;
     let mut state: Option<PathBuf> = None;
+    let mut cell_timeout: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--python" => python = args.next().map(PathBuf::from),
             "--sandbox" => sandbox = args.next(),
             "--state" => state = args.next().map(PathBuf::from),
+            "--cell-timeout" => cell_timeout = args.next(),
             other => {
                 eprintln!("cellhost-mcp-test: unknown argument {other}");
                 return ExitCode::from(2);
@@ -46,6 +48,19 @@ fn main() -> ExitCode {
             Ok(m) => cfg.sandbox.mode = m,
             Err(e) => {
                 eprintln!("cellhost-mcp-test: --sandbox: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Some(t) = cell_timeout {
+        match t
+            .parse::<f64>()
+            .ok()
+            .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        {
+            Some(d) => cfg.cell_timeout = Some(d),
+            None => {
+                eprintln!("cellhost-mcp-test: --cell-timeout: not a number of seconds: {t}");
                 return ExitCode::from(2);
             }
         }
