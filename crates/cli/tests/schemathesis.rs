@@ -95,6 +95,8 @@ fn schemathesis_finds_no_server_error_and_no_answer_off_the_document() {
             .args(["--request-timeout", "60", "--workers", "1"])
             .env("NO_COLOR", "1")
             .env("SCHEMATHESIS_TELEMETRY", "false")
+            // Its cache (.schemathesis/) goes to the test's directory, not the source tree.
+            .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
