@@ -187,4 +187,3 @@ impl KernelConfig {
             .map_err(|e| KernelError::io(&self.label(), "locating the kernel init binary", e))
     }
 }
-
