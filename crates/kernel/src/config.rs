@@ -1,9 +1,8 @@
 //! Configuration of one kernel and the interpreter it runs.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cellhost_capture::{Redactor, StreamLimits};
@@ -11,13 +10,18 @@ use cellhost_sandbox::cgroup::CgroupLimits;
 use cellhost_sandbox::profile::SandboxProfile;
 
 use crate::error::KernelError;
+use crate::runtime::WorkerRuntime;
 use crate::tools::ToolHost;
 
 /// Everything needed to start one kernel.
 #[derive(Clone)]
 pub struct KernelConfig {
-    /// Absolute path of the Python interpreter (any venv or conda env).
+    /// Absolute path of the interpreter the runtime runs (any environment
+    /// of it: a venv, a conda env).
     pub python: PathBuf,
+    /// The language of the worker: how to start it, its boot files, its
+    /// hints (default: [`default_runtime`](crate::runtime::default_runtime)).
+    pub runtime: Arc<dyn WorkerRuntime>,
     /// Working directory of the worker (default: the host's).
     pub cwd: Option<PathBuf>,
     /// The worker's whole environment (already filtered by the allowlist).
@@ -94,6 +98,7 @@ impl std::fmt::Debug for KernelConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KernelConfig")
             .field("python", &self.python)
+            .field("runtime", &self.runtime.name())
             .field("cwd", &self.cwd)
             .field("session_dir", &self.session_dir)
             .field("session", &self.session)
@@ -115,6 +120,7 @@ impl KernelConfig {
         redactor.add_secrets(filtered.withheld_secret_values);
         KernelConfig {
             python: python.into(),
+            runtime: crate::runtime::default_runtime(),
             cwd: None,
             env: filtered.pass,
             session_dir: session_dir.into(),
@@ -152,6 +158,17 @@ impl KernelConfig {
         format!("{}/{}", self.session, self.generation)
     }
 
+    /// The worker's configuration, sent as the second message on its control
+    /// socket (never in its environment, which `/proc/self/environ` keeps).
+    pub(crate) fn worker_message(&self) -> serde_json::Value {
+        serde_json::json!({
+            "tools": self.tool_names(),
+            "session_dir": self.session_dir,
+            "session": self.session,
+            "generation": self.generation,
+        })
+    }
+
     pub(crate) fn launcher_path(&self) -> Result<PathBuf, KernelError> {
         if let Some(p) = &self.launcher {
             return Ok(p.clone());
@@ -169,77 +186,4 @@ impl KernelConfig {
         std::env::current_exe()
             .map_err(|e| KernelError::io(&self.label(), "locating the kernel init binary", e))
     }
-}
-
-/// Resolves the interpreter to run: an explicit path is made absolute (a
-/// bare name that is not a file in the current directory is looked up on
-/// `PATH`);
-/// `None` finds `python3` on `PATH` and asks it for `sys.executable`, so a
-/// pyenv shim (a shell script costing ~100 ms per start) is never used.
-/// The answer for `None` is computed once per process.
-///
-/// # Errors
-/// [`KernelError::Spawn`] when no interpreter can be found or run.
-pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, KernelError> {
-    if let Some(p) = explicit {
-        // A bare name (`python3.12`) is looked up on PATH, like a shell would.
-        if p.components().count() == 1
-            && !p.exists()
-            && let Some(found) = p.to_str().and_then(find_on_path)
-        {
-            return real_executable(&found);
-        }
-        return std::path::absolute(p).map_err(|e| KernelError::Spawn {
-            python: p.display().to_string(),
-            reason: e.to_string(),
-        });
-    }
-    static CACHE: OnceLock<Mutex<Option<PathBuf>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(None));
-    if let Ok(guard) = cache.lock()
-        && let Some(p) = guard.as_ref()
-    {
-        return Ok(p.clone());
-    }
-    let found = find_on_path("python3").ok_or_else(|| KernelError::Spawn {
-        python: "python3".into(),
-        reason: "python3 is not on PATH; pass --python PATH".into(),
-    })?;
-    let path = real_executable(&found)?;
-    if let Ok(mut guard) = cache.lock() {
-        *guard = Some(path.clone());
-    }
-    Ok(path)
-}
-
-/// Asks an interpreter found on PATH for `sys.executable`, so a wrapper
-/// such as a pyenv shim (a shell script costing ~100 ms a start) is
-/// replaced by the real binary.
-fn real_executable(found: &Path) -> Result<PathBuf, KernelError> {
-    let out = Command::new(found)
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .map_err(|e| KernelError::Spawn {
-            python: found.display().to_string(),
-            reason: e.to_string(),
-        })?;
-    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() || text.is_empty() {
-        return Err(KernelError::Spawn {
-            python: found.display().to_string(),
-            reason: format!(
-                "it did not report sys.executable ({})",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    let path = PathBuf::from(text);
-    Ok(path)
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }

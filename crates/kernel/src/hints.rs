@@ -1,38 +1,15 @@
-//! One-line hints for a language model after common failures.
+//! One-line hints for a language model after common failures: the
+//! runtime's for its errors, then the host's own.
 
-use std::path::Path;
-
+use crate::config::KernelConfig;
 use crate::result::{CellResult, CellStatus};
 
 /// The hint for a result, if one applies.
-pub(crate) fn hint_for(r: &CellResult, python: &Path, truncated: bool) -> Option<String> {
-    if let Some(e) = &r.error {
-        match e.ename.as_str() {
-            "ModuleNotFoundError" => {
-                let module = e.evalue.split('\'').nth(1).unwrap_or("the module");
-                return Some(format!(
-                    "'{module}' is not installed in the kernel's interpreter {}; install it there (e.g. `{} -m pip install {module}`) or use another --python.",
-                    python.display(),
-                    python.display()
-                ));
-            }
-            "FileNotFoundError" => {
-                let cwd = r.cwd.as_deref().unwrap_or("(deleted)");
-                return Some(format!(
-                    "Relative paths resolve against the kernel's current directory {cwd}; check the path or use an absolute one."
-                ));
-            }
-            "ToolError" if e.evalue.contains("budget") => {
-                return Some("This cell spent its host-call budget; split the work across cells.".into());
-            }
-            "ToolError" if e.evalue.contains("not enabled") => {
-                return Some(
-                    "That tool is not enabled for this session; list tools with `dir(cellhost.tools)`."
-                        .into(),
-                );
-            }
-            _ => {}
-        }
+pub(crate) fn hint_for(r: &CellResult, config: &KernelConfig, truncated: bool) -> Option<String> {
+    if let Some(e) = &r.error
+        && let Some(h) = config.runtime.error_hint(e, r, &config.python)
+    {
+        return Some(h);
     }
     if r.status == CellStatus::Crashed {
         return Some(

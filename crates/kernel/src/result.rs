@@ -120,7 +120,7 @@ pub struct KernelRef {
     pub session: String,
     /// Kernel generation within the session (1 for the first kernel).
     pub generation: u64,
-    /// Host-side pid of the Python worker.
+    /// Host-side pid of the worker.
     pub pid: u32,
     /// The kernel had run earlier cells of this session.
     pub reused: bool,
@@ -286,7 +286,7 @@ pub struct CellResult {
     /// One line for a language model on how to proceed after a common failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
-    /// Files the cell opened for reading and writing (Python `open` audit
+    /// Files the cell opened for reading and writing (the runtime's `open` audit
     /// events; at most 256 paths).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<FilesOpened>,

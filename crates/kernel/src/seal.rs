@@ -12,7 +12,7 @@
 use cellhost_capture::{Redactor, Truncation};
 use serde_json::Value;
 
-use crate::kernel::Variables;
+use crate::cell::Variables;
 use crate::outputs::{self, value_size};
 use crate::result::{
     BackgroundOutput, CellError, CellResult, CrashReport, DisplayOutput, DisplaysDropped, FilesOpened,

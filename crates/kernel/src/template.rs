@@ -1,32 +1,29 @@
 //! Templates: per-configuration fork servers that hand out kernels with a
 //! configuration's modules already imported.
 //!
-//! A [`Template`] is a Python process started like a kernel (through a
-//! kernel init, with the configuration's interpreter and environment) that
-//! imports the worker and the modules to preload (say numpy, pandas,
-//! matplotlib) and then only forks. [`Template::fork`] gives a [`Kernel`]
-//! like [`Kernel::spawn`] does — own session directory, generation, cgroup
-//! and, with a sandbox, own namespaces, mounts, Landlock domain,
-//! capabilities and seccomp filter (`cellhost_sandbox::forkplan`) — in
-//! milliseconds instead of the imports' hundreds.
+//! A [`Template`] is a worker process of the configuration's runtime
+//! (where [`WorkerRuntime::template_argv`](crate::runtime::WorkerRuntime::template_argv)
+//! says templates apply), started like a kernel (through a kernel init,
+//! with the configuration's interpreter and environment), that imports the
+//! worker and the modules to preload and then only forks. [`Template::fork`]
+//! gives a [`Kernel`] like [`Kernel::spawn`] does — own session directory,
+//! generation, cgroup and, with a sandbox, own namespaces, mounts, Landlock
+//! domain, capabilities and seccomp filter (`cellhost_sandbox::forkplan`) —
+//! in milliseconds instead of the imports' hundreds. Templates are local
+//! processes: the forked kernel's link is the local one.
 //!
 //! ```text
-//! host ──▶ template init (--keep-tree) ──▶ template (python, preloaded)
+//! host ──▶ template init (--keep-tree) ──▶ template (interpreter, preloaded)
 //!                                            └─fork─▶ kernel init (adopt) ─▶ ns-init ─▶ worker
 //! ```
 //!
-//! Caveats:
+//! Caveats (the runtime's own, such as random state and thread pools at
+//! fork, are in its module's documentation):
 //! * The template runs no user code, so nothing of one session reaches the
-//!   template or another session; each kernel is a fresh fork. The random
-//!   state of `random` (CPython reseeds it at fork) and of numpy's global
-//!   generator (reseeded by the worker) differs per kernel; the string hash
-//!   seed (`PYTHONHASHSEED`) is the template's, shared by its kernels.
-//! * Environment read at import time (e.g. `OPENBLAS_NUM_THREADS`) is the
-//!   template's: fork only with the configuration it was started with
-//!   ([`Template::fork`] refuses another interpreter).
-//! * BLAS pools: OpenBLAS parks its threads in its own `pthread_atfork`
-//!   handler and restarts them in the child; the template refuses to fork
-//!   while it has more than one Python thread.
+//!   template or another session; each kernel is a fresh fork.
+//! * Environment read at import time is the template's: fork only with the
+//!   configuration it was started with ([`Template::fork`] refuses another
+//!   interpreter).
 //! * A sandboxed template needs root (it creates each kernel's namespaces
 //!   itself). A fork that fails (the worker exits with status 72 and says
 //!   why on stderr) is an error: callers start a cold kernel instead.
@@ -50,12 +47,8 @@ use cellhost_sandbox::forkplan::fork_plan;
 
 use crate::config::KernelConfig;
 use crate::error::KernelError;
-use crate::init_proc::{InitProc, pidfd_of};
-use crate::kernel::{Kernel, Prepared, worker_config, worker_env};
-use crate::{spawn, worker_files};
-
-/// The boot line of a template.
-const TEMPLATE_BOOT: &str = "__import__('sys').path.append(__import__('sys').argv.pop(1));__import__('cellhost_worker.template').template.run()";
+use crate::kernel::Kernel;
+use crate::link::local::{InitProc, LocalLink, Prepared, pidfd_of, spawn, worker_env};
 
 /// How long a template may take to import its modules.
 const TEMPLATE_STARTUP: Duration = Duration::from_secs(120);
@@ -66,7 +59,7 @@ const FORK_REPLY: Duration = Duration::from_secs(10);
 /// Facts about a running template.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TemplateInfo {
-    /// Host pid of the template (the Python process that forks).
+    /// Host pid of the template (the worker process that forks).
     pub pid: u32,
     /// Interpreter.
     pub python: PathBuf,
@@ -116,12 +109,13 @@ fn io_err(label: &str, ctx: &str, e: std::io::Error) -> KernelError {
 
 impl Template {
     /// Starts a template for `config` (interpreter, environment, cwd,
-    /// sandbox profile) that imports `preload` (module names, e.g.
-    /// `numpy`, `pandas`, `matplotlib.pyplot`). A module that fails to
+    /// sandbox profile) that imports `preload` (module names of the
+    /// runtime's language). A module that fails to
     /// import is reported in [`TemplateInfo::failed`], not an error.
     ///
     /// # Errors
-    /// [`KernelError::Spawn`] (the interpreter cannot run or the template
+    /// [`KernelError::InvalidRequest`] (templates do not apply to the
+    /// runtime), [`KernelError::Spawn`] (the interpreter cannot run or the template
     /// died, with its stderr), [`KernelError::StartupTimeout`] (no answer
     /// within 120 s), [`KernelError::Io`].
     pub async fn start(config: KernelConfig, preload: Vec<String>) -> Result<Template, KernelError> {
@@ -136,27 +130,30 @@ impl Template {
                     .into(),
             });
         }
-        let worker_dir =
-            worker_files::worker_path().map_err(|e| io_err(&label, "writing the worker package", e))?;
+        let runtime = config.runtime.clone();
+        let worker_dir = runtime
+            .boot_dir()
+            .map_err(|e| io_err(&label, "writing the worker package", e))?;
+        let Some(program) = runtime.template_argv(&config.python, worker_dir) else {
+            return Err(KernelError::InvalidRequest(format!(
+                "templates do not apply to the {} runtime",
+                runtime.name()
+            )));
+        };
         let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
         let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
         let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         cmd.stdout(Stdio::null());
         let mut env = worker_env(&config, sandboxed);
-        if sandboxed && let Some(mpl) = worker_files::sandbox_assets(&config.python, worker_dir) {
-            env.push(("MPLCONFIGDIR".into(), mpl.into_os_string()));
+        if sandboxed && let Some(assets) = runtime.sandbox_assets(&config.python, worker_dir) {
+            env.extend(runtime.template_env(&assets));
         }
         let launch = cellhost_sandbox::profile::LaunchSpec {
             host_pid: std::process::id() as i32,
             cgroup_procs: Vec::new(),
             sandbox: None,
-            program: vec![
-                config.python.display().to_string(),
-                "-c".to_string(),
-                TEMPLATE_BOOT.to_string(),
-                worker_dir.display().to_string(),
-            ],
+            program,
             env: spawn::env_strings(&env),
             keep_tree: true,
         };
@@ -330,7 +327,7 @@ impl Template {
         });
         // The worker reads its configuration from its control socket before
         // anything else (never from its environment).
-        spawn::write_launch_config(&host_end, &worker_config(&config))
+        spawn::write_launch_config(&host_end, &config.worker_message())
             .map_err(|e| io_err(&label, "worker configuration", e))?;
         let inner = self.inner.clone();
         let started = Instant::now();
@@ -387,7 +384,8 @@ impl Template {
             status: std::fs::File::from(st_r),
             exit: None,
         };
-        Kernel::attach(config, prep, init, host_end, out_r, err_r).await
+        let (link, launch) = LocalLink::attach(prep, init, host_end, out_r, err_r)?;
+        Kernel::attach(config, link, launch).await
     }
 }
 

@@ -27,7 +27,7 @@ pub(crate) enum InitProc {
     /// Started by the host: waited for with `waitpid`.
     Child(Child),
     /// Forked by a template: its parent is the template, which reaps it.
-    /// The init writes Python's raw wait status (4 bytes, native order) to
+    /// The init writes the worker's raw wait status (4 bytes, native order) to
     /// `status` just before it exits; signals go through `pidfd`, so a
     /// recycled pid is never hit.
     Adopted {
@@ -48,7 +48,7 @@ impl InitProc {
     }
 
     /// The init's status once it has exited (for a forked kernel: the
-    /// status of Python it mirrors; an init that died without reporting,
+    /// status of the worker it mirrors; an init that died without reporting,
     /// which only SIGKILL can cause, reads as killed by SIGKILL).
     pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         match self {
