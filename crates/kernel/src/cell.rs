@@ -28,6 +28,13 @@ pub struct ExecOptions {
     pub fail_if_busy: bool,
     /// Receives rendered, redacted output while the cell runs.
     pub live: Option<mpsc::UnboundedSender<LiveEvent>>,
+    /// A stop flag shared with whoever may cancel the cell (Ctrl-C of
+    /// `cellhost run`): a caller that submits the cell interrupts it as soon
+    /// as it is submitted when the flag is already set. Closes the window
+    /// between "not stopped yet, submit" and "stopped, interrupt whatever
+    /// runs", in which an interrupt would find no cell and be lost. Whoever
+    /// sets the flag must set it before it interrupts the running cell.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Output delivered while a cell runs (same rendering and redaction as the

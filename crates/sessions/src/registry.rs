@@ -843,6 +843,7 @@ impl Registry {
         let slot = self.slot(key, None);
         let _attach = Attach::new(&slot);
         let (mut kernel, mut generation) = self.ensure(&slot).await?;
+        let cancel = options.cancel.clone();
         let handle = match kernel.submit(code, options.clone()) {
             // The kernel died between the check and the submit (an idle
             // worker killed from outside): one fresh generation, once.
@@ -863,6 +864,14 @@ impl Registry {
         };
         if let Some(j) = &self.journal {
             j.cell_started(start.clone());
+        }
+        if cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            // Cancelled before or while it was submitted: the canceller's
+            // interrupt may have found no cell, so this one is interrupted here.
+            let _ = handle.interrupt().await;
         }
         let waited = handle.wait().await;
         let mut r = match waited {

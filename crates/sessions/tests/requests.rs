@@ -214,3 +214,31 @@ async fn owners_of_two_surfaces_never_share_a_session_or_its_journal() {
     .expect_err("bad limit");
     assert_eq!(e.code(), "bad_request");
 }
+
+/// Regression: Ctrl-C of `cellhost run` between two cells set the stop flag
+/// and interrupted no cell (none was running yet); the next cell then ran
+/// its full course. A cell submitted with its stop flag already set is
+/// interrupted at once, and the state survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cell_submitted_after_its_stop_flag_was_set_is_interrupted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start(dir.path(), None).await;
+    let _guard = Shutdown(reg.clone());
+    let owner = Surface::Library.owner("t");
+    let r = exec(&owner, "s", "x = 41").execute(&reg).await.expect("first");
+    assert_eq!(r.result.status, CellStatus::Ok);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut req = exec(&owner, "s", "import time\ntime.sleep(600)");
+    req.cancel = Some(stop);
+    let r = req.execute(&reg).await.expect("stopped cell");
+    assert_eq!(r.result.status, CellStatus::Interrupted, "{:#?}", r.result);
+    let r = exec(&owner, "s", "x + 1").execute(&reg).await.expect("after");
+    assert_eq!(
+        r.result
+            .result
+            .as_ref()
+            .and_then(|b| b.get("text/plain"))
+            .and_then(|v| v.as_str()),
+        Some("42")
+    );
+}

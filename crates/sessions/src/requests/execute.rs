@@ -20,6 +20,8 @@ pub struct ExecuteRequest {
     pub queue: bool,
     /// Receives rendered, redacted output while the cell runs.
     pub live: Option<UnboundedSender<LiveEvent>>,
+    /// The caller's stop flag ([`ExecOptions::cancel`]).
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Who asks and why (journaled with the cell).
     pub origin: Origin,
 }
@@ -44,6 +46,7 @@ impl ExecuteRequest {
             deadline: Deadline::Default,
             queue: false,
             live: None,
+            cancel: None,
             origin,
         }
     }
@@ -60,6 +63,7 @@ impl ExecuteRequest {
             timeout: self.deadline.as_exec_timeout(),
             fail_if_busy: !self.queue,
             live: self.live,
+            cancel: self.cancel,
             ..Default::default()
         };
         match reg.execute_journaled(&key, &self.code, opts, &self.origin).await {

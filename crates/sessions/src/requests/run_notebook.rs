@@ -32,6 +32,7 @@ pub struct RegistryRunner {
     session: SessionSpec,
     deadline: Deadline,
     origin: Origin,
+    cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl RegistryRunner {
@@ -52,7 +53,15 @@ impl RegistryRunner {
             session,
             deadline,
             origin,
+            cancel: None,
         })
+    }
+
+    /// Cells run with this stop flag ([`ExecOptions::cancel`](cellhost_kernel::kernel::ExecOptions)):
+    /// a cell submitted after the flag was set is interrupted at once.
+    pub fn with_cancel(mut self, cancel: Option<Arc<std::sync::atomic::AtomicBool>>) -> Self {
+        self.cancel = cancel;
+        self
     }
 
     /// The session's key.
@@ -65,6 +74,7 @@ impl CellRunner for RegistryRunner {
     async fn run(&mut self, code: &str) -> Result<CellRun, String> {
         let mut req = ExecuteRequest::new(self.session.clone(), code, self.origin.clone());
         req.deadline = self.deadline;
+        req.cancel = self.cancel.clone();
         let done = req.execute(&self.registry).await.map_err(|e| e.to_string())?;
         Ok(CellRun {
             result: done.result,
@@ -99,7 +109,8 @@ impl RunNotebookRequest {
             self.session.clone(),
             self.deadline,
             self.origin.clone(),
-        )?;
+        )?
+        .with_cancel(self.options.stop.clone());
         let mut opts = self.options.clone();
         opts.timeout = self.deadline.resolve(registry.config().template.cell_timeout);
         Ok(execute_notebook(nb, &mut runner, &opts, observer).await)
