@@ -2,10 +2,11 @@
 
 Every decision (flags, paths, access masks, seccomp programs) is made by the
 host (``cellhost_sandbox::forkplan``); this module only makes the system
-calls, in the order a cold kernel's init uses (``cellhost_sandbox::confine``):
-rlimits and namespaces in the kernel init, then the bounding set, the
-kernel's uid, Landlock, capabilities and seccomp in the worker. Each
-function raises ``OSError`` naming the step that failed.
+calls. The order is not kept here: the plan's ``steps`` is the one list of
+``cellhost_sandbox::steps::ORDER``, and :func:`steps_of` hands each process
+its steps in that order (rlimits and namespaces in the kernel init, the
+mounts in the ns-init, the rest in the worker), refusing a step this module
+does not know. Each function raises ``OSError`` naming the step that failed.
 """
 import ctypes
 import os
@@ -39,6 +40,32 @@ _RLIMITS = {
 }
 
 _UL = ctypes.c_ulong
+
+# The steps ``cellhost_sandbox::steps::Step`` names, by the process that
+# runs them (``Step::stage``).
+STAGES = {
+    "rlimits": "init",
+    "namespaces": "init",
+    "mounts": "ns_init",
+    "bounding_set": "worker",
+    "uid": "worker",
+    "landlock": "worker",
+    "capabilities": "worker",
+    "seccomp": "worker",
+}
+
+
+def steps_of(plan, stage):
+    """The plan's steps that ``stage`` runs, in the plan's order. Raises
+    ``OSError`` when the plan has no step list or names a step this module
+    does not know (an older worker must not confine a kernel partly)."""
+    steps = plan.get("steps")
+    if not isinstance(steps, list):
+        raise OSError(0, "the fork plan names no confinement steps")
+    for step in steps:
+        if step not in STAGES:
+            raise OSError(0, "unknown confinement step %r" % (step,))
+    return [step for step in steps if STAGES[step] == stage]
 
 
 def _fail(step):

@@ -113,10 +113,15 @@ def _kernel_init(req, fds):
         os.setsid()
         plan = req["plan"]
         flags = plan.get("unshare") or 0
-        confine.lower_rlimits(plan.get("rlimits") or ())
-        # The cgroup namespace is the worker's, made once it has joined
-        # its cgroups (its root is then the kernel's own group).
-        confine.unshare(flags & ~CLONE_NEWCGROUP)
+        for step in confine.steps_of(plan, "init"):
+            if step == "rlimits":
+                confine.lower_rlimits(plan.get("rlimits") or ())
+            elif step == "namespaces":
+                # The cgroup namespace is the worker's, made once it has
+                # joined its cgroups (its root is then the kernel's own group).
+                confine.unshare(flags & ~CLONE_NEWCGROUP)
+            else:
+                raise OSError(0, "no implementation of the init step %r" % step)
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
         go_r, go_w = os.pipe()
         # Closed by the init this process becomes once it has read its
@@ -180,43 +185,61 @@ def _merge_layers(plan_layers, updates):
 
 
 def _confine_worker(plan, kid, idmap_failures):
-    """Bounding set, uid, Landlock, capabilities, seccomp, in a cold
-    kernel's order (``cellhost_sandbox::confine``). Returns the layers as
+    """The worker's steps of the plan (bounding set, uid, Landlock,
+    capabilities, seccomp), in the plan's order. Returns the layers as
     ``LayerStatus`` objects."""
     from . import confine
     layers = []
-    if plan.get("drop_capabilities"):
-        confine.drop_bounding_set()
-    layers.append(_take_uid(plan, kid, idmap_failures))
-    ll = plan.get("landlock")
-    if ll is not None:
+
+    def bounding_set():
+        if plan.get("drop_capabilities"):
+            confine.drop_bounding_set()
+
+    def uid():
+        layers.append(_take_uid(plan, kid, idmap_failures))
+
+    def landlock():
+        ll = plan.get("landlock")
+        if ll is None:
+            layers.append({"name": "landlock", "enforced": False,
+                           "detail": plan.get("landlock_missing") or "not applied"})
+            return
         try:
             confine.apply_landlock(ll)
             layers.append({"name": "landlock", "enforced": True, "detail": ll["detail"]})
         except OSError as exc:
             layers.append({"name": "landlock", "enforced": False, "detail": "ruleset failed: %s" % exc})
-    else:
-        layers.append({"name": "landlock", "enforced": False,
-                       "detail": plan.get("landlock_missing") or "not applied"})
-    if plan.get("drop_capabilities"):
+
+    def capabilities():
+        if not plan.get("drop_capabilities"):
+            layers.append({"name": "capabilities", "enforced": False,
+                           "detail": "disabled by the sandbox profile"})
+            return
         try:
             confine.drop_capabilities(plan["capset_nr"])
             layers.append({"name": "capabilities", "enforced": True,
                            "detail": "all dropped (bounding set cleared)"})
         except OSError as exc:
             layers.append({"name": "capabilities", "enforced": False, "detail": str(exc)})
-    else:
-        layers.append({"name": "capabilities", "enforced": False, "detail": "disabled by the sandbox profile"})
-    if plan.get("seccomp"):
+
+    def seccomp():
+        if not plan.get("seccomp"):
+            layers.append({"name": "seccomp", "enforced": False,
+                           "detail": plan.get("seccomp_detail") or "disabled by the sandbox profile"})
+            return
         try:
             confine.apply_seccomp(plan["seccomp"])
             layers.append({"name": "seccomp", "enforced": True, "detail": plan["seccomp_detail"]})
         except OSError as exc:
             layers.append({"name": "seccomp", "enforced": False,
                            "detail": "cannot install the filter: %s" % exc})
-    else:
-        layers.append({"name": "seccomp", "enforced": False,
-                       "detail": plan.get("seccomp_detail") or "disabled by the sandbox profile"})
+
+    run = {"bounding_set": bounding_set, "uid": uid, "landlock": landlock,
+           "capabilities": capabilities, "seccomp": seccomp}
+    for step in confine.steps_of(plan, "worker"):
+        if step not in run:
+            raise OSError(0, "no implementation of the worker step %r" % step)
+        run[step]()
     return layers
 
 

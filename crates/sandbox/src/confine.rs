@@ -23,44 +23,24 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::profile::{DEVICES_RW, InitSpec, LayerStatus, PRIVATE_MPL_DIR, Rlimits, SYSTEM_RO};
-
-fn errno() -> std::io::Error {
-    std::io::Error::last_os_error()
-}
+use crate::sys::{IdMapFile, LandlockOutcome, Limit, Linux, Sys};
 
 /// Lowers the per-process limits (never raises a hard limit).
-pub fn apply_rlimits(r: &Rlimits) -> LayerStatus {
+pub fn apply_rlimits(sys: &dyn Sys, r: &Rlimits) -> LayerStatus {
     let mut done = Vec::new();
     let mut failed = Vec::new();
     for (name, res, want) in [
-        ("core", libc::RLIMIT_CORE, r.core),
-        ("nofile", libc::RLIMIT_NOFILE, r.nofile),
-        ("fsize", libc::RLIMIT_FSIZE, r.fsize),
-        ("as", libc::RLIMIT_AS, r.address_space),
+        ("core", Limit::Core, r.core),
+        ("nofile", Limit::Nofile, r.nofile),
+        ("fsize", Limit::Fsize, r.fsize),
+        ("as", Limit::AddressSpace, r.address_space),
     ] {
         let Some(want) = want else { continue };
-        // SAFETY: getrlimit/setrlimit read and write one valid rlimit struct.
-        let rc = unsafe {
-            let mut cur: libc::rlimit = std::mem::zeroed();
-            if libc::getrlimit(res, &mut cur) != 0 {
-                -1
-            } else {
-                let v = if cur.rlim_max == libc::RLIM_INFINITY {
-                    want
-                } else {
-                    want.min(cur.rlim_max)
-                };
-                let lim = libc::rlimit {
-                    rlim_cur: v,
-                    rlim_max: v,
-                };
-                libc::setrlimit(res, &lim)
-            }
-        };
-        if rc == 0 {
-            done.push(format!("{name}={want}"));
-        } else {
-            failed.push(format!("{name}: {}", errno()));
+        let (_, max) = sys.getrlimit(res);
+        let v = max.map_or(want, |m| want.min(m));
+        match sys.setrlimit(res, Some(v), Some(v)) {
+            Ok(()) => done.push(format!("{name}={want}")),
+            Err(e) => failed.push(format!("{name}: {e}")),
         }
     }
     if failed.is_empty() {
@@ -114,10 +94,9 @@ pub(crate) fn wanted_namespaces(
 
 /// Unshares the namespaces (user only when not root). The caller must fork
 /// afterwards: the next child is pid 1 of the new pid namespace.
-pub fn unshare_namespaces(network: bool, disable: &[String]) -> Vec<LayerStatus> {
+pub fn unshare_namespaces(sys: &dyn Sys, network: bool, disable: &[String]) -> Vec<LayerStatus> {
     let mut layers = Vec::new();
-    // SAFETY: geteuid/getegid take no arguments.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (uid, gid) = (sys.geteuid(), sys.getegid());
     if uid == 0 {
         layers.push(LayerStatus::skipped(
             "userns",
@@ -125,42 +104,37 @@ pub fn unshare_namespaces(network: bool, disable: &[String]) -> Vec<LayerStatus>
              root's capabilities are dropped before Python starts",
         ));
     } else {
-        // SAFETY: unshare takes flags only.
-        if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
-            let maps = (|| -> std::io::Result<()> {
-                fs::write("/proc/self/setgroups", "deny")?;
-                fs::write("/proc/self/uid_map", format!("{uid} {uid} 1"))?;
-                fs::write("/proc/self/gid_map", format!("{gid} {gid} 1"))?;
-                Ok(())
-            })();
-            match maps {
-                Ok(()) => layers.push(LayerStatus::on("userns", format!("uid {uid} mapped to itself"))),
-                Err(e) => layers.push(LayerStatus::missing(
-                    "userns",
-                    format!("cannot write id maps: {e}"),
-                )),
+        match sys.unshare(libc::CLONE_NEWUSER) {
+            Ok(()) => {
+                let maps = sys
+                    .write_id_map(IdMapFile::Setgroups, "deny")
+                    .and_then(|()| sys.write_id_map(IdMapFile::UidMap, &format!("{uid} {uid} 1")))
+                    .and_then(|()| sys.write_id_map(IdMapFile::GidMap, &format!("{gid} {gid} 1")));
+                match maps {
+                    Ok(()) => layers.push(LayerStatus::on("userns", format!("uid {uid} mapped to itself"))),
+                    Err(e) => layers.push(LayerStatus::missing(
+                        "userns",
+                        format!("cannot write id maps: {e}"),
+                    )),
+                }
             }
-        } else {
-            layers.push(LayerStatus::missing(
+            Err(e) => layers.push(LayerStatus::missing(
                 "userns",
-                format!(
-                    "unshare(CLONE_NEWUSER): {} (unprivileged user namespaces disabled?)",
-                    errno()
-                ),
-            ));
+                format!("unshare(CLONE_NEWUSER): {e} (unprivileged user namespaces disabled?)"),
+            )),
         }
     }
     let (wanted, skipped) = wanted_namespaces(network, disable);
     layers.extend(skipped);
     let all = wanted.iter().fold(0, |a, w| a | w.1);
-    // SAFETY: unshare takes flags only; this process is single-threaded.
-    let together = unsafe { libc::unshare(all) } == 0;
+    let together = sys.unshare(all).is_ok();
     for (name, flag, what) in wanted {
-        // SAFETY: as above.
-        if together || unsafe { libc::unshare(flag) } == 0 {
-            layers.push(LayerStatus::on(name, format!("{what}{}", settle_namespace(flag))));
-        } else {
-            layers.push(LayerStatus::missing(name, format!("unshare: {}", errno())));
+        match if together { Ok(()) } else { sys.unshare(flag) } {
+            Ok(()) => layers.push(LayerStatus::on(
+                name,
+                format!("{what}{}", settle_namespace(sys, flag)),
+            )),
+            Err(e) => layers.push(LayerStatus::missing(name, format!("unshare: {e}"))),
         }
     }
     layers
@@ -170,47 +144,18 @@ pub fn unshare_namespaces(network: bool, disable: &[String]) -> Vec<LayerStatus>
 /// UTS namespace, brings the loopback up in a new network namespace.
 /// Returns what to add to the layer's detail (`" (up)"` or `" (down)"` for
 /// the network, else nothing).
-pub fn settle_namespace(flag: libc::c_int) -> &'static str {
+pub fn settle_namespace(sys: &dyn Sys, flag: libc::c_int) -> &'static str {
     if flag == libc::CLONE_NEWNET {
-        return if loopback_up() { " (up)" } else { " (down)" };
+        return if sys.loopback_up().is_ok() {
+            " (up)"
+        } else {
+            " (down)"
+        };
     }
     if flag == libc::CLONE_NEWUTS {
-        let name = b"cellhost";
-        // SAFETY: the pointer and length describe a live byte array.
-        unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
+        let _ = sys.sethostname(b"cellhost");
     }
     ""
-}
-
-#[repr(C)]
-struct IfReq {
-    name: [u8; 16],
-    flags: libc::c_short,
-    pad: [u8; 22],
-}
-
-fn loopback_up() -> bool {
-    let mut req = IfReq {
-        name: [0; 16],
-        flags: 0,
-        pad: [0; 22],
-    };
-    req.name[..2].copy_from_slice(b"lo");
-    // SAFETY: a datagram socket used for two interface ioctls on a live,
-    // correctly sized ifreq, then closed.
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return false;
-        }
-        let mut ok = libc::ioctl(s, 0x8913 /* SIOCGIFFLAGS */, &mut req) == 0;
-        if ok {
-            req.flags |= libc::IFF_UP as libc::c_short;
-            ok = libc::ioctl(s, 0x8914 /* SIOCSIFFLAGS */, &req) == 0;
-        }
-        libc::close(s);
-        ok
-    }
 }
 
 /// The directories the worker may write, the workdir included.
@@ -226,8 +171,8 @@ fn rw_paths(spec: &InitSpec) -> Vec<PathBuf> {
 /// `/dev/shm`, the host's control plane covered, the secret files under
 /// `/etc` masked. `kernel_id`: the uid the read-write paths are idmapped
 /// to (root host).
-pub fn setup_mounts(spec: &InitSpec, kernel_id: Option<u32>) -> crate::rootfs::RootOutcome {
-    crate::rootfs::build_root(spec, kernel_id)
+pub fn setup_mounts(sys: &dyn Sys, spec: &InitSpec, kernel_id: Option<u32>) -> crate::rootfs::RootOutcome {
+    crate::rootfs::build_root(sys, spec, kernel_id)
 }
 
 /// The `MPLCONFIGDIR` of the worker, pointing at the host-built font
@@ -258,16 +203,7 @@ pub fn share_mpl_cache(spec: &InitSpec, private_tmp: bool, kernel_id: Option<u32
 
 /// The Landlock ABI of the running kernel (0: none).
 pub fn landlock_abi() -> i64 {
-    // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns a number.
-    let v = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32, // LANDLOCK_CREATE_RULESET_VERSION
-        )
-    };
-    v.max(0)
+    Linux.landlock_abi()
 }
 
 /// The read-only and the read-write paths of the Landlock ruleset.
@@ -283,58 +219,37 @@ pub(crate) fn landlock_paths(spec: &InitSpec) -> (Vec<PathBuf>, Vec<PathBuf>) {
 /// Restricts the file system: read-only system and interpreter directories,
 /// read-write session directory, workdir and private tmp; no access to
 /// anything else (the host user's home, the journal, other sessions).
-pub fn apply_landlock(spec: &InitSpec) -> LayerStatus {
-    use landlock::{
-        ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
-        RulesetStatus, Scope, path_beneath_rules,
-    };
-    let abi = ABI::V6;
-    let ro_access = AccessFs::from_read(abi);
-    // No device nodes, even where writing is allowed.
-    let rw_access = AccessFs::from_all(abi) & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+pub fn apply_landlock(sys: &dyn Sys, spec: &InitSpec) -> LayerStatus {
     let (ro, rw) = landlock_paths(spec);
-    let result = (|| -> Result<_, landlock::RulesetError> {
-        Ruleset::default()
-            .set_compatibility(CompatLevel::BestEffort)
-            .handle_access(AccessFs::from_all(abi))?
-            .scope(Scope::from_all(abi))?
-            .create()?
-            .add_rules(path_beneath_rules(&ro, ro_access))?
-            .add_rules(path_beneath_rules(&rw, rw_access))?
-            .restrict_self()
-    })();
-    let version = landlock_abi();
+    let result = sys.landlock_restrict(&ro, &rw);
+    let version = sys.landlock_abi();
     match result {
-        Ok(s) => match s.ruleset {
-            RulesetStatus::FullyEnforced => LayerStatus::on(
-                "landlock",
-                format!(
-                    "ABI {version}: read-only {} paths, read-write {} paths, signals and abstract sockets scoped",
-                    ro.len(),
-                    rw.len()
-                ),
+        Ok(LandlockOutcome::Full) => LayerStatus::on(
+            "landlock",
+            format!(
+                "ABI {version}: read-only {} paths, read-write {} paths, signals and abstract sockets scoped",
+                ro.len(),
+                rw.len()
             ),
-            RulesetStatus::PartiallyEnforced => LayerStatus::on(
-                "landlock",
-                format!("ABI {version} (partial: this kernel lacks some access rights or scopes)"),
-            ),
-            RulesetStatus::NotEnforced => LayerStatus::missing(
-                "landlock",
-                "the running kernel does not support Landlock (or it is not enabled at boot: lsm=landlock)",
-            ),
-        },
+        ),
+        Ok(LandlockOutcome::Partial) => LayerStatus::on(
+            "landlock",
+            format!("ABI {version} (partial: this kernel lacks some access rights or scopes)"),
+        ),
+        Ok(LandlockOutcome::None) => LayerStatus::missing(
+            "landlock",
+            "the running kernel does not support Landlock (or it is not enabled at boot: lsm=landlock)",
+        ),
         Err(e) => LayerStatus::missing("landlock", format!("ruleset failed: {e}")),
     }
 }
 
 /// Clears the capability bounding set, as far as this process may
-/// (`CAP_SETPCAP`): step 4, before the uid changes.
-pub fn drop_bounding_set() {
-    let mut cap: libc::c_ulong = 0;
-    // SAFETY: prctl with integer arguments.
-    while unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) } >= 0 {
-        // SAFETY: as above.
-        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+/// (`CAP_SETPCAP`): before the uid changes.
+pub fn drop_bounding_set(sys: &dyn Sys) {
+    let mut cap = 0;
+    while sys.capbset_read(cap).is_ok() {
+        let _ = sys.capbset_drop(cap);
         cap += 1;
     }
 }
@@ -342,61 +257,29 @@ pub fn drop_bounding_set() {
 /// Drops every capability (bounding, ambient, effective, permitted,
 /// inheritable), so a root worker is root in name only. A bounding set
 /// already cleared ([`drop_bounding_set`]) is checked, not dropped again.
-pub fn drop_capabilities() -> LayerStatus {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    // SAFETY: prctl with integer arguments; capset reads one header and two
-    // data structs, all live on this stack frame.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
-        let mut cap: libc::c_ulong = 0;
-        loop {
-            let held = libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0);
-            if held < 0 {
+pub fn drop_capabilities(sys: &dyn Sys) -> LayerStatus {
+    let _ = sys.clear_ambient();
+    let mut cap = 0;
+    let first_err;
+    loop {
+        match sys.capbset_read(cap) {
+            Err(e) => {
+                first_err = e;
                 break;
             }
-            if held == 1 && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
-                return LayerStatus::missing("capabilities", format!("PR_CAPBSET_DROP({cap}): {}", errno()));
+            Ok(held) => {
+                if held && let Err(e) = sys.capbset_drop(cap) {
+                    return LayerStatus::missing("capabilities", format!("PR_CAPBSET_DROP({cap}): {e}"));
+                }
             }
-            cap += 1;
         }
-        if cap == 0 {
-            return LayerStatus::missing("capabilities", format!("PR_CAPBSET_READ: {}", errno()));
-        }
-        let mut h = Header {
-            version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
-            pid: 0,
-        };
-        let d = [
-            Data {
-                effective: 0,
-                permitted: 0,
-                inheritable: 0,
-            },
-            Data {
-                effective: 0,
-                permitted: 0,
-                inheritable: 0,
-            },
-        ];
-        if libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) != 0 {
-            return LayerStatus::missing("capabilities", format!("capset: {}", errno()));
-        }
+        cap += 1;
+    }
+    if cap == 0 {
+        return LayerStatus::missing("capabilities", format!("PR_CAPBSET_READ: {first_err}"));
+    }
+    if let Err(e) = sys.capset_clear() {
+        return LayerStatus::missing("capabilities", format!("capset: {e}"));
     }
     LayerStatus::on("capabilities", "all dropped (bounding set cleared)")
 }
@@ -581,13 +464,15 @@ pub(crate) fn seccomp_detail() -> String {
 /// Installs the seccomp filters: the denied syscalls (ptrace, mount, bpf, …) and `clone` with
 /// namespace flags fail with `EPERM`; `clone3` (whose flags a filter cannot
 /// read) fails with `ENOSYS`, so the C library falls back to `clone`.
-pub fn apply_seccomp() -> LayerStatus {
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) };
-    match seccomp_filters().and_then(|(a, b)| {
-        seccompiler::apply_filter(&a)?;
-        seccompiler::apply_filter(&b)
-    }) {
+pub fn apply_seccomp(sys: &dyn Sys) -> LayerStatus {
+    let _ = sys.set_no_new_privs();
+    let installed = seccomp_filters()
+        .map_err(std::io::Error::other)
+        .and_then(|(a, b)| {
+            sys.seccomp_install(&a)?;
+            sys.seccomp_install(&b)
+        });
+    match installed {
         Ok(()) => LayerStatus::on("seccomp", seccomp_detail()),
         Err(e) => LayerStatus::missing("seccomp", format!("cannot install the filter: {e}")),
     }

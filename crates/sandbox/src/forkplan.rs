@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::confine;
 use crate::profile::{InitSpec, KERNEL_ID_BASE, LayerStatus, SandboxMode};
+use crate::steps::{ORDER, Step};
 
 /// What the processes of a forked kernel apply to themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +73,10 @@ pub struct ForkPlan {
     /// with a sandbox.
     #[serde(default)]
     pub uid_missing: Option<String>,
+    /// The confinement steps, in the order to apply them: always
+    /// [`crate::steps::ORDER`]. `confine.py` runs them as given (each in
+    /// its process) and refuses a step it does not know.
+    pub steps: Vec<Step>,
 }
 
 /// A Landlock ruleset: what is handled and one `path_beneath` rule per path.
@@ -106,6 +111,7 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
             capset_nr: libc::SYS_capset,
             uid_base: None,
             uid_missing: None,
+            steps: ORDER.to_vec(),
         };
     };
     let mut layers = Vec::new();
@@ -177,6 +183,7 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
         uid_missing: spec
             .disabled("uid")
             .then(|| "disabled by the sandbox profile: the kernel runs as root".to_string()),
+        steps: ORDER.to_vec(),
     }
 }
 
@@ -260,6 +267,16 @@ mod tests {
             disable: Vec::new(),
             mpl_cache: None,
             hidden: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn plan_carries_the_one_step_list() {
+        for p in [fork_plan(None), fork_plan(Some(&spec()))] {
+            assert_eq!(p.steps, ORDER);
+            let json = serde_json::to_value(&p).expect("plan as JSON");
+            let names: Vec<&str> = ORDER.iter().map(|s| s.as_str()).collect();
+            assert_eq!(json["steps"], serde_json::json!(names));
         }
     }
 

@@ -50,9 +50,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
 use crate::confine;
-use crate::profile::{InitSpec, LaunchSpec, LayerStatus, SandboxMode, kernel_id};
+use crate::profile::{InitSpec, LaunchSpec, LayerStatus, kernel_id};
 use crate::rootfs;
 use crate::signal;
+use crate::steps::{Confinement, Stage};
+use crate::sys::{Linux, Sys};
 
 /// The init's argument naming the descriptor its [`LaunchSpec`] message
 /// arrives on.
@@ -557,15 +559,12 @@ fn start_sandboxed(
     devnull: &CString,
     old_mask: &libc::sigset_t,
 ) -> (i32, i32) {
-    let mut layers = vec![if spec.disabled("rlimits") {
-        disabled("rlimits")
-    } else {
-        confine::apply_rlimits(&spec.rlimits)
-    }];
-    // SAFETY: geteuid takes no arguments (read before any user namespace).
-    let root = unsafe { libc::geteuid() } == 0;
+    // The effective uid is read before any user namespace.
+    let root = Linux.geteuid() == 0;
     let kid = (root && !spec.disabled("uid")).then(|| kernel_id(init_pid as u32));
-    layers.extend(confine::unshare_namespaces(spec.network, &spec.disable));
+    let mut init = Confinement::new(&Linux, spec, kid);
+    init.run_stage(Stage::Init);
+    let layers = init.layers;
     let mut fds = [0i32; 2];
     // SAFETY: pipe2 writes two fds into a live array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -584,10 +583,6 @@ fn start_sandboxed(
     // SAFETY: closing our copy of the write end.
     unsafe { libc::close(fds[1]) };
     (pid, fds[0])
-}
-
-fn disabled(name: &str) -> LayerStatus {
-    LayerStatus::missing(name, "disabled by the sandbox profile")
 }
 
 fn write_all(fd: i32, mut bytes: &[u8]) {
@@ -611,7 +606,7 @@ fn write_all(fd: i32, mut bytes: &[u8]) {
 fn ns_init(
     spec: &InitSpec,
     kid: Option<u32>,
-    mut layers: Vec<LayerStatus>,
+    layers: Vec<LayerStatus>,
     program: &CString,
     argv: &[*const libc::c_char],
     env: &[(String, String)],
@@ -619,59 +614,24 @@ fn ns_init(
     old_mask: &libc::sigset_t,
     status_wr: i32,
 ) -> ! {
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
-    let mut idmap_failures = Vec::new();
-    let mut private_tmp = false;
-    let mut rootfs_layer =
-        LayerStatus::missing("rootfs", "no mount namespace: the kernel sees the host's files");
-    if let Some(m) = layers.iter_mut().find(|l| l.name == "mountns")
-        && m.enforced
-    {
-        let done = confine::setup_mounts(spec, kid);
-        let mut mountns = done.mountns;
-        if mountns.enforced {
-            mountns.detail = format!("{}: {}", m.detail, mountns.detail);
-        }
-        *m = mountns;
-        rootfs_layer = done.rootfs;
-        idmap_failures = done.idmap_failures;
-        private_tmp = done.private_tmp;
-    }
-    if kid.is_some() && !rootfs_layer.enforced {
-        idmap_failures.push("the read-write paths (no fresh root to idmap them in)".into());
-    }
-    layers.push(rootfs_layer);
+    let _ = Linux.set_pdeathsig(libc::SIGKILL);
+    let mut c = Confinement::new(&Linux, spec, kid);
+    c.layers = layers;
+    c.run_stage(Stage::NsInit);
     let mut env = env.to_vec();
-    if let Some(dir) = confine::share_mpl_cache(spec, private_tmp, kid) {
+    if let Some(dir) = confine::share_mpl_cache(spec, c.private_tmp, kid) {
         env.retain(|(k, _)| k != "MPLCONFIGDIR");
         env.push(("MPLCONFIGDIR".into(), dir.to_string_lossy().into_owned()));
     }
     let worker_env = envp(&env);
-    if !spec.disabled("capabilities") {
-        confine::drop_bounding_set();
-    }
-    layers.push(rootfs::take_kernel_id(kid, spec.disabled("uid"), &idmap_failures));
-    type Step = fn(&InitSpec) -> LayerStatus;
-    let steps: [(&str, Step); 3] = [
-        ("landlock", confine::apply_landlock),
-        ("capabilities", |_| confine::drop_capabilities()),
-        ("seccomp", |_| confine::apply_seccomp()),
-    ];
-    for (name, step) in steps {
-        layers.push(if spec.disabled(name) {
-            disabled(name)
-        } else {
-            step(spec)
-        });
-    }
+    c.run_stage(Stage::Worker);
     let frame = serde_json::json!({
         "type": "sandbox",
         "mode": spec.mode.as_str(),
-        "layers": layers,
+        "layers": c.layers,
     });
     write_all(0, format!("{frame}\n").as_bytes());
-    if spec.mode == SandboxMode::Enforce && layers.iter().any(|l| !l.enforced && !l.optional) {
+    if c.refuses() {
         // SAFETY: exiting without running atexit handlers.
         unsafe { libc::_exit(72) };
     }
@@ -771,8 +731,7 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     // only the standard streams and the descriptors named above (the spec's
     // is closed once read).
     crate::fds::close_all_except(&[go, barrier.unwrap_or(-1), spec_fd.unwrap_or(-1)]);
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) };
+    let _ = Linux.set_pdeathsig(libc::SIGKILL);
     let ns_spec: ForkNsSpec = match spec_fd {
         Some(fd) => serde_json::from_slice(&read_to_end_and_close(fd))
             .unwrap_or_else(|e| fail(&format!("bad --spec-fd message: {e}"))),
@@ -796,7 +755,7 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     let mut mplconfigdir = None;
     if let Some(spec) = &ns_spec.spec {
         if unshared & libc::CLONE_NEWNS != 0 {
-            let done = confine::setup_mounts(spec, kid);
+            let done = confine::setup_mounts(&Linux, spec, kid);
             let mut m = done.mountns;
             if m.enforced {
                 m.detail = format!("own mount table: {}", m.detail);
@@ -810,14 +769,14 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
             idmap_failures.push("the read-write paths (no fresh root to idmap them in)".into());
         }
         if unshared & libc::CLONE_NEWNET != 0 {
-            let up = confine::settle_namespace(libc::CLONE_NEWNET);
+            let up = confine::settle_namespace(&Linux, libc::CLONE_NEWNET);
             layers.push(LayerStatus::on(
                 "netns",
                 format!("no network: only a private loopback{up}"),
             ));
         }
         if unshared & libc::CLONE_NEWUTS != 0 {
-            confine::settle_namespace(libc::CLONE_NEWUTS);
+            confine::settle_namespace(&Linux, libc::CLONE_NEWUTS);
         }
         mplconfigdir = confine::share_mpl_cache(spec, private_tmp, kid);
     }
@@ -831,7 +790,7 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
     unsafe { libc::close(go) };
     // Pid 1 holds no root either once the mounts are made.
     if let Some(k) = kid
-        && rootfs::become_id(k).is_err()
+        && rootfs::become_id(&Linux, k).is_err()
     {
         // SAFETY: exiting without running atexit handlers; the init then
         // ends the kernel (the namespace dies with its pid 1).

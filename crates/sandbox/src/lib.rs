@@ -14,6 +14,9 @@
 //! * [`confine`]: the layers the init applies (rlimits, namespaces, mounts,
 //!   Landlock, capabilities, seccomp); [`rootfs`]: the kernel's fresh root
 //!   and its uid; [`cgroup`]: the kernel's limits.
+//! * [`steps`]: the confinement steps as one ordered list, for the cold
+//!   and the forked path; [`sys`]: the privileged calls they make, behind
+//!   the [`sys::Sys`] trait (the real one, and a recording one for tests).
 //!
 //! This is the only crate of cellhost with `unsafe` code; every block has a
 //! `// SAFETY:` line.
@@ -29,6 +32,8 @@ pub mod procfs;
 pub mod profile;
 pub mod rootfs;
 pub mod signal;
+pub mod steps;
+pub mod sys;
 
 #[cfg(feature = "ctor-launcher")]
 mod ctor_hook {

@@ -31,15 +31,14 @@
 //! above a bound path is a directory of the new root (mode 0755), so the
 //! kernel can reach a workdir under `/root` without reading `/root`.
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::profile::{DEVICES_RW, InitSpec, LayerStatus, MASKED_FILES, SYSTEM_RO};
+use crate::sys::Sys;
 
 /// Where the host's root hangs below the new root while the new root is
 /// built (it is detached before the worker starts).
@@ -63,65 +62,21 @@ pub struct RootOutcome {
     pub private_tmp: bool,
 }
 
-fn errno() -> io::Error {
-    io::Error::last_os_error()
-}
-
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("NUL in path"))
-}
-
-fn mount(
-    src: Option<&Path>,
-    target: &Path,
-    fstype: Option<&str>,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> io::Result<()> {
-    let src = src.map(cpath).transpose()?;
-    let target = cpath(target)?;
-    let c = |s: Option<&str>| s.and_then(|s| CString::new(s).ok());
-    let (fstype, data) = (c(fstype), c(data));
-    let p = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
-    // SAFETY: every pointer is null or a live NUL-terminated string.
-    let rc = unsafe { libc::mount(p(&src), target.as_ptr(), p(&fstype), flags, p(&data).cast()) };
-    if rc == 0 { Ok(()) } else { Err(errno()) }
-}
-
-fn tmpfs(target: &Path, flags: libc::c_ulong, data: &str) -> io::Result<()> {
-    mount(Some(Path::new("tmpfs")), target, Some("tmpfs"), flags, Some(data))
+fn tmpfs(sys: &dyn Sys, target: &Path, flags: libc::c_ulong, data: &str) -> io::Result<()> {
+    sys.mount(Some(Path::new("tmpfs")), target, Some("tmpfs"), flags, Some(data))
 }
 
 /// Remounts the bind at `target` read-only (or not) with `nosuid` and
 /// `nodev`, keeping the flags a user namespace may not clear.
-fn remount(target: &Path, read_only: bool, nodev: bool) -> io::Result<()> {
-    let c = cpath(target)?;
-    // SAFETY: statvfs fills one live struct from a live path.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(errno());
-    }
-    let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID;
-    for (st_flag, ms) in [
-        (libc::ST_NODEV, libc::MS_NODEV),
-        (libc::ST_NOEXEC, libc::MS_NOEXEC),
-        (libc::ST_NOATIME, libc::MS_NOATIME),
-        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-        (libc::ST_RELATIME, libc::MS_RELATIME),
-        (libc::ST_RDONLY, libc::MS_RDONLY),
-    ] {
-        if st.f_flag & st_flag != 0 {
-            flags |= ms;
-        }
-    }
+fn remount(sys: &dyn Sys, target: &Path, read_only: bool, nodev: bool) -> io::Result<()> {
+    let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | sys.mount_flags(target)?;
     if read_only {
         flags |= libc::MS_RDONLY;
     }
     if nodev {
         flags |= libc::MS_NODEV;
     }
-    mount(None, target, None, flags, None)
+    sys.mount(None, target, None, flags, None)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -218,13 +173,19 @@ fn entries(spec: &InitSpec, notes: &mut Vec<String>) -> Vec<Entry> {
     out
 }
 
-fn make_dirs(p: &Path) -> io::Result<()> {
-    fs::DirBuilder::new().recursive(true).mode(0o755).create(p)
+fn make_dirs(sys: &dyn Sys, p: &Path) -> io::Result<()> {
+    sys.make_dir(p, 0o755, true)
 }
 
 /// Creates the mount point `p` (a directory, or an empty file) in the new
 /// root, or in a covering tmpfs; never inside a bound host directory.
-fn mount_point(p: &Path, is_dir: bool, bound: &[PathBuf], covered: &[PathBuf]) -> io::Result<()> {
+fn mount_point(
+    sys: &dyn Sys,
+    p: &Path,
+    is_dir: bool,
+    bound: &[PathBuf],
+    covered: &[PathBuf],
+) -> io::Result<()> {
     if fs::symlink_metadata(p).is_ok() {
         return Ok(());
     }
@@ -235,18 +196,12 @@ fn mount_point(p: &Path, is_dir: bool, bound: &[PathBuf], covered: &[PathBuf]) -
         return Err(io::Error::other("missing inside a bound host directory"));
     }
     if is_dir {
-        make_dirs(p)
+        make_dirs(sys, p)
     } else {
         if let Some(parent) = p.parent() {
-            make_dirs(parent)?;
+            make_dirs(sys, parent)?;
         }
-        fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(p)
-            .map(drop)
+        sys.make_file(p)
     }
 }
 
@@ -257,7 +212,7 @@ fn fd_path(fd: &OwnedFd) -> PathBuf {
 /// Builds the kernel's root (see the module docs). `kernel_id` is the uid
 /// the kernel will run as when it is not the host's (root host): the
 /// read-write paths are idmapped to it.
-pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
+pub fn build_root(sys: &dyn Sys, spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
     let mut notes = Vec::new();
     let fail = |what: String| RootOutcome {
         mountns: LayerStatus::missing("mountns", what.clone()),
@@ -265,15 +220,15 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
         idmap_failures: Vec::new(),
         private_tmp: false,
     };
-    if let Err(e) = mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None) {
+    if let Err(e) = sys.mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None) {
         return fail(format!("cannot make / private: {e}"));
     }
     let list = entries(spec, &mut notes);
-    if let Err(e) = enter_new_root() {
+    if let Err(e) = enter_new_root(sys) {
         return fail(format!("cannot build a fresh root: {e}"));
     }
     let mut mountns = Vec::new();
-    if let Err(e) = base_mounts(&mut mountns) {
+    if let Err(e) = base_mounts(sys, &mut mountns) {
         return fail(e);
     }
     let mut bound: Vec<PathBuf> = Vec::new();
@@ -285,7 +240,7 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
     for e in &list {
         if let Some(target) = &e.link {
             if fs::symlink_metadata(&e.path).is_err()
-                && let Err(err) = std::os::unix::fs::symlink(target, &e.path)
+                && let Err(err) = sys.symlink(target, &e.path)
             {
                 return fail(format!("cannot recreate the symlink {}: {err}", e.path.display()));
             }
@@ -309,12 +264,13 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
             }
             let done = if e.is_dir {
                 tmpfs(
+                    sys,
                     &e.path,
                     libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                     "mode=0755,size=16k",
                 )
             } else {
-                mount(Some(Path::new("/dev/null")), &e.path, None, libc::MS_BIND, None)
+                sys.mount(Some(Path::new("/dev/null")), &e.path, None, libc::MS_BIND, None)
             };
             if let Err(err) = done {
                 return fail(format!("cannot cover {}: {err}", e.path.display()));
@@ -325,7 +281,7 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
             notes.push(format!("{} covered", e.path.display()));
             continue;
         }
-        if let Err(err) = mount_point(&e.path, e.is_dir, &bound, &covered) {
+        if let Err(err) = mount_point(sys, &e.path, e.is_dir, &bound, &covered) {
             notes.push(format!("{} not bound: {err}", e.path.display()));
             continue;
         }
@@ -334,23 +290,24 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
             (Kind::ReadWrite, Some(k)) => {
                 let ns = match userns.iter().find(|(o, _)| *o == e.owner) {
                     Some((_, fd)) => Ok(fd),
-                    None => idmap_userns(e.owner, k).map(|fd| {
+                    None => sys.idmap_userns(e.owner, k).map(|fd| {
                         userns.push((e.owner, fd));
                         &userns[userns.len() - 1].1
                     }),
                 };
-                match ns.and_then(|ns| idmapped_bind(fd, ns, &e.path)) {
+                match ns.and_then(|ns| sys.idmapped_bind(fd.as_fd(), ns.as_fd(), &e.path)) {
                     Ok(()) => Ok(()),
                     Err(err) => {
                         idmap_failures.push(format!("{}: {err}", e.path.display()));
-                        mount(Some(&src), &e.path, None, libc::MS_BIND | libc::MS_REC, None)
-                            .and_then(|_| remount(&e.path, false, true))
+                        sys.mount(Some(&src), &e.path, None, libc::MS_BIND | libc::MS_REC, None)
+                            .and_then(|_| remount(sys, &e.path, false, true))
                     }
                 }
             }
-            (Kind::Device, _) => mount(Some(&src), &e.path, None, libc::MS_BIND, None),
-            (kind, _) => mount(Some(&src), &e.path, None, libc::MS_BIND | libc::MS_REC, None)
-                .and_then(|_| remount(&e.path, kind == Kind::ReadOnly, true)),
+            (Kind::Device, _) => sys.mount(Some(&src), &e.path, None, libc::MS_BIND, None),
+            (kind, _) => sys
+                .mount(Some(&src), &e.path, None, libc::MS_BIND | libc::MS_REC, None)
+                .and_then(|_| remount(sys, &e.path, kind == Kind::ReadOnly, true)),
         };
         if let Err(err) = res {
             return fail(format!("cannot bind {}: {err}", e.path.display()));
@@ -371,7 +328,7 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
     for f in MASKED_FILES {
         let p = Path::new(f);
         if p.exists() {
-            if let Err(e) = mount(Some(Path::new("/dev/null")), p, None, libc::MS_BIND, None) {
+            if let Err(e) = sys.mount(Some(Path::new("/dev/null")), p, None, libc::MS_BIND, None) {
                 return fail(format!("cannot mask {f}: {e}"));
             }
             masked += 1;
@@ -379,11 +336,11 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
     }
     mountns.push(format!("{masked} secret files under /etc masked"));
     for c in &covered {
-        if let Err(e) = remount(c, true, true) {
+        if let Err(e) = remount(sys, c, true, true) {
             return fail(format!("cannot seal {}: {e}", c.display()));
         }
     }
-    if let Err(e) = leave_old_root() {
+    if let Err(e) = leave_old_root(sys) {
         return fail(format!("cannot detach the host's root: {e}"));
     }
     let mut detail = format!(
@@ -406,24 +363,19 @@ pub fn build_root(spec: &InitSpec, kernel_id: Option<u32>) -> RootOutcome {
 
 /// A tmpfs on `/tmp` becomes the root; the host's root hangs at
 /// [`OLD_ROOT`].
-fn enter_new_root() -> io::Result<()> {
+fn enter_new_root(sys: &dyn Sys) -> io::Result<()> {
     let base = Path::new("/tmp");
-    tmpfs(base, libc::MS_NOSUID | libc::MS_NODEV, "mode=0755,size=1m")?;
+    tmpfs(sys, base, libc::MS_NOSUID | libc::MS_NODEV, "mode=0755,size=1m")?;
     let old = base.join(OLD_ROOT.trim_start_matches('/'));
-    fs::DirBuilder::new().mode(0o700).create(&old)?;
-    let (b, o) = (cpath(base)?, cpath(&old)?);
-    // SAFETY: pivot_root takes two live NUL-terminated paths.
-    if unsafe { libc::syscall(libc::SYS_pivot_root, b.as_ptr(), o.as_ptr()) } != 0 {
-        return Err(errno());
-    }
-    std::env::set_current_dir("/")
+    sys.make_dir(&old, 0o700, false)?;
+    sys.pivot_root(base, &old)
 }
 
 /// `/proc`, `/dev` (with `/dev/shm` and the usual symlinks) and `/tmp`.
-fn base_mounts(notes: &mut Vec<String>) -> Result<(), String> {
+fn base_mounts(sys: &dyn Sys, notes: &mut Vec<String>) -> Result<(), String> {
     let proc_ = Path::new("/proc");
-    make_dirs(proc_).map_err(|e| format!("cannot create /proc: {e}"))?;
-    mount(
+    make_dirs(sys, proc_).map_err(|e| format!("cannot create /proc: {e}"))?;
+    sys.mount(
         Some(Path::new("proc")),
         proc_,
         Some("proc"),
@@ -432,8 +384,8 @@ fn base_mounts(notes: &mut Vec<String>) -> Result<(), String> {
     )
     .map_err(|e| format!("cannot mount the kernel's own /proc: {e}"))?;
     let dev = Path::new("/dev");
-    make_dirs(dev).map_err(|e| format!("cannot create /dev: {e}"))?;
-    tmpfs(dev, libc::MS_NOSUID | libc::MS_NOEXEC, "mode=0755,size=64k")
+    make_dirs(sys, dev).map_err(|e| format!("cannot create /dev: {e}"))?;
+    tmpfs(sys, dev, libc::MS_NOSUID | libc::MS_NOEXEC, "mode=0755,size=64k")
         .map_err(|e| format!("cannot mount /dev: {e}"))?;
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -441,15 +393,15 @@ fn base_mounts(notes: &mut Vec<String>) -> Result<(), String> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        let _ = std::os::unix::fs::symlink(target, dev.join(name));
+        let _ = sys.symlink(Path::new(target), &dev.join(name));
     }
     let shm = Path::new("/dev/shm");
-    make_dirs(shm).map_err(|e| format!("cannot create /dev/shm: {e}"))?;
-    tmpfs(shm, libc::MS_NOSUID | libc::MS_NODEV, "mode=1777")
+    make_dirs(sys, shm).map_err(|e| format!("cannot create /dev/shm: {e}"))?;
+    tmpfs(sys, shm, libc::MS_NOSUID | libc::MS_NODEV, "mode=1777")
         .map_err(|e| format!("cannot mount a private /dev/shm: {e}"))?;
     let tmp = Path::new("/tmp");
-    make_dirs(tmp).map_err(|e| format!("cannot create /tmp: {e}"))?;
-    tmpfs(tmp, libc::MS_NOSUID | libc::MS_NODEV, "mode=1777")
+    make_dirs(sys, tmp).map_err(|e| format!("cannot create /tmp: {e}"))?;
+    tmpfs(sys, tmp, libc::MS_NOSUID | libc::MS_NODEV, "mode=1777")
         .map_err(|e| format!("cannot mount a private /tmp: {e}"))?;
     notes.push("private /tmp (tmpfs)".into());
     notes.push("private /dev/shm".into());
@@ -458,152 +410,10 @@ fn base_mounts(notes: &mut Vec<String>) -> Result<(), String> {
 }
 
 /// Detaches the host's root and makes the new root read-only.
-fn leave_old_root() -> io::Result<()> {
-    let old = cpath(Path::new(OLD_ROOT))?;
-    // SAFETY: umount2 takes a live path and flags.
-    if unsafe { libc::umount2(old.as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(errno());
-    }
-    fs::remove_dir(OLD_ROOT)?;
-    remount(Path::new("/"), true, true)
-}
-
-/// A user namespace whose map sends the host owner `(uid, gid)` to the
-/// kernel's id `k`, as a descriptor for `MOUNT_ATTR_IDMAP`. A helper child
-/// enters a new user namespace; this process (root) writes its maps and
-/// keeps the namespace by opening `/proc/<child>/ns/user` (the kernel's own
-/// `/proc`, where the child's pid is valid).
-fn idmap_userns(owner: (u32, u32), k: u32) -> io::Result<OwnedFd> {
-    let mut ready = [0i32; 2];
-    let mut hold = [0i32; 2];
-    // SAFETY: pipe2 writes two fds into each live array.
-    unsafe {
-        if libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(errno());
-        }
-        if libc::pipe2(hold.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            let e = errno();
-            libc::close(ready[0]);
-            libc::close(ready[1]);
-            return Err(e);
-        }
-    }
-    // SAFETY: this process is single-threaded; the child only makes
-    // async-signal-safe calls and then _exits.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        // SAFETY: as above, on fds this child owns.
-        unsafe {
-            libc::close(ready[0]);
-            libc::close(hold[1]);
-            let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
-            let b = [u8::from(ok)];
-            libc::write(ready[1], b.as_ptr().cast(), 1);
-            let mut buf = [0u8; 1];
-            libc::read(hold[0], buf.as_mut_ptr().cast(), 1);
-            libc::_exit(0);
-        }
-    }
-    // SAFETY: closing the child's ends in this process.
-    unsafe {
-        libc::close(ready[1]);
-        libc::close(hold[0]);
-    }
-    let result = (|| -> io::Result<OwnedFd> {
-        if pid < 0 {
-            return Err(errno());
-        }
-        let mut b = [0u8; 1];
-        // SAFETY: reads one byte into a live buffer.
-        let n = unsafe { libc::read(ready[0], b.as_mut_ptr().cast(), 1) };
-        if n != 1 || b[0] != 1 {
-            return Err(io::Error::other("the helper could not enter a user namespace"));
-        }
-        fs::write(format!("/proc/{pid}/uid_map"), format!("{} {k} 1", owner.0))?;
-        fs::write(format!("/proc/{pid}/gid_map"), format!("{} {k} 1", owner.1))?;
-        let f = fs::File::open(format!("/proc/{pid}/ns/user"))?;
-        Ok(OwnedFd::from(f))
-    })();
-    // SAFETY: closing our ends lets the helper exit; waitpid reaps it.
-    unsafe {
-        libc::close(ready[0]);
-        libc::close(hold[1]);
-        if pid > 0 {
-            let mut st = 0;
-            libc::waitpid(pid, &mut st, 0);
-        }
-    }
-    result
-}
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-
-/// Binds the host file `src` at `target` through a mount idmapped by
-/// `userns` (`nosuid`, `nodev`).
-fn idmapped_bind(src: &OwnedFd, userns: &OwnedFd, target: &Path) -> io::Result<()> {
-    let empty = c"";
-    // SAFETY: open_tree on a live fd with an empty path (AT_EMPTY_PATH).
-    let tree = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            src.as_raw_fd(),
-            empty.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
-        )
-    };
-    if tree < 0 {
-        return Err(errno());
-    }
-    // SAFETY: open_tree returned a new descriptor this process owns.
-    let tree = unsafe { OwnedFd::from_raw_fd(tree as i32) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: mount_setattr reads one live, correctly sized struct.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(errno());
-    }
-    let t = cpath(target)?;
-    // SAFETY: move_mount of a live detached tree onto a live path.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc != 0 {
-        return Err(errno());
-    }
-    Ok(())
+fn leave_old_root(sys: &dyn Sys) -> io::Result<()> {
+    sys.umount_detach(Path::new(OLD_ROOT))?;
+    sys.remove_dir(Path::new(OLD_ROOT))?;
+    remount(sys, Path::new("/"), true, true)
 }
 
 /// Takes the kernel's uid: as root, `setgroups([])`, `setresgid(k)` and
@@ -612,9 +422,13 @@ fn idmapped_bind(src: &OwnedFd, userns: &OwnedFd, target: &Path) -> io::Result<(
 /// nothing changes (the user namespace maps the host uid to itself).
 /// `idmap_failures` (from [`build_root`]) make the layer missing: the
 /// kernel could not write those paths.
-pub fn take_kernel_id(kernel_id: Option<u32>, disabled: bool, idmap_failures: &[String]) -> LayerStatus {
-    // SAFETY: geteuid takes no arguments.
-    let euid = unsafe { libc::geteuid() };
+pub fn take_kernel_id(
+    sys: &dyn Sys,
+    kernel_id: Option<u32>,
+    disabled: bool,
+    idmap_failures: &[String],
+) -> LayerStatus {
+    let euid = sys.geteuid();
     if euid != 0 {
         return LayerStatus::on("uid", format!("runs as host uid {euid}, not root"));
     }
@@ -624,7 +438,7 @@ pub fn take_kernel_id(kernel_id: Option<u32>, disabled: bool, idmap_failures: &[
     let Some(k) = kernel_id else {
         return LayerStatus::missing("uid", "no kernel uid was chosen: the kernel runs as root");
     };
-    if let Err(e) = become_id(k) {
+    if let Err(e) = become_id(sys, k) {
         return LayerStatus::missing("uid", format!("cannot take uid {k}: {e}"));
     }
     if !idmap_failures.is_empty() {
@@ -647,24 +461,14 @@ pub fn take_kernel_id(kernel_id: Option<u32>, disabled: bool, idmap_failures: &[
 
 /// `setgroups([])`, `setresgid(k, k, k)`, `setresuid(k, k, k)`, then
 /// marks the process not dumpable (its `/proc` files stay root's).
-pub fn become_id(k: u32) -> io::Result<()> {
-    // SAFETY: setgroups with an empty list; setresgid/setresuid and prctl
-    // take integers only.
-    unsafe {
-        if libc::setgroups(0, std::ptr::null()) != 0 {
-            return Err(errno());
-        }
-        if libc::setresgid(k, k, k) != 0 {
-            return Err(errno());
-        }
-        if libc::setresuid(k, k, k) != 0 {
-            return Err(errno());
-        }
-        if libc::getuid() != k || libc::geteuid() != k || libc::getegid() != k {
-            return Err(io::Error::other("the ids did not change"));
-        }
-        libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0);
+pub fn become_id(sys: &dyn Sys, k: u32) -> io::Result<()> {
+    sys.setgroups_empty()?;
+    sys.setresgid(k)?;
+    sys.setresuid(k)?;
+    if sys.ids() != (k, k, k) {
+        return Err(io::Error::other("the ids did not change"));
     }
+    let _ = sys.set_dumpable(false);
     Ok(())
 }
 
