@@ -1527,3 +1527,38 @@ fn run_marks_background_output_of_earlier_cells() {
         assert!(text.contains(&format!("tick {i}")), "{text}");
     }
 }
+
+/// Regression: as root with `umask 077`, every sandboxed kernel failed to
+/// start ("cannot execute the interpreter"): the kernel's root was built
+/// with the host user's umask, closing its directories to the kernel's own
+/// uid. The root is built with umask 022; the worker keeps the user's.
+#[test]
+fn sandboxed_kernel_starts_under_a_strict_umask_and_keeps_it() {
+    let env = Env::new();
+    let c = env.cmd(
+        "exec",
+        &[
+            "--sandbox",
+            "auto",
+            "import os; print('umask', oct(os.umask(0o22)))",
+        ],
+    );
+    let mut argv = vec![c.get_program().to_string_lossy().into_owned()];
+    argv.extend(c.get_args().map(|a| a.to_string_lossy().into_owned()));
+    let quoted: Vec<String> = argv
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let mut sh = Command::new("sh");
+    sh.arg("-c").arg(format!("umask 077; exec {}", quoted.join(" ")));
+    env.prepare(&mut sh);
+    let o = sh.output().expect("run under umask 077");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "stdout: {out}\nstderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(out.trim(), "umask 0o77", "the worker keeps the user's umask");
+}

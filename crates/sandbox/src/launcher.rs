@@ -615,6 +615,10 @@ fn ns_init(
     status_wr: i32,
 ) -> ! {
     let _ = Linux.set_pdeathsig(libc::SIGKILL);
+    // The kernel's root is built with a known umask: under the host user's
+    // (077, say) its directories would be closed to the kernel's own uid.
+    // The worker gets the user's umask back.
+    let user_umask = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
     let mut c = Confinement::new(&Linux, spec, kid);
     c.layers = layers;
     c.run_stage(Stage::NsInit);
@@ -639,6 +643,7 @@ fn ns_init(
         .workdir
         .as_ref()
         .and_then(|w| CString::new(w.as_os_str().as_bytes()).ok());
+    rustix::process::umask(user_umask);
     // SAFETY: getpid takes no arguments.
     let me = unsafe { libc::getpid() };
     // SAFETY: single-threaded process; the child only makes async-signal-safe
@@ -749,6 +754,9 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
         }
     }
     let kid = ns_spec.kernel_id;
+    // As in a cold kernel's ns-init: the root is built with a known umask
+    // (this process runs no worker).
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
     let mut layers: Vec<LayerStatus> = Vec::new();
     let mut private_tmp = false;
     let mut idmap_failures: Vec<String> = Vec::new();
