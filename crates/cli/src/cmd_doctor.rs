@@ -145,6 +145,28 @@ async fn probe(k: &Kernel, promise: &'static str, code: &str) -> Check {
     }
 }
 
+/// The process-limit probe: kept when forking stops at the limit, whether
+/// the cell sees the refusal (`blocked`) or the host ends the kernel for
+/// reaching it (`crashed`, naming `pids.max`).
+async fn pids_probe(k: &Kernel, code: &str) -> Check {
+    let promise = "fork beyond the pids limit fails";
+    let (status, out, why) = cell(k, code).await;
+    let killed_at_limit = status == CellStatus::Crashed && why.contains("pids.max");
+    let kept = killed_at_limit || (status == CellStatus::Ok && out.starts_with("blocked"));
+    let detail = if killed_at_limit {
+        format!("blocked: the kernel was ended at its process limit ({why})")
+    } else if out.is_empty() {
+        format!("{status:?} {why}")
+    } else {
+        out
+    };
+    Check {
+        promise,
+        kept,
+        detail,
+    }
+}
+
 async fn self_test(args: &DoctorArgs) -> Result<Report, String> {
     let base = common::new_session_dir("doctor");
     std::fs::create_dir_all(&base).map_err(|e| format!("{}: {e}", base.display()))?;
@@ -249,9 +271,8 @@ async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Repor
     // cost the kernel its life.
     let k = Kernel::spawn(cfg.clone()).await.map_err(|e| e.to_string())?;
     checks.push(
-        probe(
+        pids_probe(
             &k,
-            "fork beyond the pids limit fails",
             &format!(
                 "import subprocess\nps = []\ntry:\n    for _ in range({}):\n        ps.append(subprocess.Popen(['sleep', '30']))\n    print('ESCAPED: started', len(ps), 'processes')\nexcept OSError as e:\n    print('blocked: refused after', len(ps), 'children:', e.strerror)\nfor p in ps:\n    p.kill(); p.wait()",
                 PIDS_LIMIT * 2
