@@ -426,14 +426,17 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                 }
             },
         };
-        turn.stopping.store(false, std::sync::atomic::Ordering::SeqCst);
+        // The turn may be free while the kernel still stops the cell of a
+        // cancelled call (its handler is dropped at the cancellation): this
+        // call then waits behind that cell instead of being refused.
+        let after_cancel = turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst);
         if p.reset == Some(true) {
             self.kill_kernel(&key).await;
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let options = ExecOptions {
             timeout,
-            fail_if_busy: !queue,
+            fail_if_busy: !(queue || after_cancel),
             live: Some(tx),
             ..ExecOptions::default()
         };
