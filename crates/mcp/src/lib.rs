@@ -2,8 +2,15 @@
 //!
 //! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
 //! `read_output`, `list_sessions`. One MCP connection (stdio) or one MCP
-//! session (streamable HTTP) is one *owner* of the [`Registry`]: it sees
-//! only its own sessions, and its kernels are disposed when it ends.
+//! session (streamable HTTP) is one *owner* of the [`Registry`],
+//! `mcp:<connection id>` ([`new_owner_id`]): it sees only its own sessions,
+//! and its kernels are disposed when it ends.
+//!
+//! Every tool is a thin adapter over the request layer
+//! ([`cellhost_sessions::requests`]): parameters → one typed request →
+//! the registry → a rendered result, and every tool error carries the
+//! request layer's code ([`RequestError::code`]), the same as HTTP's and
+//! the daemon's.
 //!
 //! - [`serve_stdio`] serves one connection on standard input/output
 //!   (`cellhost mcp`).
@@ -12,7 +19,7 @@
 //!   serve`); every MCP session is bound to the caller that opened it.
 //!
 //! Results are text for a language model (status first), the
-//! [`cellhost_kernel::CellResult`] as `structuredContent`, and every figure
+//! [`cellhost_sessions::cell::CellResult`] as `structuredContent`, and every figure
 //! as `image` content. A running `execute_code` streams its live output as
 //! progress notifications (when the client sent a progress token), and an
 //! MCP cancellation of it interrupts the cell.
@@ -27,8 +34,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::response::IntoResponse;
-use cellhost_kernel::{ExecOptions, LiveEvent};
-use cellhost_sessions::{Key, Origin, Registry};
+use cellhost_sessions::cell::LiveEvent;
+use cellhost_sessions::requests::{
+    ExecuteRequest, InterruptRequest, ListRequest, ReadOutputRequest, RestartRequest, VariablesRequest,
+};
+use cellhost_sessions::{Deadline, Origin, Registry, RequestError, SessionSpec, Surface};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
@@ -251,25 +261,16 @@ fn params_error(message: impl Into<String>) -> ErrorData {
     ErrorData::invalid_params(message, Some(json!({"code": "invalid_request"})))
 }
 
-/// The stable code of a registry error, as the HTTP API names it:
-/// [`cellhost_sessions::RegistryError::code`], with a kernel's errors told
-/// apart.
-pub fn registry_error_code(e: &cellhost_sessions::RegistryError) -> &'static str {
-    use cellhost_kernel::KernelError;
-    use cellhost_sessions::RegistryError;
-    match e {
-        RegistryError::Kernel(KernelError::KernelBusy { .. }) => "session_busy",
-        RegistryError::Kernel(KernelError::StaleGeneration { .. }) => "stale_generation",
-        RegistryError::Kernel(KernelError::InvalidRequest(_)) => "invalid_request",
-        RegistryError::Kernel(KernelError::SandboxUnavailable { .. }) => "sandbox_unavailable",
-        RegistryError::Kernel(_) => "kernel_failed",
-        RegistryError::Restore(_) => "restore_failed",
-        other => other.code(),
-    }
-}
-
-fn registry_tool_error(context: &str, e: &cellhost_sessions::RegistryError) -> CallToolResult {
-    tool_error(registry_error_code(e), format!("{context}: {e}"))
+/// A tool error from the request layer: its code, message and fields
+/// ([`RequestError::to_json`]), after `context`.
+fn request_tool_error(context: &str, e: &RequestError) -> CallToolResult {
+    let mut fields = match e.to_json() {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    fields.remove("code");
+    fields.remove("message");
+    tool_error_with(e.code(), format!("{context}: {e}"), fields)
 }
 
 fn session_name(s: Option<String>) -> Result<String, ErrorData> {
@@ -333,33 +334,26 @@ impl CellhostMcp {
         turns.entry(session.to_string()).or_default().clone()
     }
 
+    /// The request layer's view of one of this owner's sessions.
+    fn spec(&self, session: &str) -> SessionSpec {
+        SessionSpec::new(self.inner.owner.as_str(), session)
+    }
+
     /// Interrupts the session's running cell for an MCP cancellation;
     /// true when the signal was delivered.
-    async fn interrupt_for_cancel(&self, key: &Key, session: &str) -> bool {
-        let Some(k) = self.inner.registry.kernel(key) else {
+    async fn interrupt_for_cancel(&self, session: &str) -> bool {
+        let asked = InterruptRequest {
+            owner: self.inner.owner.clone(),
+            session: session.to_string(),
+        };
+        let Ok(outcome) = asked.execute(&self.inner.registry).await else {
             return false;
         };
-        let outcome = k.interrupt().await;
         tracing::info!(
             "MCP cancellation of a cell in session {session}: interrupt delivered {}",
             outcome.delivered
         );
         outcome.delivered
-    }
-
-    fn key(&self, session: &str) -> Key {
-        self.inner.registry.key(&self.inner.owner, session)
-    }
-
-    /// Kills the key's live kernel (the next call starts a new generation).
-    async fn kill_kernel(&self, key: &Key) -> bool {
-        match self.inner.registry.kernel(key) {
-            Some(k) => {
-                k.kill().await;
-                true
-            }
-            None => false,
-        }
     }
 
     #[tool(
@@ -383,44 +377,21 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
-        let timeout = match p.timeout_s {
-            None => None,
-            Some(t) if !t.is_finite() || t < 0.0 => {
-                return Err(params_error(format!(
-                    "timeout_s must be a number of seconds >= 0, got {t}"
-                )));
-            }
-            Some(0.0) => Some(Duration::ZERO),
-            Some(t) => Some(
-                Duration::try_from_secs_f64(t)
-                    .map_err(|_| params_error(format!("timeout_s {t} is too large (0 = none)")))?,
-            ),
-        };
-        let key = self.key(&session);
+        let deadline =
+            Deadline::from_secs(p.timeout_s).map_err(|e| params_error(format!("timeout_s: {e}")))?;
         let queue = p.queue == Some(true);
         let turn = self.turn(&session);
-        // Busy rule (every surface): a cell running in the session refuses
-        // the call with `session_busy` unless it asks to queue. A cell whose
-        // call was cancelled is being stopped: the next call waits for it.
-        let held = match turn.lock.clone().try_lock_owned() {
+        // The busy rule is the request layer's (every surface): a cell
+        // running in the session refuses the call with `session_busy` unless
+        // it asks to queue. The turn only orders calls that wait — queued
+        // ones, and any call after a cancelled one whose cell is being
+        // stopped — so a cancellation always names the cell that runs.
+        let stopping = turn.stopping.load(std::sync::atomic::Ordering::SeqCst);
+        let _turn = match turn.lock.clone().try_lock_owned() {
             Ok(g) => Some(g),
-            Err(_) if !queue && !turn.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
-                let mut fields = serde_json::Map::new();
-                fields.insert("session".into(), json!(session));
-                return Ok(tool_error_with(
-                    "session_busy",
-                    format!(
-                        "a cell is running in session \"{session}\"; pass queue: true to wait for it, or interrupt it"
-                    ),
-                    fields,
-                ));
-            }
-            Err(_) => None,
-        };
-        let _turn = match held {
-            Some(g) => g,
-            None => tokio::select! {
-                g = turn.lock.clone().lock_owned() => g,
+            Err(_) if !queue && !stopping => None,
+            Err(_) => tokio::select! {
+                g = turn.lock.clone().lock_owned() => Some(g),
                 _ = ctx.ct.cancelled() => {
                     return Ok(tool_error("cancelled", "status: cancelled before the cell started (another cell of the session was running)"));
                 }
@@ -429,25 +400,22 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         // The turn may be free while the kernel still stops the cell of a
         // cancelled call (its handler is dropped at the cancellation): this
         // call then waits behind that cell instead of being refused.
-        let after_cancel = turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst);
+        let after_cancel = _turn.is_some() && turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst);
         if p.reset == Some(true) {
-            self.kill_kernel(&key).await;
+            let fresh = RestartRequest {
+                session: self.spec(&session),
+            };
+            if let Err(e) = fresh.execute(&self.inner.registry).await {
+                return Ok(request_tool_error("status: failed to reset the kernel", &e));
+            }
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let options = ExecOptions {
-            timeout,
-            fail_if_busy: !(queue || after_cancel),
-            live: Some(tx),
-            ..ExecOptions::default()
-        };
+        let mut req = ExecuteRequest::new(self.spec(&session), p.code, Origin::new("mcp"));
+        req.deadline = deadline;
+        req.queue = queue || after_cancel;
+        req.live = Some(tx);
         let registry = self.inner.registry.clone();
-        let task_key = key.clone();
-        let code = p.code;
-        let mut task = tokio::spawn(async move {
-            registry
-                .execute(&task_key, &code, options, &Origin::new("mcp"))
-                .await
-        });
+        let mut task = tokio::spawn(async move { req.execute(&registry).await });
         let token = ctx.meta.get_progress_token();
         let mut pending = String::new();
         let mut progress = 0u64;
@@ -471,7 +439,7 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                     // A cancellation that came while the kernel was still
                     // starting (or before the cell ran) is retried.
                     if cancelled && !interrupted {
-                        interrupted = self.interrupt_for_cancel(&key, &session).await;
+                        interrupted = self.interrupt_for_cancel(&session).await;
                     }
                     if let Some(token) = &token && !pending.is_empty() && !cancelled {
                         progress += 1;
@@ -488,13 +456,21 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                 _ = ctx.ct.cancelled(), if !cancelled => {
                     cancelled = true;
                     turn.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-                    interrupted = self.interrupt_for_cancel(&key, &session).await;
+                    interrupted = self.interrupt_for_cancel(&session).await;
                 }
             }
         };
         let result = match joined {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Ok(registry_tool_error("status: failed to run the cell", &e)),
+            Ok(Ok(x)) => {
+                if let Some(e) = &x.journal_error {
+                    tracing::warn!(
+                        "cell {} ran but its journal row was not written: {e}",
+                        x.result.cell_id
+                    );
+                }
+                x.result
+            }
+            Ok(Err(e)) => return Ok(request_tool_error("status: failed to run the cell", &e)),
             Err(e) => {
                 return Err(ErrorData::internal_error(
                     format!("cell task failed: {e}"),
@@ -520,13 +496,14 @@ status interrupted."
     )]
     async fn interrupt(&self, Parameters(p): Parameters<SessionParams>) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
-        let Some(k) = self.inner.registry.kernel(&self.key(&session)) else {
-            return Ok(tool_error(
-                "session_not_found",
-                format!("session \"{session}\" has no live kernel: nothing to interrupt"),
-            ));
+        let asked = InterruptRequest {
+            owner: self.inner.owner.clone(),
+            session: session.clone(),
         };
-        let outcome = k.interrupt().await;
+        let outcome = match asked.execute(&self.inner.registry).await {
+            Ok(o) => o,
+            Err(e) => return Ok(request_tool_error("nothing to interrupt", &e)),
+        };
         let text = if outcome.delivered {
             format!(
                 "interrupt delivered to session \"{session}\"{}",
@@ -551,18 +528,24 @@ variable and import of the session is dropped, and a fresh kernel (a new generat
     )]
     async fn restart(&self, Parameters(p): Parameters<SessionParams>) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
-        let key = self.key(&session);
-        let killed = self.kill_kernel(&key).await;
-        match self.inner.registry.acquire(&key).await {
-            Ok((k, generation)) => Ok(text_result(
+        let asked = RestartRequest {
+            session: self.spec(&session),
+        };
+        match asked.execute(&self.inner.registry).await {
+            Ok(r) => Ok(text_result(
                 format!(
-                    "session \"{session}\" restarted: {}kernel generation {generation} (pid {}); all earlier variables are gone",
-                    if killed { "old kernel killed, new " } else { "new " },
-                    k.info().pid
+                    "session \"{session}\" restarted: {}kernel generation {} (pid {}); all earlier variables are gone",
+                    if r.killed_previous {
+                        "old kernel killed, new "
+                    } else {
+                        "new "
+                    },
+                    r.generation,
+                    r.pid
                 ),
-                json!({"session": session, "generation": generation, "pid": k.info().pid, "killed_previous": killed}),
+                json!(r),
             )),
-            Err(e) => Ok(registry_tool_error(
+            Err(e) => Ok(request_tool_error(
                 &format!("restart of session \"{session}\" failed"),
                 &e,
             )),
@@ -578,15 +561,11 @@ length, shape, dtype, size and a short preview. Only while no cell runs in that 
         Parameters(p): Parameters<SessionParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
-        let Some(k) = self.inner.registry.kernel(&self.key(&session)) else {
-            return Ok(tool_error(
-                "session_not_found",
-                format!(
-                    "session \"{session}\" has no live kernel (no cell has run in it yet, or it was restarted or ended)"
-                ),
-            ));
+        let asked = VariablesRequest {
+            session: self.spec(&session),
+            limit: 200,
         };
-        match k.inspect_variables(200).await {
+        match asked.execute(&self.inner.registry).await {
             Ok(v) => {
                 let mut text = format!("{} variables in session \"{session}\"", v.variables.len());
                 if v.truncated {
@@ -607,9 +586,9 @@ length, shape, dtype, size and a short preview. Only while no cell runs in that 
                 }
                 Ok(text_result(text, json!(v)))
             }
-            Err(e) => Ok(registry_tool_error(
+            Err(e) => Ok(request_tool_error(
                 &format!("cannot list variables of session \"{session}\""),
-                &cellhost_sessions::RegistryError::from(e),
+                &e,
             )),
         }
     }
@@ -644,7 +623,7 @@ says the byte range returned and the next offset; only cells run through this co
         };
         let offset = p.offset.unwrap_or(0);
         let length = p.length.unwrap_or(READ_DEFAULT).min(READ_MAX);
-        match cellhost_kernel::read_spill(&path, offset, length) {
+        match (ReadOutputRequest { path, offset, length }).execute() {
             Ok(chunk) => {
                 let end = chunk.next_offset.unwrap_or(chunk.total_bytes);
                 let mut text = format!(
@@ -675,19 +654,21 @@ says the byte range returned and the next offset; only cells run through this co
 generation, pid and whether a cell is running."
     )]
     async fn list_sessions(&self, Parameters(_p): Parameters<NoParams>) -> Result<CallToolResult, ErrorData> {
-        let reg = &self.inner.registry;
+        let listed = ListRequest {
+            owner: self.inner.owner.clone(),
+        }
+        .execute(&self.inner.registry);
         let mut rows = Vec::new();
         let mut text = String::new();
-        for (key, generation) in reg.sessions_of(&self.inner.owner) {
-            let (pid, busy) = reg
-                .kernel(&key)
-                .map_or((0, false), |k| (k.info().pid, k.is_busy()));
+        for l in listed {
             text.push_str(&format!(
-                "{}: generation {generation}, pid {pid}, {}\n",
-                key.session,
-                if busy { "running a cell" } else { "idle" }
+                "{}: generation {}, pid {}, {}\n",
+                l.name,
+                l.generation,
+                l.pid,
+                if l.busy { "running a cell" } else { "idle" }
             ));
-            rows.push(json!({"session": key.session, "generation": generation, "pid": pid, "busy": busy}));
+            rows.push(json!({"session": l.name, "generation": l.generation, "pid": l.pid, "busy": l.busy}));
         }
         if rows.is_empty() {
             text.push_str("no live sessions (execute_code starts one)");
@@ -750,7 +731,8 @@ fn tail(s: &str, max: usize) -> String {
     format!("…{}", &s[start..])
 }
 
-/// A fresh owner id for one MCP connection or session: 96 random bits and
+/// A fresh owner for one MCP connection or session, `mcp:<id>`
+/// ([`Surface::owner`]), the id 96 random bits and
 /// a process-wide sequence number, so two sessions never share an owner
 /// (and so each other's kernels) even if the OS random source failed.
 pub fn new_owner_id() -> String {
@@ -761,7 +743,7 @@ pub fn new_owner_id() -> String {
     }
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("mcp-{hex}-{seq}")
+    Surface::Mcp.owner(&format!("{hex}-{seq}"))
 }
 
 /// Serves one MCP connection on standard input and output as `owner`,
@@ -950,7 +932,7 @@ mod tests {
     #[test]
     fn owner_ids_differ() {
         assert_ne!(new_owner_id(), new_owner_id());
-        assert!(new_owner_id().starts_with("mcp-"));
+        assert!(new_owner_id().starts_with("mcp:"));
     }
 
     #[test]

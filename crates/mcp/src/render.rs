@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use base64::Engine;
-use cellhost_kernel::{CellResult, CellStatus, MimeBundle};
+use cellhost_sessions::cell::{CellResult, CellStatus, MimeBundle};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::Value;
 
@@ -54,10 +54,10 @@ fn collect_images(bundle: &MimeBundle, images: &mut Vec<ContentBlock>, notes: &m
 }
 
 /// Reads a figure the host saved, never through a link the kernel planted
-/// in its session directory ([`cellhost_kernel::hostfs::open_verified`]).
+/// in its session directory ([`cellhost_sessions::cell::hostfs::open_verified`]).
 fn read_image(path: &Path) -> Result<String, String> {
     use std::io::Read;
-    let f = cellhost_kernel::hostfs::open_verified(path).map_err(|e| e.to_string())?;
+    let f = cellhost_sessions::cell::hostfs::open_verified(path).map_err(|e| e.to_string())?;
     let len = f.metadata().map_err(|e| e.to_string())?.len();
     if len > MAX_IMAGE_BYTES {
         return Err(format!("{len} bytes, more than {MAX_IMAGE_BYTES}"));
@@ -180,7 +180,7 @@ fn section(s: &mut String, name: &str, body: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellhost_kernel::{CellError, KernelRef, Truncation};
+    use cellhost_sessions::cell::{CellError, KernelRef, Truncation};
 
     fn result() -> CellResult {
         CellResult {

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cellhost_kernel::KernelConfig;
+use cellhost_sessions::cell::KernelConfig;
 use cellhost_sessions::{Registry, RegistryConfig};
 
 fn python() -> PathBuf {

@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cellhost_kernel::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sandbox::profile::SandboxMode;
+use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
     ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
 };

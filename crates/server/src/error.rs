@@ -17,8 +17,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use cellhost_kernel::KernelError;
-use cellhost_sessions::RegistryError;
+use cellhost_sessions::RequestError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -75,6 +74,8 @@ pub enum ErrorCode {
     KernelFailed,
     /// 500: a restore could not be done.
     RestoreFailed,
+    /// 500: the journal could not be read or written.
+    JournalFailed,
     /// 500: a fault of the server itself.
     Internal,
 }
@@ -97,7 +98,7 @@ impl ErrorCode {
             RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             SandboxUnavailable | RegistryFull | ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             KernelFailed => StatusCode::BAD_GATEWAY,
-            RestoreFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            RestoreFailed | JournalFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -126,30 +127,50 @@ impl ErrorCode {
             StaleGeneration => "stale_generation",
             KernelFailed => "kernel_failed",
             RestoreFailed => "restore_failed",
+            JournalFailed => "journal_failed",
             Internal => "internal",
         }
     }
 
-    /// The code of a registry error: [`RegistryError::code`], with a
-    /// kernel's errors told apart (busy, stale, invalid, failed).
-    pub fn of_registry(e: &RegistryError) -> ErrorCode {
-        match e {
-            RegistryError::Kernel(k) => match k {
-                KernelError::KernelBusy { .. } => ErrorCode::SessionBusy,
-                KernelError::StaleGeneration { .. } => ErrorCode::StaleGeneration,
-                KernelError::InvalidRequest(_) => ErrorCode::InvalidRequest,
-                KernelError::SandboxUnavailable { .. } => ErrorCode::SandboxUnavailable,
-                _ => ErrorCode::KernelFailed,
-            },
-            other => match other.code() {
-                "sandbox_below_floor" => ErrorCode::SandboxBelowFloor,
-                "sandbox_unavailable" => ErrorCode::SandboxUnavailable,
-                "registry_full" => ErrorCode::RegistryFull,
-                "shut_down" => ErrorCode::ShutDown,
-                "restore" => ErrorCode::RestoreFailed,
-                _ => ErrorCode::Internal,
-            },
-        }
+    /// Every code, for [`ErrorCode::of_request`].
+    const ALL: [ErrorCode; 23] = {
+        use ErrorCode::*;
+        [
+            BadRequest,
+            InvalidRequest,
+            UnsupportedMediaType,
+            PayloadTooLarge,
+            NotFound,
+            MethodNotAllowed,
+            Unauthorized,
+            Forbidden,
+            SessionNotFound,
+            SessionExists,
+            SessionBusy,
+            TooManySessions,
+            OutputNotFound,
+            RangeNotSatisfiable,
+            SandboxBelowFloor,
+            SandboxUnavailable,
+            RegistryFull,
+            ShutDown,
+            StaleGeneration,
+            KernelFailed,
+            RestoreFailed,
+            JournalFailed,
+            Internal,
+        ]
+    };
+
+    /// The code of a request-layer error: [`RequestError::code`] (the one
+    /// mapping of errors to codes, the same on every surface), as this
+    /// enum spells it; a code this API does not know is `internal`.
+    pub fn of_request(e: &RequestError) -> ErrorCode {
+        let code = e.code();
+        Self::ALL
+            .into_iter()
+            .find(|c| c.as_str() == code)
+            .unwrap_or(ErrorCode::Internal)
     }
 
     /// The code an error status stands for, for answers no handler made
@@ -250,23 +271,17 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<RegistryError> for ApiError {
-    fn from(e: RegistryError) -> Self {
-        let mut err = ApiError::new(ErrorCode::of_registry(&e), e.to_string());
-        match &e {
-            RegistryError::Kernel(KernelError::KernelBusy { kernel, cell }) => {
-                err = err.with("kernel", kernel.as_str()).with("cell", cell.as_str());
+impl From<RequestError> for ApiError {
+    /// The request layer's code, message and fields
+    /// ([`RequestError::to_json`]).
+    fn from(e: RequestError) -> Self {
+        let mut err = ApiError::new(ErrorCode::of_request(&e), e.to_string());
+        if let serde_json::Value::Object(fields) = e.to_json() {
+            for (k, v) in fields {
+                if k != "code" && k != "message" {
+                    err.0.fields.insert(k, v);
+                }
             }
-            RegistryError::Kernel(KernelError::SandboxUnavailable { layer, .. }) => {
-                err = err.with("layer", layer.as_str());
-            }
-            RegistryError::SandboxBelowFloor(b) => {
-                err = err
-                    .with("requested", b.requested.as_str())
-                    .with("floor", b.floor.as_str());
-            }
-            RegistryError::Full { max } => err = err.with("max_live_kernels", *max as u64),
-            _ => {}
         }
         err
     }
@@ -482,22 +497,53 @@ mod tests {
     }
 
     #[test]
-    fn registry_codes_are_reused() {
-        let busy = RegistryError::Kernel(KernelError::KernelBusy {
-            kernel: "s/1".into(),
+    fn request_codes_are_reused() {
+        use cellhost_sessions::RegistryError;
+        use cellhost_sessions::cell::KernelError;
+        let busy = RequestError::SessionBusy {
+            session: "s".into(),
             cell: "c1".into(),
-        });
+        };
         let e = ApiError::from(busy);
         assert_eq!(e.code(), ErrorCode::SessionBusy);
+        assert_eq!(e.code().status().as_u16(), 409);
         assert_eq!(e.0.fields.get("cell"), Some(&Value::from("c1")));
-        assert_eq!(
-            ErrorCode::of_registry(&RegistryError::ShutDown),
-            ErrorCode::ShutDown
-        );
-        assert_eq!(
-            ErrorCode::of_registry(&RegistryError::Full { max: 2 }),
-            ErrorCode::RegistryFull
-        );
+        assert_eq!(e.0.fields.get("session"), Some(&Value::from("s")));
+        assert!(!e.0.fields.contains_key("code"));
+        // Every code the request layer gives is one this API knows (never
+        // `internal` by accident).
+        for (err, code) in [
+            (RequestError::bad_request("x"), ErrorCode::BadRequest),
+            (
+                RequestError::SessionNotFound {
+                    session: "s".into(),
+                    live: false,
+                },
+                ErrorCode::SessionNotFound,
+            ),
+            (
+                RequestError::Journal { message: "x".into() },
+                ErrorCode::JournalFailed,
+            ),
+            (RegistryError::ShutDown.into(), ErrorCode::ShutDown),
+            (RegistryError::Full { max: 2 }.into(), ErrorCode::RegistryFull),
+            (
+                RegistryError::Restore("x".into()).into(),
+                ErrorCode::RestoreFailed,
+            ),
+            (
+                RegistryError::Kernel(KernelError::KernelBusy {
+                    kernel: "s/1".into(),
+                    cell: "c1".into(),
+                })
+                .into(),
+                ErrorCode::SessionBusy,
+            ),
+        ] {
+            assert_eq!(ErrorCode::of_request(&err), code, "{err}");
+        }
+        let full = ApiError::from(RequestError::from(RegistryError::Full { max: 2 }));
+        assert_eq!(full.0.fields.get("max_live_kernels"), Some(&Value::from(2u64)));
     }
 
     #[test]

@@ -1,8 +1,15 @@
 //! The HTTP API: REST + server-sent events over a session [`Registry`].
 //!
+//! Every handler is a thin adapter over the request layer
+//! ([`cellhost_sessions::requests`]): it parses the HTTP request into one
+//! typed request, runs it against the registry, and renders the answer or
+//! the error envelope (whose code is [`RequestError::code`]).
+//!
 //! Every `/v1` route needs `Authorization: Bearer TOKEN`; the token's owner
-//! keys every session, so one owner never sees another's (a foreign
-//! session answers 404, like a missing one). Read-only tokens may call
+//! keys every session as `http:<token owner>` ([`Surface::owner`]), so one
+//! owner never sees another's (a foreign session answers 404, like a
+//! missing one) and a session of the API never shares a journal or a
+//! generation count with a same-named session of the CLI or MCP. Read-only tokens may call
 //! `GET` routes only (403 otherwise). Request bodies are capped at
 //! [`MAX_BODY_BYTES`] (413 beyond). `/openapi.json` is public.
 
@@ -10,7 +17,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -19,9 +25,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
 use axum::{Extension, Json, Router};
-use cellhost_kernel::{CellResult, ExecOptions, LiveEvent};
 use cellhost_sandbox::profile::SandboxMode;
-use cellhost_sessions::{Key, Origin, Registry, RegistryError};
+use cellhost_sessions::cell::{CellResult, LiveEvent};
+use cellhost_sessions::requests::{
+    ExecuteRequest as RunCell, HistoryRequest, InterruptRequest, KillRequest, ListRequest, ReadOutputRequest,
+    RestartRequest, SessionSummary, VariablesRequest,
+};
+use cellhost_sessions::{Deadline, Origin, Registry, RequestError, SessionSpec, Surface};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -55,15 +65,17 @@ struct Cells {
 
 /// A session created through the API.
 struct SessionMeta {
-    /// Its registry key (with the sandbox mode it was created with).
-    key: Key,
+    /// The sandbox mode it was created with (every request on it asks for
+    /// this mode).
+    sandbox: SandboxMode,
 }
 
 /// Shared state of the API.
 pub struct AppState {
     registry: Arc<Registry>,
     tokens: Tokens,
-    /// Sessions created through the API: (owner, name) → the session.
+    /// Sessions created through the API: (owner, name) → the session; the
+    /// owner is `http:<token owner>`.
     sessions: Mutex<BTreeMap<(String, String), SessionMeta>>,
     cells: Mutex<Cells>,
 }
@@ -88,6 +100,16 @@ impl AppState {
     /// The registry.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    fn remember(&self, owner: &str, x: &cellhost_sessions::requests::Executed) {
+        if let Some(e) = &x.journal_error {
+            tracing::warn!(
+                "cell {} ran but its journal row was not written: {e}",
+                x.result.cell_id
+            );
+        }
+        self.remember_cell(owner, &x.result);
     }
 
     fn remember_cell(&self, owner: &str, r: &CellResult) {
@@ -117,6 +139,19 @@ impl AppState {
 }
 
 type St = State<Arc<AppState>>;
+
+/// The registry owner of a caller's sessions: `http:<token owner>`.
+fn owner_of(caller: &Caller) -> String {
+    Surface::Http.owner(&caller.owner)
+}
+
+/// The request layer's view of one of the caller's API sessions.
+fn spec(owner: &str, name: &str, sandbox: SandboxMode) -> SessionSpec {
+    SessionSpec {
+        sandbox: Some(sandbox),
+        ..SessionSpec::new(owner, name)
+    }
+}
 
 /// Every route of the API: (method, path, handler). The router is built
 /// from this table, and a test checks it against the OpenAPI document.
@@ -259,27 +294,39 @@ pub struct SessionList {
     pub sessions: Vec<SessionInfo>,
 }
 
-fn session_info(st: &AppState, key: &Key) -> SessionInfo {
-    match st.registry.kernel_and_generation(key) {
-        Some((k, generation)) => SessionInfo {
-            name: key.session.clone(),
+/// A session of the table, rendered with its live kernel's summary (from
+/// [`ListRequest`]) if one lives.
+fn session_info(name: &str, sandbox: SandboxMode, live: Option<&SessionSummary>) -> SessionInfo {
+    match live {
+        Some(l) => SessionInfo {
+            name: name.to_string(),
             alive: true,
-            sandbox: key.sandbox,
-            busy: Some(k.is_busy()),
-            generation: Some(generation),
-            pid: Some(k.info().pid),
-            python: Some(k.info().python.display().to_string()),
+            sandbox,
+            busy: Some(l.busy),
+            generation: Some(l.generation),
+            pid: Some(l.pid),
+            python: Some(l.python.display().to_string()),
         },
         None => SessionInfo {
-            name: key.session.clone(),
+            name: name.to_string(),
             alive: false,
-            sandbox: key.sandbox,
+            sandbox,
             busy: None,
             generation: None,
             pid: None,
             python: None,
         },
     }
+}
+
+/// The live summary of `name` in `sandbox` mode, if its kernel lives.
+fn live_summary(st: &AppState, owner: &str, name: &str, sandbox: SandboxMode) -> Option<SessionSummary> {
+    ListRequest {
+        owner: owner.to_string(),
+    }
+    .execute(&st.registry)
+    .into_iter()
+    .find(|l| l.name == name && l.sandbox == sandbox)
 }
 
 /// Create a session and start its kernel.
@@ -304,53 +351,79 @@ async fn create_session(
         None => format!("s-{}", &crate::auth::new_token()[..12]),
     };
     check_name(&name)?;
-    let key = st.registry.key_with_sandbox(&caller.owner, &name, body.sandbox)?;
+    let owner = owner_of(&caller);
+    // Validated once by the request layer: the mode never below the floor.
+    let sandbox = SessionSpec {
+        sandbox: body.sandbox,
+        ..SessionSpec::new(owner.as_str(), name.as_str())
+    }
+    .key(&st.registry)?
+    .sandbox;
     {
         let mut s = st
             .sessions
             .lock()
             .map_err(|_| ApiError::new(ErrorCode::Internal, "the session table is poisoned"))?;
-        let k = (caller.owner.clone(), name.clone());
+        let k = (owner.clone(), name.clone());
         if s.contains_key(&k) {
             return Err(
                 ApiError::new(ErrorCode::SessionExists, format!("session {name:?} exists"))
                     .with("session", name.as_str()),
             );
         }
-        if s.keys().filter(|(o, _)| *o == caller.owner).count() >= SESSIONS_PER_OWNER {
+        if s.keys().filter(|(o, _)| *o == owner).count() >= SESSIONS_PER_OWNER {
             return Err(ApiError::new(
                 ErrorCode::TooManySessions,
                 format!("at most {SESSIONS_PER_OWNER} sessions per owner; delete one first"),
             )
             .with("limit", SESSIONS_PER_OWNER as u64));
         }
-        s.insert(k, SessionMeta { key: key.clone() });
+        s.insert(k, SessionMeta { sandbox });
     }
-    if let Err(e) = st.registry.acquire(&key).await {
+    // A new session has no kernel yet: a restart starts its first one.
+    let started = RestartRequest {
+        session: spec(&owner, &name, sandbox),
+    }
+    .execute(&st.registry)
+    .await;
+    if let Err(e) = started {
         if let Ok(mut s) = st.sessions.lock() {
-            s.remove(&(caller.owner.clone(), name.clone()));
+            s.remove(&(owner.clone(), name.clone()));
         }
         return Err(e.into());
     }
-    Ok((StatusCode::CREATED, Json(session_info(&st, &key))).into_response())
+    let live = live_summary(&st, &owner, &name, sandbox);
+    Ok((
+        StatusCode::CREATED,
+        Json(session_info(&name, sandbox, live.as_ref())),
+    )
+        .into_response())
 }
 
 /// The caller's sessions.
 #[utoipa::path(get, path = "/v1/sessions", operation_id = "listSessions", tag = "sessions",
     responses((status = 200, description = "the caller's sessions", body = SessionList)))]
 async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> Json<SessionList> {
-    let keys: Vec<Key> = st
+    let owner = owner_of(&caller);
+    let table: Vec<(String, SandboxMode)> = st
         .sessions
         .lock()
         .map(|s| {
             s.iter()
-                .filter(|((o, _), _)| *o == caller.owner)
-                .map(|(_, m)| m.key.clone())
+                .filter(|((o, _), _)| *o == owner)
+                .map(|((_, n), m)| (n.clone(), m.sandbox))
                 .collect()
         })
         .unwrap_or_default();
+    let live = ListRequest { owner }.execute(&st.registry);
     Json(SessionList {
-        sessions: keys.iter().map(|k| session_info(&st, k)).collect(),
+        sessions: table
+            .iter()
+            .map(|(n, mode)| {
+                let l = live.iter().find(|l| &l.name == n && l.sandbox == *mode);
+                session_info(n, *mode, l)
+            })
+            .collect(),
     })
 }
 
@@ -376,17 +449,22 @@ async fn delete_session(
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<StatusCode, ApiError> {
     check_name(&name)?;
+    let owner = owner_of(&caller);
     let removed = st
         .sessions
         .lock()
-        .map(|mut s| s.remove(&(caller.owner.clone(), name.clone())))
+        .map(|mut s| s.remove(&(owner.clone(), name.clone())))
         .ok()
         .flatten();
-    let Some(meta) = removed else {
+    if removed.is_none() {
         return Err(not_found(&name));
-    };
-    st.registry.dispose(&meta.key).await;
-    Ok(StatusCode::NO_CONTENT)
+    }
+    // A session whose kernel died has nothing left to kill: deleted all
+    // the same.
+    match (KillRequest { owner, session: name }).execute(&st.registry).await {
+        Ok(_) | Err(RequestError::SessionNotFound { .. }) => Ok(StatusCode::NO_CONTENT),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Longest cell deadline a request may ask for, in seconds (7 days).
@@ -426,41 +504,19 @@ fn wants_stream(q: &ExecuteQuery, headers: &HeaderMap) -> bool {
     })
 }
 
-fn timeout_of(t: Option<f64>) -> Result<Option<Duration>, ApiError> {
-    match t {
-        None => Ok(None),
-        Some(s) if !s.is_finite() || !(0.0..=MAX_TIMEOUT_S).contains(&s) => Err(ApiError::new(
+/// The deadline of `timeout_s`: the request layer's [`Deadline`] (absent:
+/// the server's `cell_timeout_s`; 0: none), within the documented range.
+fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
+    let field = |e: ApiError| e.with("field", "timeout_s");
+    if let Some(s) = t
+        && (!s.is_finite() || !(0.0..=MAX_TIMEOUT_S).contains(&s))
+    {
+        return Err(field(ApiError::new(
             ErrorCode::InvalidRequest,
             format!("timeout_s must be a number of seconds from 0 to {MAX_TIMEOUT_S}, got {s}"),
-        )
-        .with("field", "timeout_s")),
-        Some(s) => Duration::try_from_secs_f64(s).map(Some).map_err(|_| {
-            ApiError::new(ErrorCode::InvalidRequest, "timeout_s is out of range").with("field", "timeout_s")
-        }),
+        )));
     }
-}
-
-/// The answer when a cell runs in the session and the request did not ask
-/// to queue.
-///
-/// The one rule of the HTTP surface until the registry carries it: the
-/// check here answers at once, and `fail_if_busy` in the kernel closes the
-/// race of two requests arriving together.
-fn refuse_if_busy(st: &AppState, key: &Key, queue: bool) -> Result<(), ApiError> {
-    if queue {
-        return Ok(());
-    }
-    match st.registry.kernel(key) {
-        Some(k) if k.is_busy() => Err(ApiError::new(
-            ErrorCode::SessionBusy,
-            format!(
-                "a cell is running in session {:?}; send \"queue\": true to wait for it",
-                key.session
-            ),
-        )
-        .with("session", key.session.as_str())),
-        _ => Ok(()),
-    }
+    Deadline::from_secs(t).map_err(|e| field(ApiError::new(ErrorCode::InvalidRequest, e.to_string())))
 }
 
 /// Run a cell.
@@ -491,43 +547,31 @@ async fn execute(
     headers: HeaderMap,
     ApiJson(body): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
-    let key = owned_key(&st, &caller, &name)?;
-    let timeout = timeout_of(body.timeout_s)?;
-    refuse_if_busy(&st, &key, body.queue)?;
-    let origin = Origin::new("http");
+    let (owner, sandbox) = owned(&st, &caller, &name)?;
+    let mut req = RunCell::new(spec(&owner, &name, sandbox), body.code, Origin::new("http"));
+    req.deadline = deadline_of(body.timeout_s)?;
+    req.queue = body.queue;
     if !wants_stream(&q, &headers) {
-        let opts = ExecOptions {
-            timeout,
-            fail_if_busy: !body.queue,
-            ..Default::default()
-        };
         // The cell runs in its own task: a client that disconnects does not
         // cancel its bookkeeping (journal row, spill pages).
         let st2 = st.clone();
-        let owner = caller.owner.clone();
         let r = tokio::spawn(async move {
-            let r = st2.registry.execute(&key, &body.code, opts, &origin).await;
-            if let Ok(r) = &r {
-                st2.remember_cell(&owner, r);
+            let r = req.execute(&st2.registry).await;
+            if let Ok(x) = &r {
+                st2.remember(&owner, x);
             }
             r
         })
         .await
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the cell's task failed: {e}")))??;
-        return Ok(Json(r).into_response());
+        return Ok(Json(r.result).into_response());
     }
     let (live_tx, mut live_rx) = mpsc::unbounded_channel();
-    let opts = ExecOptions {
-        timeout,
-        fail_if_busy: !body.queue,
-        live: Some(live_tx),
-        ..Default::default()
-    };
+    req.live = Some(live_tx);
     let (tx, rx) = mpsc::channel::<Event>(256);
     let st2 = st.clone();
     tokio::spawn(async move {
-        let code = body.code;
-        let run = st2.registry.execute(&key, &code, opts, &origin);
+        let run = req.execute(&st2.registry);
         tokio::pin!(run);
         let mut live_open = true;
         let outcome = loop {
@@ -543,11 +587,11 @@ async fn execute(
             let _ = tx.send(live_event(ev)).await;
         }
         let ev = match outcome {
-            Ok(r) => {
-                st2.remember_cell(&caller.owner, &r);
+            Ok(x) => {
+                st2.remember(&owner, &x);
                 Event::default()
                     .event("result")
-                    .json_data(&r)
+                    .json_data(&x.result)
                     .unwrap_or_else(|_| Event::default().event("error").data("encode"))
             }
             Err(e) => Event::default()
@@ -605,18 +649,19 @@ fn not_found(name: &str) -> ApiError {
     ApiError::new(ErrorCode::SessionNotFound, format!("no session named {name:?}")).with("session", name)
 }
 
-/// The registry key of `name` when it is one of the caller's sessions;
-/// another owner's session answers 404, exactly like a missing one.
-fn owned_key(st: &AppState, caller: &Caller, name: &str) -> Result<Key, ApiError> {
+/// The owner and sandbox mode of `name` when it is one of the caller's
+/// sessions; another owner's session answers 404, exactly like a missing
+/// one.
+fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SandboxMode), ApiError> {
     check_name(name)?;
-    st.sessions
+    let owner = owner_of(caller);
+    let sandbox = st
+        .sessions
         .lock()
         .ok()
-        .and_then(|s| {
-            s.get(&(caller.owner.clone(), name.to_string()))
-                .map(|m| m.key.clone())
-        })
-        .ok_or_else(|| not_found(name))
+        .and_then(|s| s.get(&(owner.clone(), name.to_string())).map(|m| m.sandbox))
+        .ok_or_else(|| not_found(name))?;
+    Ok((owner, sandbox))
 }
 
 /// What an interrupt did.
@@ -647,23 +692,24 @@ async fn interrupt(
     Extension(caller): Extension<Caller>,
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<Json<InterruptAnswer>, ApiError> {
-    let key = owned_key(&st, &caller, &name)?;
-    let out = match st.registry.kernel(&key) {
-        Some(k) => {
-            let o = k.interrupt().await;
-            InterruptAnswer {
-                delivered: o.delivered,
-                target: o.target,
-                cell: o.cell,
-                reason: o.reason,
-            }
-        }
-        None => InterruptAnswer {
+    let (owner, _) = owned(&st, &caller, &name)?;
+    let out = match (InterruptRequest { owner, session: name })
+        .execute(&st.registry)
+        .await
+    {
+        Ok(o) => InterruptAnswer {
+            delivered: o.delivered,
+            target: o.target,
+            cell: o.cell,
+            reason: o.reason,
+        },
+        Err(RequestError::SessionNotFound { .. }) => InterruptAnswer {
             delivered: false,
             target: None,
             cell: None,
             reason: Some("the session has no live kernel".into()),
         },
+        Err(e) => return Err(e.into()),
     };
     Ok(Json(out))
 }
@@ -682,10 +728,14 @@ async fn restart(
     Extension(caller): Extension<Caller>,
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    let key = owned_key(&st, &caller, &name)?;
-    st.registry.dispose(&key).await;
-    st.registry.acquire(&key).await?;
-    Ok(Json(session_info(&st, &key)))
+    let (owner, sandbox) = owned(&st, &caller, &name)?;
+    RestartRequest {
+        session: spec(&owner, &name, sandbox),
+    }
+    .execute(&st.registry)
+    .await?;
+    let live = live_summary(&st, &owner, &name, sandbox);
+    Ok(Json(session_info(&name, sandbox, live.as_ref())))
 }
 
 /// Query of `variables`.
@@ -725,7 +775,7 @@ async fn variables(
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
     ApiQuery(q): ApiQuery<VariablesQuery>,
 ) -> Result<Json<VariablesAnswer>, ApiError> {
-    let key = owned_key(&st, &caller, &name)?;
+    let (owner, sandbox) = owned(&st, &caller, &name)?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::new(
@@ -734,22 +784,23 @@ async fn variables(
         )
         .with("field", "limit"));
     }
-    let Some(k) = st.registry.kernel(&key) else {
-        return Ok(Json(VariablesAnswer {
+    let asked = VariablesRequest {
+        session: spec(&owner, &name, sandbox),
+        limit,
+    };
+    match asked.execute(&st.registry).await {
+        Ok(v) => Ok(Json(VariablesAnswer {
+            variables: v.variables,
+            truncated: v.truncated,
+            alive: true,
+        })),
+        Err(RequestError::SessionNotFound { .. }) => Ok(Json(VariablesAnswer {
             variables: Vec::new(),
             truncated: false,
             alive: false,
-        }));
-    };
-    let v = k
-        .inspect_variables(limit)
-        .await
-        .map_err(|e| ApiError::from(RegistryError::from(e)))?;
-    Ok(Json(VariablesAnswer {
-        variables: v.variables,
-        truncated: v.truncated,
-        alive: true,
-    }))
+        })),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A session's journaled cells.
@@ -775,21 +826,26 @@ async fn history(
     Extension(caller): Extension<Caller>,
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<Json<HistoryAnswer>, ApiError> {
-    owned_key(&st, &caller, &name)?;
-    let Some(j) = st.registry.journal() else {
+    let (owner, _) = owned(&st, &caller, &name)?;
+    if st.registry.journal().is_none() {
         return Ok(Json(HistoryAnswer {
             cells: Vec::new(),
             journal: false,
         }));
-    };
-    let cells = j
-        .history(&caller.owner, &name)
+    }
+    let cells = match (HistoryRequest { owner, session: name })
+        .execute(&st.registry)
         .await
-        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("journal: {e}")))?;
-    let cells = cells
-        .iter()
-        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
-        .collect();
+    {
+        Ok(h) => h
+            .cells
+            .iter()
+            .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+            .collect(),
+        // A session of the table with nothing journaled yet.
+        Err(RequestError::SessionNotFound { .. }) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
     Ok(Json(HistoryAnswer { cells, journal: true }))
 }
 
@@ -882,10 +938,11 @@ async fn cell_output(
         )
         .with("field", "length"));
     }
+    let owner = owner_of(&caller);
     let path = st.cells.lock().ok().and_then(|c| {
         c.by_id
             .get(&cell)
-            .filter(|m| m.owner == caller.owner)
+            .filter(|m| m.owner == owner)
             .and_then(|m| m.spills.get(stream.as_str()).cloned())
     });
     let Some(path) = path else {
@@ -908,7 +965,8 @@ async fn cell_output(
             .with("offset", offset)
             .with("total_bytes", total));
         }
-        cellhost_kernel::read_spill(&path, offset, length)
+        ReadOutputRequest { path, offset, length }
+            .execute()
             .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))
     })
     .await

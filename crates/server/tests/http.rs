@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cellhost_kernel::KernelConfig;
 use cellhost_server::auth::Scope;
 use cellhost_server::{AppState, Tokens};
+use cellhost_sessions::cell::KernelConfig;
 use cellhost_sessions::{Durability, Journal, Registry, RegistryConfig};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -27,7 +27,7 @@ const READER: &str = "reader-token-0123456789abcdef";
 fn python() -> PathBuf {
     match std::env::var_os("CELLHOST_TEST_PYTHON") {
         Some(p) => PathBuf::from(p),
-        None => cellhost_kernel::resolve_python(None).expect("python3 for tests"),
+        None => cellhost_sessions::cell::resolve_python(None).expect("python3 for tests"),
     }
 }
 

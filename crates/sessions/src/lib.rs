@@ -5,6 +5,7 @@
 //! surface goes through ([`requests`]).
 #![forbid(unsafe_code)]
 
+pub mod cell;
 pub mod config;
 pub mod floor;
 pub mod journal;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cellhost_kernel::KernelConfig;
+use cellhost_sessions::cell::KernelConfig;
 use cellhost_sessions::{Registry, RegistryConfig};
 
 fn main() -> ExitCode {
@@ -33,7 +33,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    let python = match cellhost_kernel::resolve_python(python.as_deref()) {
+    let python = match cellhost_sessions::cell::resolve_python(python.as_deref()) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("cellhost-mcp-test: {e}");
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        let served = cellhost_mcp::serve_stdio(registry.clone(), "mcp-test".into()).await;
+        let served = cellhost_mcp::serve_stdio(registry.clone(), cellhost_mcp::new_owner_id()).await;
         registry.shutdown().await;
         match served {
             Ok(()) => ExitCode::SUCCESS,

@@ -208,9 +208,12 @@ impl RequestError {
     }
 
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
-    /// `journal_failed`, `kernel_failed`, or the registry's
-    /// ([`RegistryError::code`]: `sandbox_below_floor`,
-    /// `sandbox_unavailable`, `registry_full`, `shut_down`, `restore`).
+    /// `journal_failed`, `kernel_failed`, `stale_generation` (a request
+    /// named a replaced kernel generation), `restore_failed`, or the
+    /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
+    /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
+    /// mapping of errors to codes: the daemon and MCP send it as is, HTTP
+    /// derives its status from it.
     pub fn code(&self) -> &'static str {
         match self {
             RequestError::BadRequest { .. } => "bad_request",
@@ -219,8 +222,12 @@ impl RequestError {
             RequestError::Journal { .. } => "journal_failed",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
+            RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
+                "stale_generation"
+            }
             RequestError::Registry(e) => match e.code() {
                 "kernel" => "kernel_failed",
+                "restore" => "restore_failed",
                 c => c,
             },
         }
@@ -244,6 +251,22 @@ impl RequestError {
             RequestError::SessionBusy { session, cell } => {
                 v["session"] = session.clone().into();
                 v["cell"] = cell.clone().into();
+            }
+            RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { kernel, cell })) => {
+                v["kernel"] = kernel.clone().into();
+                v["cell"] = cell.clone().into();
+            }
+            RequestError::Registry(RegistryError::Kernel(KernelError::SandboxUnavailable {
+                layer, ..
+            })) => {
+                v["layer"] = layer.clone().into();
+            }
+            RequestError::Registry(RegistryError::SandboxBelowFloor(b)) => {
+                v["requested"] = b.requested.as_str().into();
+                v["floor"] = b.floor.as_str().into();
+            }
+            RequestError::Registry(RegistryError::Full { max }) => {
+                v["max_live_kernels"] = (*max as u64).into()
             }
             _ => {}
         }
