@@ -81,12 +81,9 @@ fn spawn_daemon(kernel: &KernelArgs) -> std::io::Result<std::process::Child> {
     if let Some(m) = kernel.sandbox {
         cmd.arg("--sandbox").arg(m.to_string());
     }
-    for e in &kernel.env {
-        cmd.arg("--env").arg(e);
-    }
-    for e in &kernel.secret_env {
-        cmd.arg("--secret-env").arg(e);
-    }
+    // `--env`/`--secret-env` are not the daemon's: they travel with each
+    // request and belong to the session it creates (never to every other
+    // session of the daemon).
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -163,13 +160,16 @@ fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let template = match common::kernel_config(kernel, "daemon", &common::new_session_dir("daemon")) {
+    let mut template = match common::kernel_config(kernel, "daemon", &common::new_session_dir("daemon")) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cellhost: {e}");
             return EXIT_USAGE;
         }
     };
+    // The directory the daemon was started from is no session's: each
+    // request names its caller's (or none: the session directory).
+    template.cwd = None;
     common::block_on(async move {
         let reg = match common::start_registry(template, None, false, None).await {
             Ok(r) => r,

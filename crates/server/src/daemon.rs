@@ -27,7 +27,9 @@ use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::requests::{
     ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
 };
-use cellhost_sessions::{Deadline, Origin, Registry, RequestError, RestoreReport};
+use cellhost_sessions::{
+    Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
+};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -79,6 +81,18 @@ pub enum Request {
         /// refused with code `sandbox_below_floor`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<String>,
+        /// The caller's working directory (absolute; canonical): the
+        /// session's, part of its key, so the same name run from two
+        /// directories is two sessions and neither works in the other's
+        /// directory. `None`: the session works in its session directory.
+        /// Refused with `bad_request` unless an existing directory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+        /// Variables (`--env`, `--secret-env`) for a session this request
+        /// creates; a session that already runs keeps its own, and a `note`
+        /// reply says so.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<EnvVar>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -116,6 +130,29 @@ pub enum Request {
     Stop,
 }
 
+/// One variable of [`Request::Exec`]'s `env`. Its `Debug` never shows a
+/// value.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    /// Name.
+    pub name: String,
+    /// Value.
+    pub value: String,
+    /// A secret (`--secret-env`): masked in everything the session outputs,
+    /// never logged.
+    #[serde(default)]
+    pub secret: bool,
+}
+
+impl std::fmt::Debug for EnvVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvVar")
+            .field("name", &self.name)
+            .field("secret", &self.secret)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A session as `cellhost sessions` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionInfo {
@@ -129,6 +166,9 @@ pub struct SessionInfo {
     pub busy: bool,
     /// Interpreter.
     pub python: PathBuf,
+    /// Working directory (`None`: its session directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
 }
 
 /// A reply line.
@@ -166,6 +206,12 @@ pub enum Reply {
     Restored {
         /// The report.
         report: RestoreReport,
+    },
+    /// Something the caller should know about its request (printed on
+    /// stderr by the CLI); an `exec` goes on, its `result` follows.
+    Note {
+        /// What.
+        message: String,
     },
     /// Done.
     Ok {
@@ -384,7 +430,14 @@ async fn serve_conn(stream: UnixStream, reg: Arc<Registry>, stop: Arc<Notify>) -
         let req: Request = match serde_json::from_slice(&line) {
             Ok(q) => q,
             Err(e) => {
-                send(&mut w, &usage_error(format!("bad request: {e}"))).await?;
+                // serde's message may quote a value of the line (a secret
+                // of `env`): only its position is said then.
+                let why = if line.windows(5).any(|x| x == b"\"env\"") {
+                    format!("malformed at line {} column {}", e.line(), e.column())
+                } else {
+                    e.to_string()
+                };
+                send(&mut w, &usage_error(format!("bad request: {why}"))).await?;
                 continue;
             }
         };
@@ -417,6 +470,8 @@ async fn handle(
             queue,
             python,
             sandbox,
+            cwd,
+            env,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -424,12 +479,36 @@ async fn handle(
                 Ok(x) => x,
                 Err(e) => return send(w, &request_error(&e)).await,
             };
+            let mut session_env = SessionEnv::new();
+            for v in env {
+                if v.name.is_empty()
+                    || v.name.contains('=')
+                    || v.name.contains('\0')
+                    || v.value.contains('\0')
+                {
+                    return send(w, &usage_error(format!("bad variable name {:?}", v.name))).await;
+                }
+                if v.secret {
+                    session_env.set_secret(v.name, v.value);
+                } else {
+                    session_env.set(v.name, v.value);
+                }
+            }
             let spec = SessionSpec {
                 owner,
                 session,
                 python,
                 sandbox: requested,
+                cwd,
+                env: session_env,
             };
+            let key = match spec.key(reg) {
+                Ok(k) => k,
+                Err(e) => return send(w, &request_error(&e)).await,
+            };
+            for note in session_notes(reg, &key, &spec.env) {
+                send(w, &Reply::Note { message: note }).await?;
+            }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));
             req.deadline = deadline;
@@ -476,6 +555,7 @@ async fn handle(
                     pid: s.pid,
                     busy: s.busy,
                     python: s.python,
+                    cwd: s.cwd,
                 })
                 .collect();
             send(w, &Reply::Sessions { sessions }).await
@@ -513,10 +593,9 @@ async fn handle(
             );
             let req = RestoreRequest {
                 into: SessionSpec {
-                    owner,
-                    session,
                     python,
                     sandbox: requested,
+                    ..SessionSpec::new(owner, session)
                 },
                 from: Some(source),
                 force: false,
@@ -538,6 +617,39 @@ async fn handle(
             Ok(())
         }
     }
+}
+
+/// What the caller of an `exec` into `key` should know: that the session
+/// runs already with another environment than the one it asked for (kept),
+/// and that sessions of the same name work in other directories (each its
+/// own session).
+fn session_notes(reg: &Registry, key: &Key, env: &SessionEnv) -> Vec<String> {
+    let mut notes = Vec::new();
+    if reg.set_session_env(key, env) == EnvApplied::Kept {
+        notes.push(format!(
+            "session {} already runs; --env/--secret-env apply to new sessions only",
+            key.session
+        ));
+    }
+    let here = key.cwd.as_deref();
+    let elsewhere: Vec<String> = reg
+        .sessions_of(&key.owner)
+        .into_iter()
+        .filter(|(k, _)| k.session == key.session && k.cwd.as_deref() != here)
+        .map(|(k, _)| {
+            k.cwd
+                .map_or_else(|| "its session directory".into(), |d| d.display().to_string())
+        })
+        .collect();
+    if !elsewhere.is_empty() {
+        notes.push(format!(
+            "session {} works in {}; a session is per directory, so the one in {} is another",
+            key.session,
+            here.map_or_else(|| "its session directory".into(), |d| d.display().to_string()),
+            elsewhere.join(", ")
+        ));
+    }
+    notes
 }
 
 fn live_reply(ev: LiveEvent) -> Reply {
