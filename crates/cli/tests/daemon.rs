@@ -501,3 +501,26 @@ fn env_flags_apply_to_new_sessions_of_a_running_daemon() {
     let log = std::fs::read_to_string(env.run_dir().join("daemon.log")).unwrap_or_default();
     assert!(!log.contains(token), "the daemon log holds the secret:\n{log}");
 }
+
+/// `daemon stop` returns once the daemon has exited, so an `exec --session`
+/// right after starts a new one at once (never the 30 s wait for a socket
+/// nobody opens); repeated, with a kernel to shut down each time.
+#[test]
+fn stop_then_exec_at_once_starts_a_new_daemon() {
+    let env = Env::new("60");
+    let mut last = None;
+    for round in 0..4 {
+        let o = env.exec("s", &format!("print({round})"));
+        assert_eq!(o.status.code(), Some(0), "round {round}: {}", text(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), round.to_string());
+        let pid = env.daemon_pid().expect("daemon pid");
+        assert_ne!(Some(pid), last, "round {round}: the old daemon answered");
+        let o = env.run(&["daemon", "stop"]);
+        assert_eq!(o.status.code(), Some(0), "round {round}: {}", text(&o));
+        assert!(
+            !alive(pid),
+            "round {round}: daemon stop returned before the daemon exited"
+        );
+        last = Some(pid);
+    }
+}

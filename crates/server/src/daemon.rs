@@ -46,6 +46,9 @@ pub fn daemon_owner() -> String {
 /// Default idle period after which the daemon exits (30 min).
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(1800);
 
+/// How long a starting daemon waits for a stopping one to exit.
+pub const STOPPING_WAIT: Duration = Duration::from_secs(10);
+
 /// Largest request line (the code of a cell included): 16 MiB.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 
@@ -303,9 +306,17 @@ pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io
         .truncate(false)
         .write(true)
         .open(dir.join("daemon.lock"))?;
-    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-        registry.shutdown().await;
-        return Ok(StopReason::AlreadyRunning);
+    // A daemon holding the lock and answering on the socket runs: this one
+    // is not needed. One holding it without answering is stopping (it
+    // closes the socket first, then shuts its kernels down): wait for it,
+    // at most STOPPING_WAIT.
+    let until = Instant::now() + STOPPING_WAIT;
+    while rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        if UnixStream::connect(socket_path(dir)).await.is_ok() || Instant::now() >= until {
+            registry.shutdown().await;
+            return Ok(StopReason::AlreadyRunning);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     std::fs::write(dir.join("daemon.pid"), std::process::id().to_string())?;
     let sock = socket_path(dir);
@@ -666,6 +677,34 @@ fn live_reply(ev: LiveEvent) -> Reply {
     }
 }
 
+/// Waits until the process of `pidfd` exits (the pidfd turns readable);
+/// `false` when `within` passed first.
+///
+/// # Errors
+/// `poll` failed.
+pub async fn wait_exit(pidfd: std::os::fd::OwnedFd, within: Duration) -> std::io::Result<bool> {
+    tokio::task::spawn_blocking(move || {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let until = std::time::Instant::now() + within;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let ts = Timespec::try_from(left).map_err(std::io::Error::other)?;
+            let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Ok(0) => {}
+                Ok(_) => return Ok(true),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 /// A connection to a running daemon.
 #[derive(Debug)]
 pub struct Client {
@@ -687,6 +726,14 @@ impl Client {
         })
     }
 
+    /// A pidfd of the daemon process this client is connected to.
+    ///
+    /// # Errors
+    /// The daemon is gone.
+    pub fn daemon_pidfd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        cellhost_sandbox::peer::peer_pidfd_of(self.w.as_ref().as_fd())
+    }
+
     /// Connects, starting the daemon with `spawn` when none answers, and
     /// waiting up to `wait` for its socket. A daemon that exits with a
     /// failure before opening its socket is reported at once, with the
@@ -703,7 +750,7 @@ impl Client {
         if let Ok(c) = Client::connect(dir).await {
             return Ok(c);
         }
-        let mut child = Some(spawn()?);
+        let mut child = spawn()?;
         let until = Instant::now() + wait;
         loop {
             match Client::connect(dir).await {
@@ -716,24 +763,21 @@ impl Client {
                     )));
                 }
                 Err(_) => {
-                    if let Some(c) = child.as_mut()
-                        && let Ok(Some(status)) = c.try_wait()
-                    {
-                        child = None;
-                        // Exit 0 before listening: another daemon won the
-                        // race; keep waiting for its socket.
-                        if !status.success() {
-                            let tail = log
-                                .and_then(|p| std::fs::read_to_string(p).ok())
-                                .map(|t| {
-                                    let lines: Vec<&str> = t.lines().collect();
-                                    lines[lines.len().saturating_sub(5)..].join("\n")
-                                })
-                                .unwrap_or_default();
-                            return Err(std::io::Error::other(format!(
-                                "the daemon exited ({status}) before listening: {tail}"
-                            )));
+                    if let Ok(Some(status)) = child.try_wait() {
+                        // Exited before listening: a daemon that found
+                        // another one answering exits 0, so one more try;
+                        // otherwise it failed, and its log says why.
+                        if let Ok(c) = Client::connect(dir).await {
+                            return Ok(c);
                         }
+                        let last = log
+                            .and_then(|p| std::fs::read_to_string(p).ok())
+                            .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+                            .unwrap_or_else(|| "(no log)".into());
+                        return Err(std::io::Error::other(format!(
+                            "the daemon exited ({status}) before listening on {}: {last}",
+                            socket_path(dir).display()
+                        )));
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
