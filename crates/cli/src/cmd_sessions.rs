@@ -156,7 +156,7 @@ pub fn exec(
 /// resolved), under the rule of one-shot commands
 /// ([`common::workdir_allowed`]): never home or one of its ancestors, for
 /// which the session works in its session directory (`None`).
-fn caller_cwd() -> Option<std::path::PathBuf> {
+pub fn caller_cwd() -> Option<std::path::PathBuf> {
     std::env::current_dir()
         .and_then(std::fs::canonicalize)
         .ok()

@@ -128,6 +128,10 @@ pub enum Request {
         /// Sandbox mode of the session (never below the daemon's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<String>,
+        /// The caller's working directory, the rebuilt session's (as
+        /// [`Request::Exec`]'s `cwd`, so `exec --session` from there finds it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
     },
     /// Shut the daemon down.
     Stop,
@@ -593,6 +597,7 @@ async fn handle(
             owner: from_owner,
             python,
             sandbox,
+            cwd,
         } => {
             let requested = match parse_sandbox(sandbox.as_deref()) {
                 Ok(m) => m,
@@ -606,6 +611,7 @@ async fn handle(
                 into: SessionSpec {
                     python,
                     sandbox: requested,
+                    cwd,
                     ..SessionSpec::new(owner, session)
                 },
                 from: Some(source),
