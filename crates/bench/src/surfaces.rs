@@ -42,7 +42,9 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
     std::fs::write(base.join("config.toml"), "").map_err(s)?;
     let cmd = |code: &str| {
         let mut c = Command::new(&ctx.cellhost);
-        c.args(["exec", "--session", "bench", code]);
+        // The session works in (and is keyed by) the caller's directory:
+        // the socket requests below name the same one.
+        c.args(["exec", "--session", "bench", code]).current_dir(&base);
         ctx.kernel_flags(&mut c)
             .env("CELLHOST_STATE_DIR", base.join("state"))
             .env("XDG_RUNTIME_DIR", base.join("run"))
@@ -78,6 +80,8 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 queue: false,
                 python: None,
                 sandbox: None,
+                cwd: base.canonicalize().ok(),
+                env: Vec::new(),
             })
             .await
             .map_err(s)?;

@@ -81,12 +81,9 @@ fn spawn_daemon(kernel: &KernelArgs) -> std::io::Result<std::process::Child> {
     if let Some(m) = kernel.sandbox {
         cmd.arg("--sandbox").arg(m.to_string());
     }
-    for e in &kernel.env {
-        cmd.arg("--env").arg(e);
-    }
-    for e in &kernel.secret_env {
-        cmd.arg("--secret-env").arg(e);
-    }
+    // `--env`/`--secret-env` are not the daemon's: they travel with each
+    // request and belong to the session it creates (never to every other
+    // session of the daemon).
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -108,9 +105,71 @@ pub async fn connect(kernel: &KernelArgs) -> std::io::Result<Client> {
 pub fn run(args: DaemonArgs) -> u8 {
     match args.cmd {
         DaemonCmd::Run { kernel, idle_timeout } => run_daemon(&kernel, idle_timeout),
-        DaemonCmd::Stop => client_call(Request::Stop),
+        DaemonCmd::Stop => stop(),
         DaemonCmd::Status => client_call(Request::Ping),
     }
+}
+
+/// How long `daemon stop` waits for the daemon to exit.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs `daemon stop`: asks the daemon to stop and returns once it has
+/// exited (its kernels killed, the journal flushed), so a daemon started
+/// right after finds none in its way. Exit 1 when it has not exited within
+/// [`STOP_WAIT`].
+fn stop() -> u8 {
+    common::block_on(async move {
+        let mut c = match Client::connect(&dir()).await {
+            Ok(c) => c,
+            Err(_) => {
+                println!("no daemon is running ({})", daemon::socket_path(&dir()).display());
+                return 0;
+            }
+        };
+        // Pinned before asking: the pidfd names this daemon, whatever pid
+        // reuse comes later.
+        let pidfd = match c.daemon_pidfd() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("cellhost: cannot watch the daemon: {e}");
+                return 1;
+            }
+        };
+        match c.call(&Request::Stop).await {
+            Ok(Reply::Ok { message }) => println!("daemon: {message}"),
+            Ok(Reply::Error { message, usage, .. }) => {
+                eprintln!("cellhost: {message}");
+                return if usage { EXIT_USAGE } else { 1 };
+            }
+            Ok(other) => {
+                eprintln!("cellhost: unexpected reply {other:?}");
+                return 1;
+            }
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return 1;
+            }
+        }
+        drop(c);
+        match daemon::wait_exit(pidfd, STOP_WAIT).await {
+            Ok(true) => {
+                println!("daemon: stopped");
+                0
+            }
+            Ok(false) => {
+                eprintln!(
+                    "cellhost: the daemon has not exited within {} s (see {})",
+                    STOP_WAIT.as_secs(),
+                    dir().join("daemon.log").display()
+                );
+                1
+            }
+            Err(e) => {
+                eprintln!("cellhost: cannot wait for the daemon: {e}");
+                1
+            }
+        }
+    })
 }
 
 /// Sends one request to a running daemon (never starts one) and prints the
@@ -163,13 +222,16 @@ fn run_daemon(kernel: &KernelArgs, idle: Option<f64>) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let template = match common::kernel_config(kernel, "daemon", &common::new_session_dir("daemon")) {
+    let mut template = match common::kernel_config(kernel, "daemon", &common::new_session_dir("daemon")) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cellhost: {e}");
             return EXIT_USAGE;
         }
     };
+    // The directory the daemon was started from is no session's: each
+    // request names its caller's (or none: the session directory).
+    template.cwd = None;
     common::block_on(async move {
         let reg = match common::start_registry(template, None, false, None).await {
             Ok(r) => r,

@@ -59,6 +59,7 @@ pub fn run(args: RestoreArgs) -> u8 {
             owner: args.owner.clone(),
             python,
             sandbox: args.kernel.sandbox.map(|m| m.to_string()),
+            cwd: crate::cmd_sessions::caller_cwd(),
         };
         let rep = match c.call(&req).await {
             Ok(Reply::Restored { report }) => report,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use cellhost_kernel::LiveEvent;
-use cellhost_server::daemon::{Client, Reply, Request};
+use cellhost_server::daemon::{Client, EnvVar, Reply, Request};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -67,6 +67,11 @@ pub fn exec(
             Err(e) => return error_code(&e.to_string(), true),
         },
     };
+    let env = match session_env(kernel) {
+        Ok(e) => e,
+        Err(e) => return error_code(&e, true),
+    };
+    let cwd = caller_cwd();
     let Some(rt) = runtime() else { return 1 };
     rt.block_on(async move {
         let sigint = signal(SignalKind::interrupt()).ok();
@@ -85,6 +90,8 @@ pub fn exec(
             queue,
             python,
             sandbox: kernel.sandbox.map(|m| m.to_string()),
+            cwd,
+            env,
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");
@@ -116,6 +123,7 @@ pub fn exec(
                     let _ = tx.send(ev);
                 }
                 Ok(Some(Reply::Display { .. })) => {}
+                Ok(Some(Reply::Note { message })) => eprintln!("cellhost: {message}"),
                 Ok(Some(Reply::Result { result })) => break Ok(result),
                 Ok(Some(Reply::Error { message, usage, code })) => {
                     // With --json, the error envelope goes to stderr (stdout
@@ -142,6 +150,52 @@ pub fn exec(
             Err((m, usage)) => error_code(&m, usage),
         }
     })
+}
+
+/// The caller's directory as the session's workdir (absolute, links
+/// resolved), under the rule of one-shot commands
+/// ([`common::workdir_allowed`]): never home or one of its ancestors, for
+/// which the session works in its session directory (`None`).
+pub fn caller_cwd() -> Option<std::path::PathBuf> {
+    std::env::current_dir()
+        .and_then(std::fs::canonicalize)
+        .ok()
+        .filter(|d| common::workdir_allowed(d))
+}
+
+/// `--env` and `--secret-env` as the daemon's per-session variables, the
+/// values read here (the daemon runs with another environment).
+///
+/// # Errors
+/// A name not set in this environment (the message names it, never a
+/// value).
+fn session_env(kernel: &KernelArgs) -> Result<Vec<EnvVar>, String> {
+    let mut out = Vec::new();
+    for spec in &kernel.env {
+        let (name, value) = match spec.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            None => {
+                let v =
+                    std::env::var(spec).map_err(|_| format!("--env {spec}: not set in this environment"))?;
+                (spec.clone(), v)
+            }
+        };
+        out.push(EnvVar {
+            name,
+            value,
+            secret: false,
+        });
+    }
+    for name in &kernel.secret_env {
+        let value =
+            std::env::var(name).map_err(|_| format!("--secret-env {name}: not set in this environment"))?;
+        out.push(EnvVar {
+            name: name.clone(),
+            value,
+            secret: true,
+        });
+    }
+    Ok(out)
 }
 
 /// Runs `sessions`: the daemon's sessions with a live kernel.

@@ -315,3 +315,212 @@ fn idle_exit_and_sigterm_reap_every_kernel() {
     let o = env.run(&["sessions", "--json"]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
 }
+
+/// A session works in the directory `exec --session` was run from, never in
+/// the one the daemon was started from; the same name from another
+/// directory is another session, which cannot reach the first one's files.
+#[test]
+fn session_works_in_the_callers_directory() {
+    let env = Env::new("60");
+    let a = env.dir.path().join("a");
+    let b = env.dir.path().join("b");
+    std::fs::create_dir_all(&a).expect("a");
+    std::fs::create_dir_all(&b).expect("b");
+    std::fs::write(a.join("secret.txt"), "project a").expect("write");
+    let in_dir = |dir: &Path, session: &str, code: &str| {
+        env.cmd(&["exec", "--python", &python(), "--session", session, code])
+            .current_dir(dir)
+            .output()
+            .expect("run cellhost")
+    };
+    // The daemon starts from a.
+    let o = in_dir(&a, "x", "import os; print(os.getcwd())");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        a.canonicalize().expect("a").display().to_string()
+    );
+    // Session y from b works in b, and a's files are not there for it.
+    let o = in_dir(
+        &b,
+        "y",
+        "import os; print(os.getcwd()); print(os.path.exists('secret.txt'))",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            b.canonicalize().expect("b").display().to_string().as_str(),
+            "False"
+        ],
+        "{}",
+        text(&o)
+    );
+    // Session x from b is another session than x in a: x's state stays in a.
+    let o = in_dir(&a, "x", "marker = 'a'");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = in_dir(&b, "x", "import os; print(os.getcwd()); print('marker' in dir())");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.ends_with("False\n") && out.contains(&*b.canonicalize().expect("b").to_string_lossy()),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("a session is per directory"),
+        "{}",
+        text(&o)
+    );
+    // A hostile client naming a directory that is none is refused; the
+    // daemon goes on.
+    let dir = env.run_dir();
+    let reply = common_request(
+        &dir,
+        r#"{"op":"exec","session":"z","code":"1","cwd":"relative/dir"}"#,
+    );
+    assert!(
+        reply.contains("bad_request") && reply.contains("absolute"),
+        "{reply}"
+    );
+    let reply = common_request(
+        &dir,
+        &format!(
+            r#"{{"op":"exec","session":"z","code":"1","cwd":"{}"}}"#,
+            a.join("secret.txt").display()
+        ),
+    );
+    assert!(
+        reply.contains("bad_request") && reply.contains("not a directory"),
+        "{reply}"
+    );
+    let o = in_dir(&a, "x", "print(marker)");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "a", "{}", text(&o));
+}
+
+/// One raw request line to the daemon in `dir`; the first reply line.
+fn common_request(dir: &Path, line: &str) -> String {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(dir.join("daemon.sock")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    s.write_all(format!("{line}\n").as_bytes()).expect("write");
+    let mut r = std::io::BufReader::new(s);
+    let mut out = String::new();
+    r.read_line(&mut out).expect("read");
+    out
+}
+
+/// `--env` and `--secret-env` reach the session they create, also when the
+/// daemon runs already; a session that runs keeps its environment and the
+/// client is told; the secret is masked and never in the daemon's log.
+#[test]
+fn env_flags_apply_to_new_sessions_of_a_running_daemon() {
+    let env = Env::new("60");
+    let o = env.exec("first", "1");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let token = "tok-3f9a1c27e5b8";
+    let code = "import os; print(os.environ.get('MYVAR')); print(os.environ.get('MYTOK'))";
+    let o = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &python(),
+            "--session",
+            "s1",
+            "--env",
+            "MYVAR=hello",
+            "--secret-env",
+            "MYTOK",
+            code,
+        ])
+        .env("MYTOK", token)
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"hello"), "{}", text(&o));
+    assert!(
+        lines.get(1).is_some_and(|l| *l != "None" && !l.contains(token)),
+        "{}",
+        text(&o)
+    );
+    // The first session has none of them.
+    let o = env.exec("first", code);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "None\nNone\n", "{}", text(&o));
+    // s1 again with another value: it keeps its own, and says so.
+    let o = env.run(&[
+        "exec",
+        "--python",
+        &python(),
+        "--session",
+        "s1",
+        "--env",
+        "MYVAR=other",
+        code,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("hello\n"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("session s1 already runs; --env/--secret-env apply to new sessions only"),
+        "{}",
+        text(&o)
+    );
+    // The same flags again: no note.
+    let o = env.run(&[
+        "exec",
+        "--python",
+        &python(),
+        "--session",
+        "s1",
+        "--env",
+        "MYVAR=hello",
+        "1",
+    ]);
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("already runs"),
+        "{}",
+        text(&o)
+    );
+    // A malformed request carrying a secret is refused without echoing it.
+    let reply = common_request(
+        &env.run_dir(),
+        &format!(
+            r#"{{"op":"exec","session":"z","code":"1","env":[{{"name":"A","value":"{token}","secret":7}}]}}"#
+        ),
+    );
+    assert!(reply.contains("bad_request") && !reply.contains(token), "{reply}");
+    let log = std::fs::read_to_string(env.run_dir().join("daemon.log")).unwrap_or_default();
+    assert!(!log.contains(token), "the daemon log holds the secret:\n{log}");
+}
+
+/// `daemon stop` returns once the daemon has exited, so an `exec --session`
+/// right after starts a new one at once (never the 30 s wait for a socket
+/// nobody opens); repeated, with a kernel to shut down each time.
+#[test]
+fn stop_then_exec_at_once_starts_a_new_daemon() {
+    let env = Env::new("60");
+    let mut last = None;
+    for round in 0..4 {
+        let o = env.exec("s", &format!("print({round})"));
+        assert_eq!(o.status.code(), Some(0), "round {round}: {}", text(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), round.to_string());
+        let pid = env.daemon_pid().expect("daemon pid");
+        assert_ne!(Some(pid), last, "round {round}: the old daemon answered");
+        let o = env.run(&["daemon", "stop"]);
+        assert_eq!(o.status.code(), Some(0), "round {round}: {}", text(&o));
+        assert!(
+            !alive(pid),
+            "round {round}: daemon stop returned before the daemon exited"
+        );
+        last = Some(pid);
+    }
+}

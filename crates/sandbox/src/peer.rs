@@ -230,6 +230,18 @@ pub fn kernel_cgroup(theirs: &str, ours: &str) -> Option<String> {
     None
 }
 
+/// A pidfd of the process at the other end of the connected Unix socket
+/// `sock` (`SO_PEERPIDFD`, else `pidfd_open` of its `SO_PEERCRED` pid, which
+/// cannot be reused while the connection keeps the peer's socket open) —
+/// for waiting until that process exits.
+///
+/// # Errors
+/// Not a connected Unix socket, or the peer is gone.
+pub fn peer_pidfd_of(sock: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    let cred = rustix::net::sockopt::socket_peercred(sock)?;
+    peer_pidfd(sock, cred.pid.as_raw_nonzero().get())
+}
+
 /// A pidfd of the socket's peer: `SO_PEERPIDFD`, else `pidfd_open(pid)`.
 fn peer_pidfd(sock: BorrowedFd<'_>, pid: i32) -> std::io::Result<OwnedFd> {
     let mut fd: libc::c_int = -1;

@@ -27,7 +27,9 @@ use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveE
 use cellhost_sessions::requests::{
     ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
 };
-use cellhost_sessions::{Deadline, Origin, Registry, RequestError, RestoreReport};
+use cellhost_sessions::{
+    Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
+};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -43,6 +45,9 @@ pub fn daemon_owner() -> String {
 
 /// Default idle period after which the daemon exits (30 min).
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(1800);
+
+/// How long a starting daemon waits for a stopping one to exit.
+pub const STOPPING_WAIT: Duration = Duration::from_secs(10);
 
 /// Largest request line (the code of a cell included): 16 MiB.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
@@ -79,6 +84,18 @@ pub enum Request {
         /// refused with code `sandbox_below_floor`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<String>,
+        /// The caller's working directory (absolute; canonical): the
+        /// session's, part of its key, so the same name run from two
+        /// directories is two sessions and neither works in the other's
+        /// directory. `None`: the session works in its session directory.
+        /// Refused with `bad_request` unless an existing directory.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+        /// Variables (`--env`, `--secret-env`) for a session this request
+        /// creates; a session that already runs keeps its own, and a `note`
+        /// reply says so.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<EnvVar>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -111,9 +128,36 @@ pub enum Request {
         /// Sandbox mode of the session (never below the daemon's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sandbox: Option<String>,
+        /// The caller's working directory, the rebuilt session's (as
+        /// [`Request::Exec`]'s `cwd`, so `exec --session` from there finds it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
     },
     /// Shut the daemon down.
     Stop,
+}
+
+/// One variable of [`Request::Exec`]'s `env`. Its `Debug` never shows a
+/// value.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvVar {
+    /// Name.
+    pub name: String,
+    /// Value.
+    pub value: String,
+    /// A secret (`--secret-env`): masked in everything the session outputs,
+    /// never logged.
+    #[serde(default)]
+    pub secret: bool,
+}
+
+impl std::fmt::Debug for EnvVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnvVar")
+            .field("name", &self.name)
+            .field("secret", &self.secret)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A session as `cellhost sessions` lists it.
@@ -129,6 +173,9 @@ pub struct SessionInfo {
     pub busy: bool,
     /// Interpreter.
     pub python: PathBuf,
+    /// Working directory (`None`: its session directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
 }
 
 /// A reply line.
@@ -166,6 +213,12 @@ pub enum Reply {
     Restored {
         /// The report.
         report: RestoreReport,
+    },
+    /// Something the caller should know about its request (printed on
+    /// stderr by the CLI); an `exec` goes on, its `result` follows.
+    Note {
+        /// What.
+        message: String,
     },
     /// Done.
     Ok {
@@ -257,9 +310,17 @@ pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io
         .truncate(false)
         .write(true)
         .open(dir.join("daemon.lock"))?;
-    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-        registry.shutdown().await;
-        return Ok(StopReason::AlreadyRunning);
+    // A daemon holding the lock and answering on the socket runs: this one
+    // is not needed. One holding it without answering is stopping (it
+    // closes the socket first, then shuts its kernels down): wait for it,
+    // at most STOPPING_WAIT.
+    let until = Instant::now() + STOPPING_WAIT;
+    while rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        if UnixStream::connect(socket_path(dir)).await.is_ok() || Instant::now() >= until {
+            registry.shutdown().await;
+            return Ok(StopReason::AlreadyRunning);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     std::fs::write(dir.join("daemon.pid"), std::process::id().to_string())?;
     let sock = socket_path(dir);
@@ -384,7 +445,14 @@ async fn serve_conn(stream: UnixStream, reg: Arc<Registry>, stop: Arc<Notify>) -
         let req: Request = match serde_json::from_slice(&line) {
             Ok(q) => q,
             Err(e) => {
-                send(&mut w, &usage_error(format!("bad request: {e}"))).await?;
+                // serde's message may quote a value of the line (a secret
+                // of `env`): only its position is said then.
+                let why = if line.windows(5).any(|x| x == b"\"env\"") {
+                    format!("malformed at line {} column {}", e.line(), e.column())
+                } else {
+                    e.to_string()
+                };
+                send(&mut w, &usage_error(format!("bad request: {why}"))).await?;
                 continue;
             }
         };
@@ -417,6 +485,8 @@ async fn handle(
             queue,
             python,
             sandbox,
+            cwd,
+            env,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -424,12 +494,36 @@ async fn handle(
                 Ok(x) => x,
                 Err(e) => return send(w, &request_error(&e)).await,
             };
+            let mut session_env = SessionEnv::new();
+            for v in env {
+                if v.name.is_empty()
+                    || v.name.contains('=')
+                    || v.name.contains('\0')
+                    || v.value.contains('\0')
+                {
+                    return send(w, &usage_error(format!("bad variable name {:?}", v.name))).await;
+                }
+                if v.secret {
+                    session_env.set_secret(v.name, v.value);
+                } else {
+                    session_env.set(v.name, v.value);
+                }
+            }
             let spec = SessionSpec {
                 owner,
                 session,
                 python,
                 sandbox: requested,
+                cwd,
+                env: session_env,
             };
+            let key = match spec.key(reg) {
+                Ok(k) => k,
+                Err(e) => return send(w, &request_error(&e)).await,
+            };
+            for note in session_notes(reg, &key, &spec.env) {
+                send(w, &Reply::Note { message: note }).await?;
+            }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));
             req.deadline = deadline;
@@ -476,6 +570,7 @@ async fn handle(
                     pid: s.pid,
                     busy: s.busy,
                     python: s.python,
+                    cwd: s.cwd,
                 })
                 .collect();
             send(w, &Reply::Sessions { sessions }).await
@@ -502,6 +597,7 @@ async fn handle(
             owner: from_owner,
             python,
             sandbox,
+            cwd,
         } => {
             let requested = match parse_sandbox(sandbox.as_deref()) {
                 Ok(m) => m,
@@ -513,10 +609,10 @@ async fn handle(
             );
             let req = RestoreRequest {
                 into: SessionSpec {
-                    owner,
-                    session,
                     python,
                     sandbox: requested,
+                    cwd,
+                    ..SessionSpec::new(owner, session)
                 },
                 from: Some(source),
                 force: false,
@@ -540,6 +636,39 @@ async fn handle(
     }
 }
 
+/// What the caller of an `exec` into `key` should know: that the session
+/// runs already with another environment than the one it asked for (kept),
+/// and that sessions of the same name work in other directories (each its
+/// own session).
+fn session_notes(reg: &Registry, key: &Key, env: &SessionEnv) -> Vec<String> {
+    let mut notes = Vec::new();
+    if reg.set_session_env(key, env) == EnvApplied::Kept {
+        notes.push(format!(
+            "session {} already runs; --env/--secret-env apply to new sessions only",
+            key.session
+        ));
+    }
+    let here = key.cwd.as_deref();
+    let elsewhere: Vec<String> = reg
+        .sessions_of(&key.owner)
+        .into_iter()
+        .filter(|(k, _)| k.session == key.session && k.cwd.as_deref() != here)
+        .map(|(k, _)| {
+            k.cwd
+                .map_or_else(|| "its session directory".into(), |d| d.display().to_string())
+        })
+        .collect();
+    if !elsewhere.is_empty() {
+        notes.push(format!(
+            "session {} works in {}; a session is per directory, so the one in {} is another",
+            key.session,
+            here.map_or_else(|| "its session directory".into(), |d| d.display().to_string()),
+            elsewhere.join(", ")
+        ));
+    }
+    notes
+}
+
 fn live_reply(ev: LiveEvent) -> Reply {
     match ev {
         LiveEvent::Stdout(text) => Reply::Stream {
@@ -552,6 +681,34 @@ fn live_reply(ev: LiveEvent) -> Reply {
         },
         LiveEvent::Display(display) => Reply::Display { display },
     }
+}
+
+/// Waits until the process of `pidfd` exits (the pidfd turns readable);
+/// `false` when `within` passed first.
+///
+/// # Errors
+/// `poll` failed.
+pub async fn wait_exit(pidfd: std::os::fd::OwnedFd, within: Duration) -> std::io::Result<bool> {
+    tokio::task::spawn_blocking(move || {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let until = std::time::Instant::now() + within;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let ts = Timespec::try_from(left).map_err(std::io::Error::other)?;
+            let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Ok(0) => {}
+                Ok(_) => return Ok(true),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// A connection to a running daemon.
@@ -575,6 +732,14 @@ impl Client {
         })
     }
 
+    /// A pidfd of the daemon process this client is connected to.
+    ///
+    /// # Errors
+    /// The daemon is gone.
+    pub fn daemon_pidfd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        cellhost_sandbox::peer::peer_pidfd_of(self.w.as_ref().as_fd())
+    }
+
     /// Connects, starting the daemon with `spawn` when none answers, and
     /// waiting up to `wait` for its socket. A daemon that exits with a
     /// failure before opening its socket is reported at once, with the
@@ -591,7 +756,7 @@ impl Client {
         if let Ok(c) = Client::connect(dir).await {
             return Ok(c);
         }
-        let mut child = Some(spawn()?);
+        let mut child = spawn()?;
         let until = Instant::now() + wait;
         loop {
             match Client::connect(dir).await {
@@ -604,24 +769,21 @@ impl Client {
                     )));
                 }
                 Err(_) => {
-                    if let Some(c) = child.as_mut()
-                        && let Ok(Some(status)) = c.try_wait()
-                    {
-                        child = None;
-                        // Exit 0 before listening: another daemon won the
-                        // race; keep waiting for its socket.
-                        if !status.success() {
-                            let tail = log
-                                .and_then(|p| std::fs::read_to_string(p).ok())
-                                .map(|t| {
-                                    let lines: Vec<&str> = t.lines().collect();
-                                    lines[lines.len().saturating_sub(5)..].join("\n")
-                                })
-                                .unwrap_or_default();
-                            return Err(std::io::Error::other(format!(
-                                "the daemon exited ({status}) before listening: {tail}"
-                            )));
+                    if let Ok(Some(status)) = child.try_wait() {
+                        // Exited before listening: a daemon that found
+                        // another one answering exits 0, so one more try;
+                        // otherwise it failed, and its log says why.
+                        if let Ok(c) = Client::connect(dir).await {
+                            return Ok(c);
                         }
+                        let last = log
+                            .and_then(|p| std::fs::read_to_string(p).ok())
+                            .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+                            .unwrap_or_else(|| "(no log)".into());
+                        return Err(std::io::Error::other(format!(
+                            "the daemon exited ({status}) before listening on {}: {last}",
+                            socket_path(dir).display()
+                        )));
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }

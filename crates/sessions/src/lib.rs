@@ -13,6 +13,7 @@ pub mod journal_schema;
 pub mod pool;
 pub mod registry;
 pub mod requests;
+pub mod session_env;
 pub mod templates;
 pub mod tools;
 
@@ -23,4 +24,5 @@ pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
 };
 pub use requests::{Deadline, RequestError, SessionSpec, Surface};
+pub use session_env::{EnvApplied, SessionEnv};
 pub use tools::{CommandTools, ToolSpec};

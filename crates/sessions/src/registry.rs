@@ -218,6 +218,8 @@ struct SlotInner {
     pending_reset: Option<String>,
     last_used: Option<Instant>,
     spawning: bool,
+    /// The session's own environment, applied to each of its kernels.
+    env: crate::SessionEnv,
 }
 
 struct Slot {
@@ -484,6 +486,29 @@ impl Registry {
         k
     }
 
+    /// Sets the environment of `key`'s session for the kernels it starts
+    /// from now on, unless it has a live (or starting) kernel already: then
+    /// the session keeps its environment, and [`EnvApplied::Kept`] says so
+    /// when `env` asks for anything it does not have. An empty `env` never changes a session's.
+    ///
+    /// [`EnvApplied::Kept`]: crate::EnvApplied::Kept
+    pub fn set_session_env(&self, key: &Key, env: &crate::SessionEnv) -> crate::EnvApplied {
+        if env.is_empty() {
+            return crate::EnvApplied::Applied;
+        }
+        let slot = self.slot(key, None);
+        let mut g = slot.lock();
+        if g.env.contains(env) {
+            return crate::EnvApplied::Applied;
+        }
+        let running = g.spawning || g.kernel.as_ref().is_some_and(Kernel::is_alive);
+        if running {
+            return crate::EnvApplied::Kept;
+        }
+        g.env = env.clone();
+        crate::EnvApplied::Applied
+    }
+
     /// Pins or unpins a session's kernels.
     pub fn set_pinned(&self, key: &Key, pinned: bool) {
         self.slot(key, None).pinned.store(pinned, Ordering::SeqCst);
@@ -570,8 +595,10 @@ impl Registry {
     }
 
     /// Is the key's configuration the one the warm pool holds?
-    fn poolable(&self, key: &Key) -> bool {
-        key.python == self.cfg.template.python
+    fn poolable(&self, slot: &Slot) -> bool {
+        let key = &slot.key;
+        slot.lock().env.is_empty()
+            && key.python == self.cfg.template.python
             && key.cwd == self.cfg.template.cwd
             && key.tools.is_none()
             && key.sandbox == self.cfg.template.sandbox.mode
@@ -587,8 +614,10 @@ impl Registry {
             .then(|| root.join(path_name(&key.owner)).join(path_name(&key.session)))
     }
 
-    fn kernel_config(&self, key: &Key, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
+    fn kernel_config(&self, slot: &Slot, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
+        let key = &slot.key;
         let mut cfg = self.cfg.template.clone();
+        slot.lock().env.apply(&mut cfg);
         cfg.python = key.python.clone();
         cfg.cwd = key.cwd.clone();
         if let Some(w) = self.session_workdir(key)
@@ -687,7 +716,7 @@ impl Registry {
         let workdir = self.session_workdir(&slot.key);
         // A pooled kernel's own directory becomes a new session's workdir;
         // a session that has one already gets a kernel started in it.
-        if self.poolable(&slot.key)
+        if self.poolable(slot)
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && let Some(pool) = &self.pool
             && let Some((k, tools, own)) = pool.take()
@@ -709,7 +738,7 @@ impl Registry {
             }
             k.kill().await;
         }
-        let (cfg, _tools) = self.kernel_config(&slot.key, generation);
+        let (cfg, _tools) = self.kernel_config(slot, generation);
         let k = self.templates.spawn(cfg).await?;
         self.spawned.fetch_add(1, Ordering::Relaxed);
         Ok(k)

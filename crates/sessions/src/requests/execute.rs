@@ -59,6 +59,7 @@ impl ExecuteRequest {
     /// `registry_full`, `shut_down`.
     pub async fn execute(self, reg: &Registry) -> Result<Executed, RequestError> {
         let key = self.session.key(reg)?;
+        reg.set_session_env(&key, &self.session.env);
         let opts = ExecOptions {
             timeout: self.deadline.as_exec_timeout(),
             fail_if_busy: !self.queue,

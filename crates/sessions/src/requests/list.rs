@@ -30,6 +30,8 @@ pub struct SessionSummary {
     pub python: PathBuf,
     /// Sandbox mode.
     pub sandbox: SandboxMode,
+    /// Working directory (`None`: the session directory).
+    pub cwd: Option<PathBuf>,
 }
 
 impl ListRequest {
@@ -46,6 +48,7 @@ impl ListRequest {
                     busy: kern.is_busy(),
                     python: k.python.clone(),
                     sandbox: k.sandbox,
+                    cwd: k.cwd.clone(),
                 })
             })
             .collect()

@@ -306,6 +306,15 @@ pub struct SessionSpec {
     pub python: Option<PathBuf>,
     /// Sandbox mode (`None`: the registry's floor; never below it).
     pub sandbox: Option<SandboxMode>,
+    /// Working directory (`None`: the registry's). Part of the key: the
+    /// same name in two directories is two sessions, so a session never
+    /// works in another caller's directory. Must be an absolute path to an
+    /// existing directory ([`RequestError::BadRequest`] otherwise).
+    pub cwd: Option<PathBuf>,
+    /// The session's own environment, applied when the session's kernels
+    /// start ([`Registry::set_session_env`]); a session that already runs
+    /// keeps its own.
+    pub env: crate::SessionEnv,
 }
 
 impl SessionSpec {
@@ -316,6 +325,8 @@ impl SessionSpec {
             session: session.into(),
             python: None,
             sandbox: None,
+            cwd: None,
+            env: crate::SessionEnv::new(),
         }
     }
 
@@ -330,8 +341,31 @@ impl SessionSpec {
         if let Some(p) = &self.python {
             key.python = p.clone();
         }
+        if let Some(d) = &self.cwd {
+            key.cwd = Some(validate_cwd(d)?);
+        }
         Ok(key)
     }
+}
+
+/// A requested working directory: absolute, an existing directory (links
+/// resolved), never `/`.
+///
+/// # Errors
+/// [`RequestError::BadRequest`] naming the path and why.
+pub fn validate_cwd(dir: &std::path::Path) -> Result<PathBuf, RequestError> {
+    let bad = |why: &str| RequestError::bad_request(format!("working directory {}: {why}", dir.display()));
+    if !dir.is_absolute() {
+        return Err(bad("not an absolute path"));
+    }
+    let real = std::fs::canonicalize(dir).map_err(|e| bad(&e.to_string()))?;
+    if !std::fs::metadata(&real).is_ok_and(|m| m.is_dir()) {
+        return Err(bad("not a directory"));
+    }
+    if real == std::path::Path::new("/") {
+        return Err(bad("the root directory is never a kernel's workdir"));
+    }
+    Ok(real)
 }
 
 /// The owner's keys of session `name` with a live kernel (any interpreter
