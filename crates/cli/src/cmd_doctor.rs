@@ -131,30 +131,18 @@ async fn cell(k: &Kernel, code: &str) -> (CellStatus, String, String) {
 
 /// A probe cell prints `blocked: <why>` or `ESCAPED: <what>`.
 async fn probe(k: &Kernel, promise: &'static str, code: &str) -> Check {
-    let (status, out, why) = cell(k, code).await;
-    let kept = status == CellStatus::Ok && out.starts_with("blocked");
-    let detail = if out.is_empty() {
-        format!("{status:?} {why}")
-    } else {
-        out
-    };
-    Check {
-        promise,
-        kept,
-        detail,
-    }
+    probe_with_limit(k, promise, code, None).await
 }
 
-/// The process-limit probe: kept when forking stops at the limit, whether
-/// the cell sees the refusal (`blocked`) or the host ends the kernel for
-/// reaching it (`crashed`, naming `pids.max`).
-async fn pids_probe(k: &Kernel, code: &str) -> Check {
-    let promise = "fork beyond the pids limit fails";
+/// As [`probe`]; with `limit` (e.g. `pids.max`) the promise is also kept
+/// when the host ends the kernel for reaching that limit (`crashed`,
+/// naming it) instead of the cell seeing a refusal.
+async fn probe_with_limit(k: &Kernel, promise: &'static str, code: &str, limit: Option<&str>) -> Check {
     let (status, out, why) = cell(k, code).await;
-    let killed_at_limit = status == CellStatus::Crashed && why.contains("pids.max");
-    let kept = killed_at_limit || (status == CellStatus::Ok && out.starts_with("blocked"));
-    let detail = if killed_at_limit {
-        format!("blocked: the kernel was ended at its process limit ({why})")
+    let ended_at_limit = limit.is_some_and(|l| status == CellStatus::Crashed && why.contains(l));
+    let kept = ended_at_limit || (status == CellStatus::Ok && out.starts_with("blocked"));
+    let detail = if ended_at_limit {
+        format!("blocked: the kernel was ended at its limit ({why})")
     } else if out.is_empty() {
         format!("{status:?} {why}")
     } else {
@@ -271,12 +259,14 @@ async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Repor
     // cost the kernel its life.
     let k = Kernel::spawn(cfg.clone()).await.map_err(|e| e.to_string())?;
     checks.push(
-        pids_probe(
+        probe_with_limit(
             &k,
+            "fork beyond the pids limit fails",
             &format!(
                 "import subprocess\nps = []\ntry:\n    for _ in range({}):\n        ps.append(subprocess.Popen(['sleep', '30']))\n    print('ESCAPED: started', len(ps), 'processes')\nexcept OSError as e:\n    print('blocked: refused after', len(ps), 'children:', e.strerror)\nfor p in ps:\n    p.kill(); p.wait()",
                 PIDS_LIMIT * 2
             ),
+            Some("pids.max"),
         )
         .await,
     );
