@@ -18,14 +18,14 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use cellhost_sessions::RequestError;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
 /// The stable code of an error, the same on every surface. The HTTP status
 /// is [`ErrorCode::status`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// 400: the request is malformed (JSON syntax, an unreadable body).
@@ -132,45 +132,14 @@ impl ErrorCode {
         }
     }
 
-    /// Every code, for [`ErrorCode::of_request`].
-    const ALL: [ErrorCode; 23] = {
-        use ErrorCode::*;
-        [
-            BadRequest,
-            InvalidRequest,
-            UnsupportedMediaType,
-            PayloadTooLarge,
-            NotFound,
-            MethodNotAllowed,
-            Unauthorized,
-            Forbidden,
-            SessionNotFound,
-            SessionExists,
-            SessionBusy,
-            TooManySessions,
-            OutputNotFound,
-            RangeNotSatisfiable,
-            SandboxBelowFloor,
-            SandboxUnavailable,
-            RegistryFull,
-            ShutDown,
-            StaleGeneration,
-            KernelFailed,
-            RestoreFailed,
-            JournalFailed,
-            Internal,
-        ]
-    };
-
     /// The code of a request-layer error: [`RequestError::code`] (the one
     /// mapping of errors to codes, the same on every surface), as this
     /// enum spells it; a code this API does not know is `internal`.
     pub fn of_request(e: &RequestError) -> ErrorCode {
-        let code = e.code();
-        Self::ALL
-            .into_iter()
-            .find(|c| c.as_str() == code)
-            .unwrap_or(ErrorCode::Internal)
+        use serde::de::IntoDeserializer;
+        let code: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+            e.code().into_deserializer();
+        ErrorCode::deserialize(code).unwrap_or(ErrorCode::Internal)
     }
 
     /// The code an error status stands for, for answers no handler made
