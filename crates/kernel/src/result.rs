@@ -270,6 +270,13 @@ pub struct CellResult {
     /// before it started running (absent when it did not wait).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub queued_ms: u64,
+    /// When the cell settled, by the host's wall clock, stamped by the
+    /// kernel's driver before it starts the next cell (so a later cell's
+    /// start is never before it). In-process only: the journal's times
+    /// come from it; not part of the wire result.
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub settled_at: Option<std::time::SystemTime>,
     /// Worker resource use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,

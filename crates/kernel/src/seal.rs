@@ -109,6 +109,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         crash,
         duration_ms: _,
         queued_ms: _,
+        settled_at: _,
         usage,
         tool_calls,
         background_output,
@@ -417,6 +418,7 @@ mod tests {
             }),
             duration_ms: 0,
             queued_ms: 0,
+            settled_at: None,
             usage: Some(Usage {
                 cpu_s: f64::NAN,
                 peak_rss_kb: 0,

@@ -221,6 +221,7 @@ mod tests {
             crash: None,
             duration_ms: 12,
             queued_ms: 0,
+            settled_at: None,
             usage: None,
             tool_calls: Vec::new(),
             background_output: None,

@@ -429,6 +429,12 @@ impl Journal {
         let id = r.cell_id.clone();
         let status = r.status.as_str();
         let (ec, dur) = (r.execution_count as i64, r.duration_ms as i64);
+        // The run's end as the driver stamped it (a queued cell's row then
+        // starts no earlier than the row of the cell it waited for).
+        let ended = r
+            .settled_at
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or_else(now_ms, |d| d.as_millis() as i64);
         let generation = r.kernel.generation as i64;
         self.call(move |c| {
             let tx = c.transaction()?;
@@ -448,7 +454,7 @@ impl Journal {
                     ec,
                     start.code,
                     status,
-                    now_ms(),
+                    ended,
                     dur,
                     oh,
                     ot,

@@ -242,6 +242,7 @@ impl<L: WorkerLink> Driver<L> {
             crash,
             duration_ms: a.started.elapsed().as_millis() as u64,
             queued_ms: a.started.saturating_duration_since(a.q.submitted).as_millis() as u64,
+            settled_at: Some(std::time::SystemTime::now()),
             usage,
             tool_calls: std::mem::take(&mut a.tool_calls),
             background_output: (!a.background.is_empty()).then_some(a.background),
