@@ -72,6 +72,7 @@ pub fn exec(
         Err(e) => return error_code(&e, true),
     };
     let cwd = caller_cwd();
+    let watch_cwd = cwd.clone();
     let Some(rt) = runtime() else { return 1 };
     rt.block_on(async move {
         let sigint = signal(SignalKind::interrupt()).ok();
@@ -105,6 +106,7 @@ pub fn exec(
                     let _ = c2
                         .call(&Request::Interrupt {
                             session: session.clone(),
+                            cwd: watch_cwd.clone(),
                         })
                         .await;
                 }
@@ -269,10 +271,16 @@ fn named(req: Request) -> u8 {
 
 /// Runs `kill NAME`.
 pub fn kill(args: NameArgs) -> u8 {
-    named(Request::Kill { session: args.name })
+    named(Request::Kill {
+        session: args.name,
+        cwd: caller_cwd(),
+    })
 }
 
 /// Runs `interrupt NAME`.
 pub fn interrupt(args: NameArgs) -> u8 {
-    named(Request::Interrupt { session: args.name })
+    named(Request::Interrupt {
+        session: args.name,
+        cwd: caller_cwd(),
+    })
 }

@@ -400,6 +400,72 @@ fn session_works_in_the_callers_directory() {
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "a", "{}", text(&o));
 }
 
+/// `kill NAME` and `interrupt NAME` reach only the session of that name
+/// working in the caller's directory (the daemon keys a session by it), and
+/// from a directory where it does not run they are refused with the
+/// directories it runs in.
+#[test]
+fn kill_and_interrupt_reach_only_the_callers_directory() {
+    let env = Env::new("600");
+    let a = env.dir.path().join("a");
+    let b = env.dir.path().join("b");
+    let c = env.dir.path().join("c");
+    for d in [&a, &b, &c] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let in_dir = |dir: &Path, args: &[&str]| env.cmd(args).current_dir(dir).output().expect("run cellhost");
+    let exec = |dir: &Path, code: &str| in_dir(dir, &["exec", "--python", &python(), "--session", "x", code]);
+    assert_eq!(exec(&a, "mark = 'a'").status.code(), Some(0));
+    assert_eq!(exec(&b, "mark = 'b'").status.code(), Some(0));
+
+    // From c: refused, naming both directories; nothing is killed.
+    let o = in_dir(&c, &["kill", "x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    for d in [&a, &b] {
+        let d = d.canonicalize().expect("dir");
+        assert!(err.contains(&*d.to_string_lossy()), "{err}");
+    }
+
+    // A cell runs in b's x; an interrupt from a finds a's idle x only.
+    let child = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &python(),
+            "--session",
+            "x",
+            "import time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+        ])
+        .current_dir(&b)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn exec");
+    wait_busy(&env, "x");
+    let o = in_dir(&a, &["interrupt", "x"]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "not delivered to a's idle x: {}",
+        text(&o)
+    );
+    let o = in_dir(&b, &["interrupt", "x"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+
+    // kill from a ends a's x only: b's keeps its state, a's starts afresh.
+    let o = in_dir(&a, &["kill", "x"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = exec(&b, "print(mark)");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "b", "{}", text(&o));
+    let o = exec(&a, "print('mark' in dir())");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "False", "{}", text(&o));
+    let o = env.run(&["daemon", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
 /// One raw request line to the daemon in `dir`; the first reply line.
 fn common_request(dir: &Path, line: &str) -> String {
     use std::io::{BufRead, Write};

@@ -36,7 +36,8 @@ use std::time::Duration;
 use axum::response::IntoResponse;
 use cellhost_sessions::cell::LiveEvent;
 use cellhost_sessions::requests::{
-    ExecuteRequest, InterruptRequest, ListRequest, ReadOutputRequest, RestartRequest, VariablesRequest,
+    CwdScope, ExecuteRequest, InterruptRequest, ListRequest, ReadOutputRequest, RestartRequest,
+    VariablesRequest,
 };
 use cellhost_sessions::{Deadline, Origin, Registry, RequestError, SessionSpec, Surface};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -345,6 +346,7 @@ impl CellhostMcp {
         let asked = InterruptRequest {
             owner: self.inner.owner.clone(),
             session: session.to_string(),
+            cwd: CwdScope::Any,
         };
         let Ok(outcome) = asked.execute(&self.inner.registry).await else {
             return false;
@@ -499,6 +501,7 @@ status interrupted."
         let asked = InterruptRequest {
             owner: self.inner.owner.clone(),
             session: session.clone(),
+            cwd: CwdScope::Any,
         };
         let outcome = match asked.execute(&self.inner.registry).await {
             Ok(o) => o,

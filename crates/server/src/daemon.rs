@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
-    ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
+    CwdScope, ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
 };
 use cellhost_sessions::{
     Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
@@ -103,11 +103,20 @@ pub enum Request {
     Kill {
         /// Session name.
         session: String,
+        /// The caller's working directory (as in `exec`): only the session
+        /// of that name working there is killed (`None`: the one working in
+        /// its session directory). Refused with `session_not_found`, naming
+        /// the directories it runs in, when it runs only elsewhere.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
     },
     /// Interrupt a session's running cell.
     Interrupt {
         /// Session name.
         session: String,
+        /// The caller's working directory, as for [`Request::Kill`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
     },
     /// Rebuild `session` in the daemon from the journal: replay the
     /// successful cells of the last journaled kernel of `from` (default:
@@ -575,7 +584,14 @@ async fn handle(
                 .collect();
             send(w, &Reply::Sessions { sessions }).await
         }
-        Request::Kill { session } => match (KillRequest { owner, session }).execute(reg).await {
+        Request::Kill { session, cwd } => match (KillRequest {
+            owner,
+            session,
+            cwd: CwdScope::Exactly(cwd),
+        })
+        .execute(reg)
+        .await
+        {
             Ok(rep) => {
                 send(
                     w,
@@ -587,7 +603,14 @@ async fn handle(
             }
             Err(e) => send(w, &request_error(&e)).await,
         },
-        Request::Interrupt { session } => match (InterruptRequest { owner, session }).execute(reg).await {
+        Request::Interrupt { session, cwd } => match (InterruptRequest {
+            owner,
+            session,
+            cwd: CwdScope::Exactly(cwd),
+        })
+        .execute(reg)
+        .await
+        {
             Ok(outcome) => send(w, &Reply::Interrupt { outcome }).await,
             Err(e) => send(w, &request_error(&e)).await,
         },

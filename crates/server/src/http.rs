@@ -28,8 +28,8 @@ use axum::{Extension, Json, Router};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, LiveEvent};
 use cellhost_sessions::requests::{
-    ExecuteRequest as RunCell, HistoryRequest, InterruptRequest, KillRequest, ListRequest, ReadOutputRequest,
-    RestartRequest, SessionSummary, VariablesRequest,
+    CwdScope, ExecuteRequest as RunCell, HistoryRequest, InterruptRequest, KillRequest, ListRequest,
+    ReadOutputRequest, RestartRequest, SessionSummary, VariablesRequest,
 };
 use cellhost_sessions::{Deadline, Origin, Registry, RequestError, SessionSpec, Surface};
 use serde::{Deserialize, Serialize};
@@ -461,7 +461,14 @@ async fn delete_session(
     }
     // A session whose kernel died has nothing left to kill: deleted all
     // the same.
-    match (KillRequest { owner, session: name }).execute(&st.registry).await {
+    match (KillRequest {
+        owner,
+        session: name,
+        cwd: CwdScope::Any,
+    })
+    .execute(&st.registry)
+    .await
+    {
         Ok(_) | Err(RequestError::SessionNotFound { .. }) => Ok(StatusCode::NO_CONTENT),
         Err(e) => Err(e.into()),
     }
@@ -693,9 +700,13 @@ async fn interrupt(
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<Json<InterruptAnswer>, ApiError> {
     let (owner, _) = owned(&st, &caller, &name)?;
-    let out = match (InterruptRequest { owner, session: name })
-        .execute(&st.registry)
-        .await
+    let out = match (InterruptRequest {
+        owner,
+        session: name,
+        cwd: CwdScope::Any,
+    })
+    .execute(&st.registry)
+    .await
     {
         Ok(o) => InterruptAnswer {
             delivered: o.delivered,

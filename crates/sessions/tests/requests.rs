@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cellhost_kernel::{CellStatus, KernelConfig};
 use cellhost_sessions::requests::{
-    ExecuteRequest, HistoryRequest, InterruptRequest, KillRequest, ListRequest, VariablesRequest,
+    CwdScope, ExecuteRequest, HistoryRequest, InterruptRequest, KillRequest, ListRequest, VariablesRequest,
 };
 use cellhost_sessions::{
     Deadline, Durability, Journal, Origin, Registry, RegistryConfig, SessionSpec, Surface,
@@ -185,6 +185,7 @@ async fn owners_of_two_surfaces_never_share_a_session_or_its_journal() {
     let k = KillRequest {
         owner: cli.clone(),
         session: "same".into(),
+        cwd: CwdScope::Any,
     };
     assert_eq!(k.execute(&reg).await.expect("kill").killed, 1);
     let e = k.execute(&reg).await.expect_err("gone");
@@ -192,6 +193,7 @@ async fn owners_of_two_surfaces_never_share_a_session_or_its_journal() {
     let e = InterruptRequest {
         owner: cli,
         session: "same".into(),
+        cwd: CwdScope::Any,
     }
     .execute(&reg)
     .await

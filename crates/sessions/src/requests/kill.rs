@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::{RequestError, live_keys, validate_session};
+use super::{CwdScope, RequestError, live_keys, validate_session};
 use crate::registry::Registry;
 
 /// Kill every live kernel of an owner's session (and its delegated
@@ -13,6 +13,8 @@ pub struct KillRequest {
     pub owner: String,
     /// The session.
     pub session: String,
+    /// Which of its directories (the daemon's sessions are keyed by one).
+    pub cwd: CwdScope,
 }
 
 /// What a kill did.
@@ -29,16 +31,10 @@ impl KillRequest {
     ///
     /// # Errors
     /// `bad_request`; `session_not_found` when the session has no live
-    /// kernel.
+    /// kernel in the scope's directories.
     pub async fn execute(&self, reg: &Registry) -> Result<KillReport, RequestError> {
         validate_session(&self.session)?;
-        let keys = live_keys(reg, &self.owner, &self.session);
-        if keys.is_empty() {
-            return Err(RequestError::SessionNotFound {
-                session: self.session.clone(),
-                live: true,
-            });
-        }
+        let keys = live_keys(reg, &self.owner, &self.session, &self.cwd)?;
         for k in &keys {
             reg.dispose(k).await;
         }

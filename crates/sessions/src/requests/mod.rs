@@ -177,6 +177,23 @@ pub enum RequestError {
         /// Whether a live kernel was what was missing.
         live: bool,
     },
+    /// The owner's session of that name runs only in other working
+    /// directories than the one the request named (the daemon keys a
+    /// session by its directory, so `kill NAME` in one directory never
+    /// reaches a same-named session of another).
+    #[error(
+        "no session named {session:?} works in {}; it runs in {}: run the command from there",
+        dir_label(.cwd),
+        .elsewhere.iter().map(dir_label).collect::<Vec<_>>().join(", ")
+    )]
+    SessionInOtherDirectory {
+        /// The session asked for.
+        session: String,
+        /// The directory the request named (`None`: the session directory).
+        cwd: Option<PathBuf>,
+        /// The directories the owner's sessions of that name work in.
+        elsewhere: Vec<Option<PathBuf>>,
+    },
     /// The session's kernel is running (or queueing) a cell and the request
     /// did not ask to queue.
     #[error(
@@ -217,7 +234,9 @@ impl RequestError {
     pub fn code(&self) -> &'static str {
         match self {
             RequestError::BadRequest { .. } => "bad_request",
-            RequestError::SessionNotFound { .. } => "session_not_found",
+            RequestError::SessionNotFound { .. } | RequestError::SessionInOtherDirectory { .. } => {
+                "session_not_found"
+            }
             RequestError::SessionBusy { .. } => "session_busy",
             RequestError::Journal { .. } => "journal_failed",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
@@ -248,6 +267,19 @@ impl RequestError {
         let mut v = serde_json::json!({"code": self.code(), "message": self.to_string()});
         match self {
             RequestError::SessionNotFound { session, .. } => v["session"] = session.clone().into(),
+            RequestError::SessionInOtherDirectory {
+                session,
+                cwd,
+                elsewhere,
+            } => {
+                v["session"] = session.clone().into();
+                v["cwd"] = cwd.as_ref().map(|c| c.display().to_string()).into();
+                v["elsewhere"] = elsewhere
+                    .iter()
+                    .map(|d| d.as_ref().map(|c| c.display().to_string()))
+                    .collect::<Vec<_>>()
+                    .into();
+            }
             RequestError::SessionBusy { session, cell } => {
                 v["session"] = session.clone().into();
                 v["cell"] = cell.clone().into();
@@ -368,14 +400,66 @@ pub fn validate_cwd(dir: &std::path::Path) -> Result<PathBuf, RequestError> {
     Ok(real)
 }
 
+/// A session's working directory as an error names it.
+fn dir_label(d: &Option<PathBuf>) -> String {
+    d.as_deref().map_or_else(
+        || "its session directory".to_string(),
+        |c| c.display().to_string(),
+    )
+}
+
+/// Which working directories a request by session name reaches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CwdScope {
+    /// Every directory the owner's session of that name works in (HTTP
+    /// and MCP sessions have one: their session directory).
+    #[default]
+    Any,
+    /// Only the session working in this directory (`None`: in its session
+    /// directory) — the daemon's sessions, keyed by the caller's directory.
+    Exactly(Option<PathBuf>),
+}
+
 /// The owner's keys of session `name` with a live kernel (any interpreter
-/// or mode).
-pub(crate) fn live_keys(reg: &Registry, owner: &str, name: &str) -> Vec<Key> {
-    reg.sessions_of(owner)
+/// or mode) within `scope`.
+///
+/// # Errors
+/// `session_not_found`: none is live ([`RequestError::SessionNotFound`]),
+/// or only in other directories than the scope's
+/// ([`RequestError::SessionInOtherDirectory`], naming them).
+pub(crate) fn live_keys(
+    reg: &Registry,
+    owner: &str,
+    name: &str,
+    scope: &CwdScope,
+) -> Result<Vec<Key>, RequestError> {
+    let all: Vec<Key> = reg
+        .sessions_of(owner)
         .into_iter()
         .map(|(k, _)| k)
         .filter(|k| k.session == name)
-        .collect()
+        .collect();
+    if all.is_empty() {
+        return Err(RequestError::SessionNotFound {
+            session: name.to_string(),
+            live: true,
+        });
+    }
+    let CwdScope::Exactly(cwd) = scope else {
+        return Ok(all);
+    };
+    let (mine, other): (Vec<Key>, Vec<Key>) = all.into_iter().partition(|k| &k.cwd == cwd);
+    if mine.is_empty() {
+        let mut elsewhere: Vec<Option<PathBuf>> = other.into_iter().map(|k| k.cwd).collect();
+        elsewhere.sort();
+        elsewhere.dedup();
+        return Err(RequestError::SessionInOtherDirectory {
+            session: name.to_string(),
+            cwd: cwd.clone(),
+            elsewhere,
+        });
+    }
+    Ok(mine)
 }
 
 #[cfg(test)]
