@@ -38,6 +38,7 @@ pub mod error;
 mod handshake;
 mod hints;
 pub mod kernel;
+pub mod lineage;
 pub mod link;
 mod marker;
 mod outputs;
@@ -56,6 +57,7 @@ pub use error::KernelError;
 pub use kernel::{
     CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, LiveEvent, Variables,
 };
+pub use lineage::Lineage;
 pub use result::*;
 pub use runtime::WorkerRuntime;
 pub use runtime::python::{PythonRuntime, files as worker_files, resolve_python};

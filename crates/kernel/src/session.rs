@@ -6,27 +6,25 @@ use std::time::Duration;
 use crate::config::KernelConfig;
 use crate::error::KernelError;
 use crate::kernel::{CellHandle, ExecOptions, InterruptOutcome, Kernel, Variables};
+use crate::lineage::Lineage;
 use crate::result::CellResult;
 
-/// A session over successive kernels. After a crash, an escalated interrupt
-/// or a restart, the next cell runs in a fresh kernel (generation + 1) and
-/// its result says `state_reset: true` and why.
+/// A session over successive kernels: the single-kernel case of the
+/// sessions crate's `Registry`, on the same [`Lineage`] rules. After a
+/// crash, an escalated interrupt or a restart, the next cell runs in a fresh
+/// kernel (generation + 1) and its result says `state_reset: true` and why.
 #[derive(Debug)]
 pub struct Session {
     config: KernelConfig,
-    kernel: Option<Kernel>,
-    generation: u64,
-    pending_reset: Option<String>,
+    lineage: Lineage,
 }
 
 impl Session {
     /// A session that starts its first kernel on first use.
     pub fn new(config: KernelConfig) -> Self {
         Session {
-            generation: config.generation.saturating_sub(1),
+            lineage: Lineage::starting_at(config.generation),
             config,
-            kernel: None,
-            pending_reset: None,
         }
     }
 
@@ -37,12 +35,12 @@ impl Session {
 
     /// The live generation (0 before the first kernel).
     pub fn generation(&self) -> u64 {
-        self.generation
+        self.lineage.generation()
     }
 
     /// The live kernel, if any.
     pub fn kernel(&self) -> Option<&Kernel> {
-        self.kernel.as_ref().filter(|k| k.is_alive())
+        self.lineage.live()
     }
 
     /// The live kernel, starting one (a new generation) if there is none.
@@ -50,22 +48,15 @@ impl Session {
     /// # Errors
     /// As [`Kernel::spawn`].
     pub async fn ensure_kernel(&mut self) -> Result<Kernel, KernelError> {
-        if let Some(k) = &self.kernel {
-            if k.is_alive() {
-                return Ok(k.clone());
-            }
-            let why = k.exit_reason().unwrap_or_else(|| "the kernel died".into());
-            self.pending_reset.get_or_insert(format!(
-                "the previous kernel (generation {}) {why}",
-                self.generation
-            ));
-            self.kernel = None;
+        if let Some(k) = self.lineage.live() {
+            return Ok(k.clone());
         }
-        self.generation += 1;
+        self.lineage.forget_dead();
+        let generation = self.lineage.next_generation();
         let mut cfg = self.config.clone();
-        cfg.generation = self.generation;
+        cfg.generation = generation;
         let k = Kernel::spawn(cfg).await?;
-        self.kernel = Some(k.clone());
+        self.lineage.install(k.clone(), generation);
         Ok(k)
     }
 
@@ -93,30 +84,9 @@ impl Session {
     /// As [`CellHandle::wait`].
     pub async fn finish(&mut self, handle: CellHandle) -> Result<CellResult, KernelError> {
         let mut r = handle.wait().await?;
-        if let Some(why) = self.pending_reset.take() {
-            r.kernel.state_reset = true;
-            r.kernel.reset_reason = Some(why);
-        }
-        if let Some(k) = &self.kernel
-            && !k.is_alive()
-        {
-            let why = match (&r.interrupt, &r.crash) {
-                (Some(i), _) if i.escalated => format!(
-                    "the previous kernel (generation {}) was killed during cell {}: {}",
-                    self.generation,
-                    r.cell_id,
-                    i.reason
-                        .as_deref()
-                        .unwrap_or("an interrupt did not stop the cell")
-                ),
-                (_, Some(c)) => format!(
-                    "the previous kernel (generation {}): {}",
-                    self.generation, c.message
-                ),
-                _ => format!("the previous kernel (generation {}) died", self.generation),
-            };
-            self.pending_reset = Some(why);
-        }
+        let generation = self.lineage.generation();
+        let survived = self.lineage.held().is_some_and(Kernel::is_alive);
+        self.lineage.settle(generation, survived, &mut r);
         Ok(r)
     }
 
@@ -127,7 +97,7 @@ impl Session {
     /// [`KernelError::StaleGeneration`] when `generation` was replaced.
     pub async fn interrupt(&self, generation: Option<u64>) -> Result<InterruptOutcome, KernelError> {
         self.check_generation(generation)?;
-        Ok(match &self.kernel {
+        Ok(match self.lineage.held() {
             Some(k) => k.interrupt().await,
             None => InterruptOutcome {
                 delivered: false,
@@ -163,30 +133,30 @@ impl Session {
     /// [`KernelError::StaleGeneration`]; spawn errors.
     pub async fn restart(&mut self, generation: Option<u64>) -> Result<u64, KernelError> {
         self.check_generation(generation)?;
-        if let Some(k) = self.kernel.take() {
+        let replaced = self.lineage.generation();
+        if let Some(k) = self.lineage.take() {
             k.kill().await;
         }
-        self.pending_reset = Some(format!(
-            "the session was restarted (generation {} replaced)",
-            self.generation
+        self.lineage.note_reset(format!(
+            "the session was restarted (generation {replaced} replaced)"
         ));
         self.ensure_kernel().await?;
-        Ok(self.generation)
+        Ok(self.lineage.generation())
     }
 
     /// Kills the live kernel (the session can start another later).
     pub async fn shutdown(&mut self) {
-        if let Some(k) = self.kernel.take() {
+        if let Some(k) = self.lineage.take() {
             k.kill().await;
         }
     }
 
     fn check_generation(&self, generation: Option<u64>) -> Result<(), KernelError> {
         match generation {
-            Some(g) if g != self.generation => Err(KernelError::StaleGeneration {
+            Some(g) if g != self.lineage.generation() => Err(KernelError::StaleGeneration {
                 session: self.config.session.clone(),
                 requested: g,
-                current: self.generation,
+                current: self.lineage.generation(),
             }),
             _ => Ok(()),
         }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use cellhost_kernel::{CellResult, ExecOptions, Kernel, KernelConfig, KernelError, ToolHost};
+use cellhost_kernel::{CellResult, ExecOptions, Kernel, KernelConfig, KernelError, Lineage, ToolHost};
 use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -213,9 +213,9 @@ impl Origin {
 
 #[derive(Default)]
 struct SlotInner {
-    kernel: Option<Kernel>,
-    generation: u64,
-    pending_reset: Option<String>,
+    /// The session's kernels and their generations (the one lifecycle
+    /// rule, shared with [`cellhost_kernel::Session`]).
+    lineage: Lineage,
     last_used: Option<Instant>,
     spawning: bool,
     /// The session's own environment, applied to each of its kernels.
@@ -501,7 +501,7 @@ impl Registry {
         if g.env.contains(env) {
             return crate::EnvApplied::Applied;
         }
-        let running = g.spawning || g.kernel.as_ref().is_some_and(Kernel::is_alive);
+        let running = g.spawning || g.lineage.live().is_some();
         if running {
             return crate::EnvApplied::Kept;
         }
@@ -543,7 +543,7 @@ impl Registry {
         let live = self
             .all_slots()
             .iter()
-            .filter(|s| s.lock().kernel.as_ref().is_some_and(Kernel::is_alive))
+            .filter(|s| s.lock().lineage.live().is_some())
             .count();
         RegistryStats {
             live,
@@ -563,10 +563,7 @@ impl Registry {
             .filter(|s| s.key.owner == owner)
             .filter_map(|s| {
                 let g = s.lock();
-                g.kernel
-                    .as_ref()
-                    .filter(|k| k.is_alive())
-                    .map(|_| (s.key.clone(), g.generation))
+                g.lineage.live().map(|_| (s.key.clone(), g.lineage.generation()))
             })
             .collect();
         v.sort();
@@ -578,7 +575,7 @@ impl Registry {
         let slots = self.slots.lock().ok()?;
         let slot = slots.get(key)?;
         let g = slot.lock();
-        g.kernel.clone().filter(Kernel::is_alive)
+        g.lineage.live().cloned()
     }
 
     /// The live kernel of a key with the session's generation (the
@@ -588,10 +585,7 @@ impl Registry {
         let slots = self.slots.lock().ok()?;
         let slot = slots.get(key)?;
         let g = slot.lock();
-        g.kernel
-            .clone()
-            .filter(Kernel::is_alive)
-            .map(|k| (k, g.generation))
+        g.lineage.live().map(|k| (k.clone(), g.lineage.generation()))
     }
 
     /// Is the key's configuration the one the warm pool holds?
@@ -655,39 +649,33 @@ impl Registry {
         }
         let generation = {
             let mut g = slot.lock();
-            if let Some(k) = &g.kernel {
-                if k.is_alive() {
-                    return Ok((k.clone(), g.generation));
-                }
-                let why = k.exit_reason().unwrap_or_else(|| "the kernel died".into());
-                let gen_ = g.generation;
-                g.pending_reset
-                    .get_or_insert(format!("the previous kernel (generation {gen_}) {why}"));
-                g.kernel = None;
-                if let Some(j) = &self.journal {
-                    j.kernel_ended(&slot.key.owner, &slot.key.session, gen_, &why);
-                }
+            if let Some(k) = g.lineage.live() {
+                return Ok((k.clone(), g.lineage.generation()));
+            }
+            if let Some((gen_, why)) = g.lineage.forget_dead()
+                && let Some(j) = &self.journal
+            {
+                j.kernel_ended(&slot.key.owner, &slot.key.session, gen_, &why);
             }
             g.spawning = true;
-            g.generation
+            g.lineage.next_generation()
         };
         let generation = match (&self.journal, generation) {
             // A session this host has not run yet continues the journal's
             // numbering (an earlier host may have run generations of it).
-            (Some(j), 0) => {
+            (Some(j), 1) => {
                 j.max_generation(&slot.key.owner, &slot.key.session)
                     .await
                     .unwrap_or(0)
                     + 1
             }
-            _ => generation + 1,
+            (_, g) => g,
         };
         let result = self.start_kernel(slot, generation).await;
         let mut g = slot.lock();
         g.spawning = false;
         let k = result?;
-        g.kernel = Some(k.clone());
-        g.generation = generation;
+        g.lineage.install(k.clone(), generation);
         g.last_used = Some(Instant::now());
         if let Some(j) = &self.journal {
             let key = &slot.key;
@@ -755,7 +743,7 @@ impl Registry {
         let mut best: Option<(Instant, Arc<Slot>)> = None;
         for s in &slots {
             let g = s.lock();
-            let alive = g.kernel.as_ref().is_some_and(Kernel::is_alive);
+            let alive = g.lineage.live().is_some();
             if alive || (g.spawning && !Arc::ptr_eq(s, me)) {
                 live += 1;
             }
@@ -763,7 +751,7 @@ impl Registry {
                 && !Arc::ptr_eq(s, me)
                 && s.attached.load(Ordering::SeqCst) == 0
                 && !s.pinned.load(Ordering::SeqCst)
-                && !g.kernel.as_ref().is_some_and(Kernel::is_busy);
+                && !g.lineage.live().is_some_and(Kernel::is_busy);
             if evictable {
                 let t = g.last_used.unwrap_or_else(Instant::now);
                 if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
@@ -780,19 +768,18 @@ impl Registry {
             });
         };
         let mut g = victim.lock();
-        let Some(k) = g.kernel.take() else {
-            return Ok(None);
-        };
         let why = format!(
             "was evicted to make room (at most {} live kernels; it was the least recently used idle one)",
             self.cfg.max_live
         );
-        g.pending_reset = Some(format!("the previous kernel (generation {}) {why}", g.generation));
+        let Some(k) = g.lineage.retire(&why) else {
+            return Ok(None);
+        };
         if let Some(j) = &self.journal {
             j.kernel_ended(
                 &victim.key.owner,
                 &victim.key.session,
-                g.generation,
+                g.lineage.generation(),
                 "evicted (LRU cap)",
             );
         }
@@ -814,14 +801,18 @@ impl Registry {
             let idle = g
                 .last_used
                 .is_some_and(|t| now.duration_since(t) >= self.cfg.idle_timeout);
-            if !idle || g.kernel.as_ref().is_none_or(Kernel::is_busy) {
+            if !idle || g.lineage.held().is_none_or(Kernel::is_busy) {
                 continue;
             }
-            if let Some(k) = g.kernel.take() {
-                let why = format!("was reaped after {} s idle", self.cfg.idle_timeout.as_secs_f64());
-                g.pending_reset = Some(format!("the previous kernel (generation {}) {why}", g.generation));
+            let why = format!("was reaped after {} s idle", self.cfg.idle_timeout.as_secs_f64());
+            if let Some(k) = g.lineage.retire(&why) {
                 if let Some(j) = &self.journal {
-                    j.kernel_ended(&s.key.owner, &s.key.session, g.generation, "idle timeout");
+                    j.kernel_ended(
+                        &s.key.owner,
+                        &s.key.session,
+                        g.lineage.generation(),
+                        "idle timeout",
+                    );
                 }
                 victims.push(k);
             }
@@ -919,26 +910,7 @@ impl Registry {
         {
             let mut g = slot.lock();
             g.last_used = Some(Instant::now());
-            if g.generation == generation
-                && let Some(why) = g.pending_reset.take()
-            {
-                r.kernel.state_reset = true;
-                r.kernel.reset_reason = Some(why);
-            }
-            if !kernel.is_alive() && g.generation == generation {
-                let why = match (&r.interrupt, &r.crash) {
-                    (Some(i), _) if i.escalated => format!(
-                        "the previous kernel (generation {generation}) was killed during cell {}: {}",
-                        r.cell_id,
-                        i.reason
-                            .as_deref()
-                            .unwrap_or("an interrupt did not stop the cell")
-                    ),
-                    (_, Some(c)) => format!("the previous kernel (generation {generation}): {}", c.message),
-                    _ => format!("the previous kernel (generation {generation}) died"),
-                };
-                g.pending_reset = Some(why);
-            }
+            g.lineage.settle(generation, kernel.is_alive(), &mut r);
         }
         let mut journal_error = None;
         if let Some(j) = &self.journal
@@ -1013,8 +985,8 @@ impl Registry {
             let slot = self.slot(key, None);
             let taken = {
                 let mut g = slot.lock();
-                let gen_ = g.generation;
-                g.kernel.take().map(|k| (k, gen_))
+                let gen_ = g.lineage.generation();
+                g.lineage.take().map(|k| (k, gen_))
             };
             if let Some((k, gen_)) = taken {
                 j.kernel_ended(&key.owner, &key.session, gen_, "replaced by restore");
@@ -1089,9 +1061,9 @@ impl Registry {
         let mut kills = Vec::new();
         for s in slots {
             let mut g = s.lock();
-            if let Some(k) = g.kernel.take() {
+            if let Some(k) = g.lineage.take() {
                 if let Some(j) = &self.journal {
-                    j.kernel_ended(&s.key.owner, &s.key.session, g.generation, why);
+                    j.kernel_ended(&s.key.owner, &s.key.session, g.lineage.generation(), why);
                 }
                 kills.push(k);
             }
