@@ -46,6 +46,7 @@
 //! `ctor-launcher` feature).
 
 use std::ffi::{CString, OsString};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::time::Duration;
 
@@ -72,18 +73,50 @@ pub fn encode_message(payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A descriptor an argument of the init names, borrowed; `None` when it is
+/// not open.
+fn borrowed_fd(fd: i32) -> Option<BorrowedFd<'static>> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the number comes from the init's own arguments: a descriptor
+    // its starter opened for this process (the launch channel, a release or
+    // status pipe). Probing it with F_GETFD has no effect when it is not
+    // open, and the init closes such a descriptor only through
+    // [`owned_fd`], after its last borrow.
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_getfd(b).ok().map(|_| b)
+}
+
+/// A descriptor an argument of the init names, owned from here on (closed
+/// when dropped); `None` when it is not open.
+fn owned_fd(fd: i32) -> Option<OwnedFd> {
+    borrowed_fd(fd)?;
+    // SAFETY: open (checked above) and handed to this process for this one
+    // use, so nothing else owns, closes or reuses it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `read(2)` on a borrowed descriptor, retried on `EINTR`; 0 at the end or
+/// on an error.
+fn read_some(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {
+    loop {
+        match rustix::io::read(fd, &mut *buf) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return 0,
+            Ok(n) => return n,
+        }
+    }
+}
+
 /// Reads one [`encode_message`] frame from `fd`, byte by byte for the
-/// header so nothing after the frame is consumed.
-fn read_message(fd: i32) -> Result<Vec<u8>, String> {
+/// header so nothing after the frame is consumed (the rest of the channel
+/// belongs to the worker).
+fn read_message(fd: BorrowedFd<'_>) -> Result<Vec<u8>, String> {
     let mut header = Vec::new();
     loop {
         let mut b = [0u8; 1];
-        // SAFETY: reads one byte into a live buffer.
-        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n != 1 {
+        if read_some(fd, &mut b) != 1 {
             return Err("the launch channel closed before a message".into());
         }
         if b[0] == b'\n' {
@@ -102,15 +135,11 @@ fn read_message(fd: i32) -> Result<Vec<u8>, String> {
     let mut buf = vec![0u8; len];
     let mut got = 0;
     while got < len {
-        // SAFETY: reads into the live rest of `buf`.
-        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), len - got) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n <= 0 {
+        let n = read_some(fd, &mut buf[got..]);
+        if n == 0 {
             return Err("the launch message was cut short".into());
         }
-        got += n as usize;
+        got += n;
     }
     Ok(buf)
 }
@@ -118,20 +147,15 @@ fn read_message(fd: i32) -> Result<Vec<u8>, String> {
 /// Reads `fd` to its end (at most [`MAX_MESSAGE`] bytes) and closes it.
 fn read_to_end_and_close(fd: i32) -> Vec<u8> {
     let mut out = Vec::new();
+    let Some(fd) = owned_fd(fd) else { return out };
     let mut buf = [0u8; 8192];
-    loop {
-        // SAFETY: reads into a live buffer.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n <= 0 || out.len() > MAX_MESSAGE {
+    while out.len() <= MAX_MESSAGE {
+        let n = read_some(fd.as_fd(), &mut buf);
+        if n == 0 {
             break;
         }
-        out.extend_from_slice(&buf[..n as usize]);
+        out.extend_from_slice(&buf[..n]);
     }
-    // SAFETY: closing a descriptor handed to this process for this read.
-    unsafe { libc::close(fd) };
     out
 }
 
@@ -260,9 +284,7 @@ fn init_main(args: &[OsString]) -> ! {
             }
             Some("--release-fd") => {
                 // Someone waits for this init to have read its arguments.
-                let fd = int_arg(i);
-                // SAFETY: closing a descriptor inherited for this purpose only.
-                unsafe { libc::close(fd) };
+                drop(owned_fd(int_arg(i)));
                 i += 2;
             }
             Some("--host-pid") => {
@@ -270,8 +292,9 @@ fn init_main(args: &[OsString]) -> ! {
                 i += 2;
             }
             Some(LAUNCH_FD_ARG) => {
-                let fd = int_arg(i);
-                let parsed = read_message(fd)
+                let parsed = borrowed_fd(int_arg(i))
+                    .ok_or_else(|| "the launch descriptor is not open".to_string())
+                    .and_then(read_message)
                     .and_then(|m| serde_json::from_slice::<LaunchSpec>(&m).map_err(|e| e.to_string()));
                 match parsed {
                     Ok(l) => launch = Some(l),
@@ -307,43 +330,13 @@ fn init_main(args: &[OsString]) -> ! {
     argv_ptrs.push(std::ptr::null());
     let devnull = CString::new("/dev/null").unwrap_or_default();
 
-    // SAFETY: prctl/getppid/setsid take integers only; this process is
-    // single-threaded (a fresh exec of the binary), so there is no other
-    // thread whose state these calls could disturb.
-    unsafe {
-        // A forked kernel's init is the template's child: the template may
-        // be retired while its kernels live on; the host's death reaches
-        // them through the template's init, which kills its whole tree.
-        if adopt.is_none() {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
-        }
-        if libc::getppid() != host_pid {
-            libc::_exit(70);
-        }
-        libc::setsid();
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0);
-        let no_core = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: libc::RLIM_INFINITY,
-        };
-        let mut cur: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_CORE, &mut cur) == 0 {
-            let lim = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: cur.rlim_max,
-            };
-            libc::setrlimit(libc::RLIMIT_CORE, &lim);
-        } else {
-            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
-        }
-    }
-
-    // Join the kernel's control groups before anything is forked, so every
-    // descendant is counted and limited from its first instruction.
-    for f in &cgroups {
-        if let Err(e) = std::fs::write(f, "0") {
-            fail(&format!("cannot join the kernel's cgroup {}: {e}", f.display()));
-        }
+    let prelude = crate::init_prelude::Prelude {
+        adopted: adopt.is_some(),
+        host_pid,
+        cgroups,
+    };
+    if let Err(e) = crate::init_prelude::run(&Linux, &prelude) {
+        fail(&e.to_string());
     }
 
     let mut watched: libc::sigset_t = empty_sigset();
@@ -474,16 +467,14 @@ fn exec_worker(
 fn null_stdio(devnull: &CString) {
     // The init keeps no end of the control channel or the output pipes, so
     // the host sees EOF as soon as the worker tree is gone.
-    // SAFETY: plain fd operations on fds this process owns.
-    unsafe {
-        let null = libc::open(devnull.as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            libc::dup2(null, 0);
-            libc::dup2(null, 1);
-            libc::dup2(null, 2);
-            if null > 2 {
-                libc::close(null);
-            }
+    use rustix::fs::{Mode, OFlags, open};
+    if let Ok(null) = open(devnull.as_c_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
+        if std::os::fd::AsRawFd::as_raw_fd(&null) <= 2 {
+            // It landed on a standard descriptor itself: that one stays.
+            let _ = std::os::fd::IntoRawFd::into_raw_fd(null);
         }
     }
 }
@@ -531,9 +522,9 @@ fn supervise(
     kill_tree_and_reap(init_pid, python, &mut python_status);
     if let Some(fd) = status_rd {
         let mut raw = [0u8; 4];
-        // SAFETY: reads at most 4 bytes into a live buffer; the write end is
-        // closed (its only holder, the ns-init, is reaped), so this cannot block.
-        let n = unsafe { libc::read(fd, raw.as_mut_ptr().cast(), raw.len()) };
+        // The write end is closed (its only holder, the ns-init, is
+        // reaped), so this cannot block.
+        let n = borrowed_fd(fd).map_or(0, |fd| read_some(fd, &mut raw));
         if n == 4 {
             python_status = Some(libc::c_int::from_ne_bytes(raw));
         } else if python_status.is_some_and(|s| libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 72) {
@@ -565,37 +556,39 @@ fn start_sandboxed(
     let mut init = Confinement::new(&Linux, spec, kid);
     init.run_stage(Stage::Init);
     let layers = init.layers;
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two fds into a live array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        fail("pipe2 failed");
-    }
+    let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .unwrap_or_else(|e| fail(&format!("pipe2 failed: {e}")));
     // SAFETY: single-threaded process; the child goes on as the ns-init.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         fail("fork failed");
     }
     if pid == 0 {
-        // SAFETY: closing our copy of the read end.
-        unsafe { libc::close(fds[0]) };
-        ns_init(spec, kid, layers, program, argv, env, devnull, old_mask, fds[1]);
+        drop(rd);
+        ns_init(
+            spec,
+            kid,
+            layers,
+            program,
+            argv,
+            env,
+            devnull,
+            old_mask,
+            wr.into_raw_fd(),
+        );
     }
-    // SAFETY: closing our copy of the write end.
-    unsafe { libc::close(fds[1]) };
-    (pid, fds[0])
+    drop(wr);
+    (pid, rd.into_raw_fd())
 }
 
 fn write_all(fd: i32, mut bytes: &[u8]) {
+    let Some(fd) = borrowed_fd(fd) else { return };
     while !bytes.is_empty() {
-        // SAFETY: writes from a live buffer.
-        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-        if n <= 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        match rustix::io::write(fd, bytes) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) | Ok(0) => return,
+            Ok(n) => bytes = &bytes[n..],
         }
-        bytes = &bytes[n as usize..];
     }
 }
 
@@ -644,8 +637,7 @@ fn ns_init(
         .as_ref()
         .and_then(|w| CString::new(w.as_os_str().as_bytes()).ok());
     rustix::process::umask(user_umask);
-    // SAFETY: getpid takes no arguments.
-    let me = unsafe { libc::getpid() };
+    let me = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: single-threaded process; the child only makes async-signal-safe
     // calls on memory prepared before the fork, then execs or _exits.
     let python = unsafe { libc::fork() };

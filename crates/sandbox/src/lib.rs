@@ -26,6 +26,7 @@ pub mod confine;
 pub mod env;
 pub mod fds;
 pub mod forkplan;
+pub mod init_prelude;
 pub mod launcher;
 pub mod peer;
 pub mod procfs;

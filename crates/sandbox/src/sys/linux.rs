@@ -413,6 +413,14 @@ impl Sys for Linux {
     fn join_cgroup(&self, procs: &Path) -> io::Result<()> {
         fs::write(procs, "0")
     }
+
+    fn getppid(&self) -> i32 {
+        rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get())
+    }
+
+    fn setsid(&self) -> io::Result<()> {
+        rustix::process::setsid().map(drop).map_err(io::Error::from)
+    }
 }
 
 /// The one-capability set of capability number `cap`.

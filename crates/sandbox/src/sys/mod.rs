@@ -148,6 +148,10 @@ pub trait Sys {
     fn seccomp_install(&self, program: &seccompiler::BpfProgram) -> io::Result<()>;
     /// Joins a control group by writing `0` to its `cgroup.procs`.
     fn join_cgroup(&self, procs: &Path) -> io::Result<()>;
+    /// The parent's pid (0 when the parent is outside this pid namespace).
+    fn getppid(&self) -> i32;
+    /// `setsid`: a new session and process group led by this process.
+    fn setsid(&self) -> io::Result<()>;
 }
 
 /// How far a Landlock ruleset took hold.

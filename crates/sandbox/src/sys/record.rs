@@ -21,6 +21,8 @@ pub struct Record {
     pub calls: RefCell<Vec<(&'static str, String)>>,
     /// Ids after a `setresuid`/`setresgid` (what [`Sys::ids`] reports).
     ids: RefCell<(u32, u32, u32)>,
+    /// What [`Sys::getppid`] reports.
+    pub ppid: i32,
 }
 
 impl Record {
@@ -31,6 +33,7 @@ impl Record {
             fail: Vec::new(),
             calls: RefCell::new(Vec::new()),
             ids: RefCell::new((euid, euid, euid)),
+            ppid: 1,
         }
     }
 
@@ -222,5 +225,14 @@ impl Sys for Record {
 
     fn join_cgroup(&self, procs: &Path) -> io::Result<()> {
         self.call("join_cgroup", procs.display().to_string())
+    }
+
+    fn getppid(&self) -> i32 {
+        self.calls.borrow_mut().push(("getppid", String::new()));
+        self.ppid
+    }
+
+    fn setsid(&self) -> io::Result<()> {
+        self.call("setsid", String::new())
     }
 }
