@@ -284,19 +284,44 @@ pub fn run(args: BenchArgs) -> u8 {
         rows: Vec::new(),
         notes: Vec::new(),
     };
-    let outcome = rt.block_on(async {
-        for w in ALL.iter().filter(|w| list.iter().any(|l| l == *w)) {
-            eprintln!("cellhost-bench: {w}");
-            workloads::run_one(&mut ctx, w).await?;
+    // Each workload on its own: one that cannot run (say W2T without the
+    // stack it imports) is named in the report with the reason, and the
+    // others still run. The report is rewritten after every workload, so
+    // an interrupted run keeps what it measured.
+    let mut failed: Vec<String> = Vec::new();
+    for w in ALL.iter().filter(|w| list.iter().any(|l| l == *w)) {
+        eprintln!("cellhost-bench: {w}");
+        if let Err(e) = rt.block_on(workloads::run_one(&mut ctx, w)) {
+            eprintln!("cellhost-bench: {w} did not run: {e}");
+            ctx.notes.push(format!("{w} did not run: {e}"));
+            failed.push((*w).to_string());
         }
-        Ok::<(), String>(())
-    });
-    if let Err(e) = outcome {
-        eprintln!("cellhost-bench: bench failed: {e}");
+        if let Err(e) = std::fs::write(&args.output, report(&args, &ctx, &list)) {
+            eprintln!("cellhost-bench: cannot write {}: {e}", args.output.display());
+            return 1;
+        }
+    }
+    println!("{}", stats::render(&ctx.rows));
+    if let Err(e) = std::fs::write(&args.output, report(&args, &ctx, &list)) {
+        eprintln!("cellhost-bench: cannot write {}: {e}", args.output.display());
         return 1;
     }
-    let table = stats::render(&ctx.rows);
-    println!("{table}");
+    if !failed.is_empty() {
+        eprintln!(
+            "cellhost-bench: wrote {}; workloads that did not run: {}",
+            args.output.display(),
+            failed.join(", ")
+        );
+        return 1;
+    }
+    eprintln!("cellhost-bench: wrote {}", args.output.display());
+    0
+}
+
+/// The report as it stands: the command, the table of `ctx.rows`, the
+/// notes (a workload that did not run among them, with the reason) and the
+/// limits section of the workloads in `list`.
+fn report(args: &BenchArgs, ctx: &workloads::Ctx<'_>, list: &[String]) -> String {
     let mut doc = String::from("# Benchmarks\n\n");
     let _ = writeln!(
         doc,
@@ -305,18 +330,13 @@ pub fn run(args: BenchArgs) -> u8 {
         if args.peers { "--peers " } else { "" },
         ctx.cfg.python.display()
     );
-    doc.push_str(&table);
+    doc.push_str(&stats::render(&ctx.rows));
     doc.push('\n');
     for n in &ctx.notes {
         let _ = writeln!(doc, "- {n}");
     }
-    doc.push_str(&limits::section(&list));
-    if let Err(e) = std::fs::write(&args.output, doc) {
-        eprintln!("cellhost-bench: cannot write {}: {e}", args.output.display());
-        return 1;
-    }
-    eprintln!("cellhost-bench: wrote {}", args.output.display());
-    0
+    doc.push_str(&limits::section(list));
+    doc
 }
 
 #[cfg(test)]
