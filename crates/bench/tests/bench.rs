@@ -407,13 +407,25 @@ fn bench_as_user_refuses_root_an_unknown_user_and_a_caller_that_is_not_root() {
     let py = python();
     let is_root = rustix::process::geteuid().is_root();
     for (user, want) in [
-        ("no_such_user_xyz", if is_root { "no such user" } else { "needs root" }),
+        (
+            "no_such_user_xyz",
+            if is_root { "no such user" } else { "needs root" },
+        ),
         ("root", if is_root { "that is root" } else { "needs root" }),
     ] {
         let r = env.run(
             env.cmd(
                 Path::new(bench_bin()),
-                &["--workload", "W1", "--cells", "5", "--as-user", user, "--python", &py],
+                &[
+                    "--workload",
+                    "W1",
+                    "--cells",
+                    "5",
+                    "--as-user",
+                    user,
+                    "--python",
+                    &py,
+                ],
             ),
             Duration::from_secs(60),
         );
