@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs the escape suite (crates/cli/tests/escape) as an unprivileged user, so
-# every sandbox guarantee is checked for root (scripts/test.sh) and non-root.
+# Runs the escape suite (crates/cli/tests/escape) and the template tests of
+# the kernel suite (crates/kernel/tests/kernel.rs, `template_*`: forked
+# kernels in their own user namespace) as an unprivileged user, so every
+# sandbox guarantee is checked for root (scripts/test.sh) and non-root.
 #
 # Needs root: creates the user (CELLHOST_ESCAPE_USER, default
 # cellhost-escape) when missing, a venv that user can execute (from
@@ -8,7 +10,7 @@
 # at the pins of python/requirements.txt) under /var/tmp, and copies the
 # test binary and `cellhost` into a world-readable scratch directory (the
 # checkout may sit under a home directory the user cannot enter).
-# Extra arguments go to the test binary (e.g. a name filter).
+# Extra arguments go to the escape test binary (e.g. a name filter).
 set -euo pipefail
 
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -37,29 +39,43 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     mv -- "$VENV.tmp" "$VENV"
 fi
 
-say "build the escape suite"
 LOCKED=()
 [[ -f Cargo.lock ]] && LOCKED=(--locked)
-TEST_BIN="$(cargo test "${LOCKED[@]}" -p cellhost --test escape --no-run --message-format=json 2>/dev/null \
-    | "$BASE" -c 'import json,sys
+# The executable of test target $2 of package $1.
+test_bin() {
+    cargo test "${LOCKED[@]}" -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
+        | "$BASE" -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "escape" and m.get("executable"):
-        print(m["executable"])')"
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$2"
+}
+say "build the escape suite and the kernel suite"
+TEST_BIN="$(test_bin cellhost escape)"
+KERNEL_BIN="$(test_bin cellhost-kernel kernel)"
 CELLHOST_BIN="$(dirname -- "$(dirname -- "$TEST_BIN")")/cellhost"
-[[ -x "$TEST_BIN" && -x "$CELLHOST_BIN" ]] || { echo "escape-nonroot: no test binary ($TEST_BIN) or cellhost ($CELLHOST_BIN)" >&2; exit 1; }
+[[ -x "$TEST_BIN" && -x "$KERNEL_BIN" && -x "$CELLHOST_BIN" ]] || {
+    echo "escape-nonroot: no test binary ($TEST_BIN, $KERNEL_BIN) or cellhost ($CELLHOST_BIN)" >&2; exit 1; }
 
 SCRATCH="$(mktemp -d /var/tmp/cellhost-escape-bin.XXXXXX)"
 trap 'rm -rf -- "$SCRATCH"' EXIT
 cp -- "$TEST_BIN" "$SCRATCH/escape"
+cp -- "$KERNEL_BIN" "$SCRATCH/kernel"
 cp -- "$CELLHOST_BIN" "$SCRATCH/cellhost"
-chmod 755 "$SCRATCH" "$SCRATCH/escape" "$SCRATCH/cellhost"
+chmod 755 "$SCRATCH" "$SCRATCH/escape" "$SCRATCH/kernel" "$SCRATCH/cellhost"
 
-say "escape suite as $USER_NAME (uid $(id -u "$USER_NAME"))"
+as_user() {
+    runuser -u "$USER_NAME" -- env -i \
+        PATH=/usr/local/bin:/usr/bin:/bin \
+        HOME="$USER_HOME" LANG=C.UTF-8 \
+        CELLHOST_TEST_PYTHON="$VENV/bin/python" \
+        CELLHOST_TEST_BIN="$SCRATCH/cellhost" \
+        "$@"
+}
 cd "$SCRATCH"
-runuser -u "$USER_NAME" -- env -i \
-    PATH=/usr/local/bin:/usr/bin:/bin \
-    HOME="$USER_HOME" LANG=C.UTF-8 \
-    CELLHOST_TEST_PYTHON="$VENV/bin/python" \
-    CELLHOST_TEST_BIN="$SCRATCH/cellhost" \
-    "$SCRATCH/escape" "$@"
+status=0
+say "escape suite as $USER_NAME (uid $(id -u "$USER_NAME"))"
+as_user "$SCRATCH/escape" "$@" || status=$?
+say "template tests of the kernel suite as $USER_NAME"
+as_user "$SCRATCH/kernel" template_ || status=$?
+exit "$status"

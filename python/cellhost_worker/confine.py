@@ -24,7 +24,10 @@ PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
 PR_CAP_AMBIENT_CLEAR_ALL = 4
+CLONE_NEWUSER = 0x10000000
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SECCOMP_MODE_FILTER = 2
 # Landlock's syscalls have the same numbers on every architecture.
 SYS_LANDLOCK_CREATE_RULESET = 444
@@ -98,6 +101,66 @@ def unshare(flags):
     """``unshare(2)`` with ``CLONE_NEW*`` flags."""
     if flags and _libc.unshare(ctypes.c_int(flags)) != 0:
         _fail("unshare(%#x)" % flags)
+
+
+def _write_proc_self(name, text):
+    try:
+        fd = os.open("/proc/self/" + name, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OSError(exc.errno, "user namespace: open /proc/self/%s: %s" % (name, exc.strerror))
+    try:
+        os.write(fd, text.encode())
+    except OSError as exc:
+        raise OSError(exc.errno, "user namespace: write %r to /proc/self/%s: %s" % (text, name, exc.strerror))
+    finally:
+        os.close(fd)
+
+
+def enter_user_namespace(uid, gid):
+    """``unshare(CLONE_NEWUSER)`` and this process's own maps: ``deny`` to
+    ``setgroups``, ``uid uid 1`` and ``gid gid 1`` (the one mapping an
+    unprivileged process may write for itself; see
+    ``cellhost_sandbox::forkplan::UserNsPlan``). Afterwards this process
+    holds every capability in the new namespace."""
+    unshare(CLONE_NEWUSER)
+    _write_proc_self("setgroups", "deny")
+    _write_proc_self("uid_map", "%d %d 1" % (uid, uid))
+    _write_proc_self("gid_map", "%d %d 1" % (gid, gid))
+
+
+def _last_cap():
+    cap = 0
+    while _prctl(PR_CAPBSET_READ, cap) >= 0:
+        cap += 1
+    if cap == 0:
+        _fail("prctl(PR_CAPBSET_READ)")
+    return cap - 1
+
+
+def keep_capabilities_across_exec(capset_nr):
+    """Raises every capability of the bounding set into the effective,
+    permitted, inheritable and ambient sets, so that the next program this
+    process starts keeps them through its ``execve`` although the uid is not
+    0 (capabilities(7), "ambient"). Only right after
+    :func:`enter_user_namespace`, where this process holds them all; undo
+    with :func:`clear_ambient` once that program is started."""
+    last = _last_cap()
+    full = (1 << (last + 1)) - 1
+    lo, hi = full & 0xFFFFFFFF, full >> 32
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    # Two struct __user_cap_data_struct: effective, permitted, inheritable.
+    data = (ctypes.c_uint32 * 6)(lo, lo, lo, hi, hi, hi)
+    if _libc.syscall(_UL(capset_nr), ctypes.byref(header), ctypes.byref(data)) != 0:
+        _fail("capset (inheritable)")
+    for cap in range(last + 1):
+        if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap) != 0:
+            _fail("prctl(PR_CAP_AMBIENT_RAISE, %d)" % cap)
+
+
+def clear_ambient():
+    """Empties the ambient set: programs started later get no capability."""
+    if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) != 0:
+        _fail("prctl(PR_CAP_AMBIENT_CLEAR_ALL)")
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -180,7 +243,7 @@ def drop_capabilities(capset_nr):
         cap += 1
     if cap == 0:
         _fail("prctl(PR_CAPBSET_READ)")
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)  # this process
     data = (ctypes.c_uint32 * 6)()
     if _libc.syscall(_UL(capset_nr), ctypes.byref(header), ctypes.byref(data)) != 0:
         _fail("capset")

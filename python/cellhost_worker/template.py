@@ -21,7 +21,11 @@ Process tree of one fork (see ``cellhost_sandbox::forkplan``)::
                  └─ C: pid 2, the worker (forked: the preloaded modules)
 
 Only two processes are copies of the template (A and C); B mounts the
-kernel's private /tmp, /dev/shm and /proc while C joins its cgroups.
+kernel's private /tmp, /dev/shm and /proc while C joins its cgroups. When
+the template is not root, A first enters a user namespace of its own
+(``plan["user_ns"]``: its uid and gid mapped to themselves) that owns the
+kernel's other namespaces, and B keeps that namespace's capabilities
+through its exec (ambient set) until its mounts are made.
 
 The template runs no user code and keeps no state a kernel could leave
 behind: each kernel is a fresh fork of it. Before forking it checks that it
@@ -113,10 +117,15 @@ def _kernel_init(req, fds):
         os.setsid()
         plan = req["plan"]
         flags = plan.get("unshare") or 0
+        user_ns = plan.get("user_ns")
         for step in confine.steps_of(plan, "init"):
             if step == "rlimits":
                 confine.lower_rlimits(plan.get("rlimits") or ())
             elif step == "namespaces":
+                # Not root: a user namespace of this kernel's own first, which
+                # owns the others (cellhost_sandbox::forkplan::UserNsPlan).
+                if user_ns is not None:
+                    confine.enter_user_namespace(user_ns["uid"], user_ns["gid"])
                 # The cgroup namespace is the worker's, made once it has
                 # joined its cgroups (its root is then the kernel's own group).
                 confine.unshare(flags & ~CLONE_NEWCGROUP)
@@ -146,7 +155,14 @@ def _kernel_init(req, fds):
                 "--unshared", str(flags), "--spec-fd", str(spec_fd)]
         os.set_inheritable(go_w, True)
         os.set_inheritable(barrier_r, True)
+        if user_ns is not None:
+            # B mounts the kernel's root: it must keep this namespace's
+            # capabilities through its exec (uid not 0); nothing started
+            # after it gets them.
+            confine.keep_capabilities_across_exec(plan["capset_nr"])
         b = os.posix_spawn(launcher, args, {})
+        if user_ns is not None:
+            confine.clear_ambient()
         os.close(go_w)
         os.close(barrier_r)
         os.close(spec_fd)

@@ -27,6 +27,7 @@
 //! when it lacks them, from the bench venv the command sets up once
 //! (`python/requirements.txt`'s pins, under the cache directory).
 
+mod as_user;
 mod limits;
 mod sessions;
 mod stats;
@@ -138,6 +139,16 @@ pub struct BenchArgs {
     /// Where to write the report.
     #[arg(long, default_value = "BENCHMARKS.md")]
     pub output: PathBuf,
+    /// Run as root only: also run the library workloads asked for (W1, W2,
+    /// W2S, W2T, W4, KILL, POOL) as the local user NAME, with the same
+    /// interpreter (which NAME must be able to run, say a venv under
+    /// /var/tmp), sandbox mode and sample counts; NAME's rows go beside
+    /// root's with the ratio of the medians.
+    #[arg(long, value_name = "NAME")]
+    pub as_user: Option<String>,
+    /// Also write the rows as JSON to PATH (used by --as-user).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub rows_json: Option<PathBuf>,
 }
 
 fn parse_sandbox_mode(s: &str) -> Result<SandboxMode, String> {
@@ -232,6 +243,27 @@ pub fn run(args: BenchArgs) -> u8 {
         );
         return EXIT_USAGE;
     }
+    let as_user = match &args.as_user {
+        None => None,
+        Some(_) if !rustix::process::geteuid().is_root() => {
+            eprintln!("cellhost-bench: --as-user needs root (it runs the workloads again as that user)");
+            return EXIT_USAGE;
+        }
+        Some(name) => {
+            let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+            match as_user::find_account(&passwd, name) {
+                Some(a) if a.uid != 0 => Some(a),
+                Some(_) => {
+                    eprintln!("cellhost-bench: --as-user {name}: that is root");
+                    return EXIT_USAGE;
+                }
+                None => {
+                    eprintln!("cellhost-bench: --as-user {name}: no such user in /etc/passwd");
+                    return EXIT_USAGE;
+                }
+            }
+        }
+    };
     let cellhost = if list.iter().any(|w| NEED_CELLHOST.contains(&w.as_str())) {
         match cellhost_binary(args.cellhost.as_deref()) {
             Ok(p) => p,
@@ -284,39 +316,99 @@ pub fn run(args: BenchArgs) -> u8 {
         rows: Vec::new(),
         notes: Vec::new(),
     };
-    let outcome = rt.block_on(async {
-        for w in ALL.iter().filter(|w| list.iter().any(|l| l == *w)) {
-            eprintln!("cellhost-bench: {w}");
-            workloads::run_one(&mut ctx, w).await?;
+    // Each workload on its own: one that cannot run (say W2T without the
+    // stack it imports) is named in the report with the reason, and the
+    // others still run. The report is rewritten after every workload, so
+    // an interrupted run keeps what it measured.
+    let mut failed: Vec<String> = Vec::new();
+    for w in ALL.iter().filter(|w| list.iter().any(|l| l == *w)) {
+        eprintln!("cellhost-bench: {w}");
+        if let Err(e) = rt.block_on(workloads::run_one(&mut ctx, w)) {
+            eprintln!("cellhost-bench: {w} did not run: {e}");
+            ctx.notes.push(format!("{w} did not run: {e}"));
+            failed.push((*w).to_string());
         }
-        Ok::<(), String>(())
-    });
-    if let Err(e) = outcome {
-        eprintln!("cellhost-bench: bench failed: {e}");
+        if let Err(e) = std::fs::write(&args.output, report(&args, &ctx, &list)) {
+            eprintln!("cellhost-bench: cannot write {}: {e}", args.output.display());
+            return 1;
+        }
+    }
+    if let Some(who) = &as_user {
+        let theirs: Vec<String> = ALL
+            .iter()
+            .filter(|w| as_user::AS_USER.contains(w) && list.iter().any(|l| l == *w))
+            .map(|w| w.to_string())
+            .collect();
+        if !theirs.is_empty() {
+            eprintln!(
+                "cellhost-bench: {} as {} (uid {})",
+                theirs.join(","),
+                who.name,
+                who.uid
+            );
+            match as_user::run_as(&args, &ctx.cfg.python, who, &theirs) {
+                Ok((rows, missing)) => {
+                    as_user::merge(&mut ctx.rows, rows, who);
+                    for m in missing {
+                        eprintln!("cellhost-bench: {m}");
+                        ctx.notes.push(m);
+                    }
+                }
+                Err(e) => {
+                    eprintln!("cellhost-bench: as {}: {e}", who.name);
+                    ctx.notes
+                        .push(format!("the run as {} did not complete: {e}", who.name));
+                    failed.push(format!("as {}", who.name));
+                }
+            }
+        }
+    }
+    if let Some(path) = &args.rows_json
+        && let Err(e) = std::fs::write(path, as_user::rows_json(&ctx.rows).to_string())
+    {
+        eprintln!("cellhost-bench: cannot write {}: {e}", path.display());
         return 1;
     }
-    let table = stats::render(&ctx.rows);
-    println!("{table}");
-    let mut doc = String::from("# Benchmarks\n\n");
-    let _ = writeln!(
-        doc,
-        "Made by `cellhost bench --workload {} {}--python {}` on a 2-core, 24 GiB Debian 12 machine, which is shared and noisy: read the ratios, which compare systems measured in the same run. *ratio* = how many times cellhost is faster: the peer's p50 ÷ cellhost's p50 for times, cellhost's ÷ the peer's for throughputs (MB/s); a row's note says when it compares something else.\n",
-        args.workload,
-        if args.peers { "--peers " } else { "" },
-        ctx.cfg.python.display()
-    );
-    doc.push_str(&table);
-    doc.push('\n');
-    for n in &ctx.notes {
-        let _ = writeln!(doc, "- {n}");
-    }
-    doc.push_str(&limits::section(&list));
-    if let Err(e) = std::fs::write(&args.output, doc) {
+    println!("{}", stats::render(&ctx.rows));
+    if let Err(e) = std::fs::write(&args.output, report(&args, &ctx, &list)) {
         eprintln!("cellhost-bench: cannot write {}: {e}", args.output.display());
+        return 1;
+    }
+    if !failed.is_empty() {
+        eprintln!(
+            "cellhost-bench: wrote {}; workloads that did not run: {}",
+            args.output.display(),
+            failed.join(", ")
+        );
         return 1;
     }
     eprintln!("cellhost-bench: wrote {}", args.output.display());
     0
+}
+
+/// The report as it stands: the command, the table of `ctx.rows`, the
+/// notes (a workload that did not run among them, with the reason) and the
+/// limits section of the workloads in `list`.
+fn report(args: &BenchArgs, ctx: &workloads::Ctx<'_>, list: &[String]) -> String {
+    let mut doc = String::from("# Benchmarks\n\n");
+    let _ = writeln!(
+        doc,
+        "Made by `cellhost bench --workload {} {}{}--python {}` on a 2-core, 24 GiB Debian 12 machine, which is shared and noisy: read the ratios, which compare systems measured in the same run. *ratio* = how many times cellhost is faster: the peer's p50 ÷ cellhost's p50 for times, cellhost's ÷ the peer's for throughputs (MB/s); a row's note says when it compares something else.\n",
+        args.workload,
+        if args.peers { "--peers " } else { "" },
+        args.as_user
+            .as_ref()
+            .map(|u| format!("--as-user {u} "))
+            .unwrap_or_default(),
+        ctx.cfg.python.display()
+    );
+    doc.push_str(&stats::render(&ctx.rows));
+    doc.push('\n');
+    for n in &ctx.notes {
+        let _ = writeln!(doc, "- {n}");
+    }
+    doc.push_str(&limits::section(list));
+    doc
 }
 
 #[cfg(test)]

@@ -346,3 +346,91 @@ fn the_cellhost_binary_holds_no_bench_code() {
         );
     }
 }
+
+/// An interpreter without numpy, for a W2T that cannot run.
+fn python_without_numpy() -> Option<&'static str> {
+    let py = "/usr/bin/python3";
+    let has = Command::new(py)
+        .args(["-c", "import numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?
+        .success();
+    (!has).then_some(py)
+}
+
+#[test]
+fn bench_a_workload_that_cannot_run_is_reported_and_the_others_still_run() {
+    let Some(py) = python_without_numpy() else {
+        eprintln!("note: skipped: /usr/bin/python3 is missing or has numpy");
+        return;
+    };
+    let env = Env::new();
+    // W2T imports numpy, pandas and matplotlib: with this interpreter it
+    // cannot run. W1 before it and KILL after it must still be measured.
+    let r = env.run(
+        env.cmd(
+            Path::new(bench_bin()),
+            &[
+                "--workload",
+                "W1,W2T,KILL",
+                "--cells",
+                "20",
+                "--kernels",
+                "1",
+                "--python",
+                py,
+            ],
+        ),
+        Duration::from_secs(300),
+    );
+    r.expect_code("cellhost-bench --workload W1,W2T,KILL without numpy", 1);
+    let doc = std::fs::read_to_string(env.work().join("BENCHMARKS.md")).expect("BENCHMARKS.md");
+    assert_eq!(row(&doc, "W1 round trip", "cellhost").0, 20, "{doc}");
+    assert_eq!(row(&doc, "kill to reaped", "cellhost").0, 10, "{doc}");
+    let note = doc
+        .lines()
+        .find(|l| l.starts_with("- W2T did not run: "))
+        .unwrap_or_else(|| panic!("no note for W2T:\n{doc}"));
+    assert!(note.contains("numpy"), "the reason is not named: {note}");
+    assert!(
+        r.stderr.contains("workloads that did not run: W2T"),
+        "stderr:\n{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn bench_as_user_refuses_root_an_unknown_user_and_a_caller_that_is_not_root() {
+    let env = Env::new();
+    let py = python();
+    let is_root = rustix::process::geteuid().is_root();
+    for (user, want) in [
+        (
+            "no_such_user_xyz",
+            if is_root { "no such user" } else { "needs root" },
+        ),
+        ("root", if is_root { "that is root" } else { "needs root" }),
+    ] {
+        let r = env.run(
+            env.cmd(
+                Path::new(bench_bin()),
+                &[
+                    "--workload",
+                    "W1",
+                    "--cells",
+                    "5",
+                    "--as-user",
+                    user,
+                    "--python",
+                    &py,
+                ],
+            ),
+            Duration::from_secs(60),
+        );
+        r.expect_code(&format!("--as-user {user}"), 2);
+        assert!(r.stderr.contains(want), "--as-user {user}: {}", r.stderr);
+        assert!(!env.work().join("BENCHMARKS.md").exists(), "a report was written");
+    }
+}

@@ -106,8 +106,14 @@ fn main() -> ExitCode {
     // The kernel init is a hidden subcommand of this binary: handle it before
     // anything else (no threads, no runtime).
     cellhost_sandbox::launcher::run_if_requested();
+    // Warnings (a template not used and why, say) show without
+    // CELLHOST_LOG; it raises or lowers the level as usual.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .with_env_var("CELLHOST_LOG")
+        .from_env_lossy();
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CELLHOST_LOG"))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
     let cli = match Cli::try_parse() {

@@ -131,3 +131,48 @@ fn serve_with_token_file_curl_mcp_auth_and_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Why a template is not (fully) used shows on stderr at the default log
+/// level, without `CELLHOST_LOG`: here, a preloaded module it cannot import.
+#[test]
+fn serve_says_why_its_template_falls_short_without_cellhost_log() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("config.toml"), "pool_size = 1\n").expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cellhost"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--python", &python()])
+        .env("CELLHOST_STATE_DIR", dir.path().join("state"))
+        .env("CELLHOST_CONFIG", dir.path().join("config.toml"))
+        .env("CELLHOST_PRELOAD", "json, no_such_module_xyz")
+        .env_remove("CELLHOST_LOG")
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let mut found = None;
+    let until = Instant::now() + Duration::from_secs(60);
+    while found.is_none() && Instant::now() < until {
+        if let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) {
+            if line.contains("modules not preloaded") {
+                found = Some(line.clone());
+            }
+            seen.push(line);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let line =
+        found.unwrap_or_else(|| panic!("no warning about the template on stderr:\n{}", seen.join("\n")));
+    assert!(
+        line.contains("WARN") && line.contains("no_such_module_xyz") && line.contains("ModuleNotFoundError"),
+        "{line}"
+    );
+}

@@ -24,9 +24,14 @@
 //! * Environment read at import time is the template's: fork only with the
 //!   configuration it was started with ([`Template::fork`] refuses another
 //!   interpreter).
-//! * A sandboxed template needs root (it creates each kernel's namespaces
-//!   itself). A fork that fails (the worker exits with status 72 and says
-//!   why on stderr) is an error: callers start a cold kernel instead.
+//! * As root, the forked processes create each kernel's namespaces
+//!   themselves; as another user, each forked kernel first enters a user
+//!   namespace of its own, mapped to the user's uid, that owns the others
+//!   (`cellhost_sandbox::forkplan::UserNsPlan`): the same layers either
+//!   way, but for the kernel uid only root can take. A fork that fails
+//!   (the worker exits with status 72 and says why on stderr, say where
+//!   user namespaces are disabled) is an error: callers start a cold
+//!   kernel instead.
 //! * Retiring a template (dropping the last handle) kills the template
 //!   only; kernels forked from it live on. The host's death kills them all.
 
@@ -120,16 +125,6 @@ impl Template {
     /// within 120 s), [`KernelError::Io`].
     pub async fn start(config: KernelConfig, preload: Vec<String>) -> Result<Template, KernelError> {
         let label = format!("template:{}", config.python.display());
-        if config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off
-            && !rustix::process::geteuid().is_root()
-        {
-            return Err(KernelError::Spawn {
-                python: config.python.display().to_string(),
-                reason: "a sandboxed template needs root: it creates each forked kernel's namespaces itself \
-                         (cold kernels use a user namespace instead)"
-                    .into(),
-            });
-        }
         let runtime = config.runtime.clone();
         let worker_dir = runtime
             .boot_dir()

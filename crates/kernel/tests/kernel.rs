@@ -1784,8 +1784,12 @@ async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
     assert_eq!(t.info().preloaded.len(), preload.len(), "{:?}", t.info());
     assert!(t.info().failed.is_empty());
     let k = t.fork(fork_config(&dir, &t, "a")).await.expect("fork");
-    // The same layers a cold kernel reports, each enforced here.
-    for name in [
+    // The same layers a cold kernel reports, each enforced here; as another
+    // user, in a user namespace of the kernel's own, and the control groups
+    // exactly as far as a cold kernel of that user gets them.
+    let root = rustix::process::geteuid().is_root();
+    let cold = sandboxed(&dir, SandboxProfile::default()).await;
+    let mut names = vec![
         "env",
         "rlimits",
         "pidns",
@@ -1800,13 +1804,38 @@ async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
         "capabilities",
         "seccomp",
         "cgroup",
-    ] {
+    ];
+    if !root {
+        names.push("userns");
+    }
+    for name in names {
         let l = k
             .info()
             .sandbox
             .layer(name)
             .unwrap_or_else(|| panic!("{name} not reported"));
-        assert!(l.enforced, "{name}: {}", l.detail);
+        if name == "cgroup" && !root {
+            let c = cold
+                .info()
+                .sandbox
+                .layer(name)
+                .expect("cold kernel's cgroup layer");
+            assert_eq!(
+                l.enforced, c.enforced,
+                "{name}: forked {} / cold {}",
+                l.detail, c.detail
+            );
+        } else {
+            assert!(l.enforced, "{name}: {}", l.detail);
+        }
+    }
+    let cgroup = k.info().sandbox.layer("cgroup").is_some_and(|l| l.enforced);
+    cold.kill().await;
+    if !root {
+        // The kernel sees the user's own uid, as a cold kernel does.
+        let r = run(&k, "import os\nprint(os.getuid(), os.geteuid())").await;
+        let me = rustix::process::getuid().as_raw();
+        assert_eq!(r.stdout, format!("{me} {me}\n"), "{r:#?}");
     }
     let r = run(
         &k,
@@ -1840,7 +1869,7 @@ async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
     let pid = k.info().pid;
     let procs = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
     assert!(
-        procs.contains("cellhost"),
+        !cgroup || procs.contains("cellhost"),
         "the worker is not in its kernel's group: {procs}"
     );
     k.kill().await;
@@ -1924,6 +1953,42 @@ print(' '.join(out))"#
     );
     assert!(dir.path().join("written-in-workdir").exists());
     k.kill().await;
+}
+
+/// As another user every forked kernel has a user namespace of its own
+/// (the template makes none for itself); as root it stays in the host's.
+/// Either way neither the worker nor pid 1 of its namespace (the ns-init,
+/// which mounted the kernel's root) keeps a capability, ambient ones
+/// included.
+#[tokio::test]
+async fn template_kernel_has_its_own_user_namespace_and_no_capability() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = rustix::process::geteuid().is_root();
+    let t = template(&dir, SandboxProfile::default(), &["json"]).await;
+    let a = t.fork(fork_config(&dir, &t, "a")).await.expect("fork a");
+    let b = t.fork(fork_config(&dir, &t, "b")).await.expect("fork b");
+    let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/user")).expect("user namespace link");
+    let host = ns(std::process::id());
+    let (na, nb) = (ns(a.info().pid), ns(b.info().pid));
+    assert_eq!(
+        ns(t.info().pid),
+        host,
+        "the template stays in the host's user namespace"
+    );
+    if root {
+        assert_eq!((&na, &nb), (&host, &host));
+    } else {
+        assert_ne!(na, host);
+        assert_ne!(na, nb, "two forked kernels share a user namespace");
+    }
+    let code = "caps = {}\nfor pid in ('self', '1'):\n    for line in open('/proc/%s/status' % pid):\n        k, _, v = line.partition(':')\n        if k in ('CapInh', 'CapPrm', 'CapEff', 'CapAmb'):\n            caps[pid + ' ' + k] = int(v, 16)\nprint(sorted(k for k, v in caps.items() if v), len(caps))";
+    for k in [&a, &b] {
+        let r = run(k, code).await;
+        assert_ok(&r);
+        assert_eq!(r.stdout, "[] 8\n", "capabilities held in the kernel: {r:#?}");
+    }
+    a.kill().await;
+    b.kill().await;
 }
 
 #[tokio::test]

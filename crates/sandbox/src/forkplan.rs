@@ -7,7 +7,9 @@
 //!
 //! 1. the first child (the future kernel init) lowers the rlimits and
 //!    unshares the namespaces in [`ForkPlan::unshare`] (all but the cgroup
-//!    namespace); it starts the ns-init in *fork* mode with `posix_spawn`
+//!    namespace) — when the host is not root, in a user namespace of its
+//!    own first ([`ForkPlan::user_ns`], see [`UserNsPlan`]); it starts the
+//!    ns-init in *fork* mode with `posix_spawn`
 //!    (pid 1 of the new pid namespace, no copy of the template), forks the
 //!    worker (pid 2) and execs the kernel init in *adopt* mode
 //!    ([`crate::launcher`]);
@@ -66,17 +68,49 @@ pub struct ForkPlan {
     pub capset_nr: i64,
     /// The kernel runs as `uid_base + (its kernel init's host pid)` (uid
     /// and gid, see [`crate::profile::kernel_id`]); `None` keeps the
-    /// template's uid (sandbox off, or the `uid` layer disabled).
+    /// template's uid (sandbox off, the host not root, or the `uid` layer
+    /// disabled).
     #[serde(default)]
     pub uid_base: Option<u32>,
     /// Why the kernel keeps the template's uid, when `uid_base` is `None`
     /// with a sandbox.
     #[serde(default)]
     pub uid_missing: Option<String>,
+    /// The user namespace the first child enters before the others when
+    /// the host is not root (`None` as root: it creates the namespaces
+    /// itself).
+    #[serde(default)]
+    pub user_ns: Option<UserNsPlan>,
     /// The confinement steps, in the order to apply them: always
     /// [`crate::steps::ORDER`]. `confine.py` runs them as given (each in
     /// its process) and refuses a step it does not know.
     pub steps: Vec<Step>,
+}
+
+/// The user namespace of a kernel forked by a template that is not root.
+///
+/// Each fork gets its own: the first child (a copy of the template, single
+/// threaded) calls `unshare(CLONE_NEWUSER)` and writes its own maps —
+/// `deny` to `/proc/self/setgroups`, then `"{uid} {uid} 1"` to `uid_map` and
+/// `"{gid} {gid} 1"` to `gid_map` — the one mapping an unprivileged process
+/// may write for itself (user_namespaces(7)), the same a cold kernel's init
+/// writes. The host writes nothing: the child needs no round trip, and the
+/// kernel sees the host user's own uid, as a cold kernel does. The other
+/// namespaces are then created inside it, owned by it.
+///
+/// The ns-init (pid 1 of the new pid namespace) is started with
+/// `posix_spawn`, and an `execve` by a process whose uid is not 0 clears
+/// its capabilities: the first child raises every capability it holds in
+/// the new namespace into its inheritable and ambient sets just for that
+/// spawn, and clears the ambient set again before anything else is
+/// started. The ns-init drops them all once the kernel's root and `/proc`
+/// are mounted; the worker, a fork, drops them in its `capabilities` step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserNsPlan {
+    /// The host uid mapped to itself (the template's effective uid).
+    pub uid: u32,
+    /// The host gid mapped to itself (the template's effective gid).
+    pub gid: u32,
 }
 
 /// A Landlock ruleset: what is handled and one `path_beneath` rule per path.
@@ -95,8 +129,16 @@ pub struct LandlockPlan {
 /// Detail of the capabilities layer once applied.
 pub const CAPABILITIES_DETAIL: &str = "all dropped (bounding set cleared)";
 
-/// Builds the plan of a forked kernel; `spec` is `None` with the sandbox off.
+/// Builds the plan of a forked kernel for a template of this process's
+/// effective uid and gid; `spec` is `None` with the sandbox off.
 pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
+    let uid = rustix::process::geteuid().as_raw();
+    let gid = rustix::process::getegid().as_raw();
+    fork_plan_as(spec, uid, gid)
+}
+
+/// [`fork_plan`] for a template running as `uid` and `gid` (0: root).
+pub fn fork_plan_as(spec: Option<&InitSpec>, uid: u32, gid: u32) -> ForkPlan {
     let Some(spec) = spec else {
         return ForkPlan {
             mode: SandboxMode::Off,
@@ -111,9 +153,11 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
             capset_nr: libc::SYS_capset,
             uid_base: None,
             uid_missing: None,
+            user_ns: None,
             steps: ORDER.to_vec(),
         };
     };
+    let root = uid == 0;
     let mut layers = Vec::new();
     let mut rlimits = Vec::new();
     if spec.disabled("rlimits") {
@@ -133,11 +177,19 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
         let text: Vec<String> = rlimits.iter().map(|(n, v)| format!("{n}={v}")).collect();
         layers.push(LayerStatus::on("rlimits", text.join(" ")));
     }
-    layers.push(LayerStatus::skipped(
-        "userns",
-        "not needed: the template runs as root and creates the other namespaces itself; \
-         root's capabilities are dropped before the worker runs",
-    ));
+    let user_ns = (!root).then_some(UserNsPlan { uid, gid });
+    if root {
+        layers.push(LayerStatus::skipped(
+            "userns",
+            "not needed: the template runs as root and creates the other namespaces itself; \
+             root's capabilities are dropped before the worker runs",
+        ));
+    } else {
+        layers.push(LayerStatus::on(
+            "userns",
+            format!("uid {uid} mapped to itself (one user namespace per forked kernel)"),
+        ));
+    }
     let (wanted, skipped) = confine::wanted_namespaces(spec.network, &spec.disable);
     layers.extend(skipped);
     let mut unshare = 0;
@@ -179,10 +231,12 @@ pub fn fork_plan(spec: Option<&InitSpec>) -> ForkPlan {
         seccomp,
         seccomp_detail,
         capset_nr: libc::SYS_capset,
-        uid_base: (!spec.disabled("uid")).then_some(KERNEL_ID_BASE),
-        uid_missing: spec
-            .disabled("uid")
+        // Only root can take a kernel uid; another user's kernel keeps the
+        // user's own (the `uid` layer says so).
+        uid_base: (root && !spec.disabled("uid")).then_some(KERNEL_ID_BASE),
+        uid_missing: (root && spec.disabled("uid"))
             .then(|| "disabled by the sandbox profile: the kernel runs as root".to_string()),
+        user_ns,
         steps: ORDER.to_vec(),
     }
 }
@@ -289,7 +343,7 @@ mod tests {
 
     #[test]
     fn plan_unshares_what_a_cold_kernel_unshares() {
-        let p = fork_plan(Some(&spec()));
+        let p = fork_plan_as(Some(&spec()), 0, 0);
         for f in [
             libc::CLONE_NEWPID,
             libc::CLONE_NEWNET,
@@ -307,8 +361,29 @@ mod tests {
         assert_eq!(p.uid_base, Some(KERNEL_ID_BASE));
         let mut s = spec();
         s.disable = vec!["uid".into()];
-        let p = fork_plan(Some(&s));
+        let p = fork_plan_as(Some(&s), 0, 0);
         assert!(p.uid_base.is_none() && p.uid_missing.is_some());
+        assert!(p.user_ns.is_none());
+    }
+
+    #[test]
+    fn another_user_gets_a_user_namespace_per_fork_and_keeps_its_uid() {
+        let p = fork_plan_as(Some(&spec()), 1002, 1003);
+        assert_eq!(p.user_ns, Some(UserNsPlan { uid: 1002, gid: 1003 }));
+        // CLONE_NEWUSER is its own step, before the rest: never in `unshare`.
+        assert_eq!(p.unshare & libc::CLONE_NEWUSER, 0);
+        assert_ne!(p.unshare & libc::CLONE_NEWPID, 0);
+        let userns = p
+            .layers
+            .iter()
+            .find(|l| l.name == "userns")
+            .expect("userns layer");
+        assert!(userns.enforced && userns.detail.contains("1002"), "{userns:?}");
+        // No kernel uid: only root may take one.
+        assert!(p.uid_base.is_none() && p.uid_missing.is_none());
+        assert!(fork_plan_as(None, 1002, 1003).user_ns.is_none());
+        let json = serde_json::to_value(&p).expect("plan as JSON");
+        assert_eq!(json["user_ns"], serde_json::json!({"uid": 1002, "gid": 1003}));
     }
 
     #[test]
@@ -326,7 +401,7 @@ mod tests {
 
     #[test]
     fn seccomp_programs_are_whole_sock_filters() {
-        let p = fork_plan(Some(&spec()));
+        let p = fork_plan_as(Some(&spec()), 1002, 1002);
         assert_eq!(p.seccomp.len(), 2);
         for prog in &p.seccomp {
             assert!(!prog.is_empty());

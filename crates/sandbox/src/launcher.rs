@@ -796,6 +796,16 @@ fn ns_init_for_fork(args: &[OsString]) -> ! {
         // ends the kernel (the namespace dies with its pid 1).
         unsafe { libc::_exit(72) };
     }
+    // Not root: the capabilities of the kernel's user namespace, kept
+    // through this process's exec for the mounts only
+    // (`forkplan::UserNsPlan`), go as well.
+    if ns_spec.spec.is_some() && kid.is_none() && Linux.geteuid() != 0 {
+        confine::drop_bounding_set(&Linux);
+        if !confine::drop_capabilities(&Linux).enforced {
+            // SAFETY: as above.
+            unsafe { libc::_exit(72) };
+        }
+    }
     let devnull = CString::new("/dev/null").unwrap_or_default();
     null_stdio(&devnull);
     let mut watched = empty_sigset();

@@ -6,9 +6,10 @@
 //! A template is started in the background the first time a kernel of its
 //! interpreter is needed; kernels wait for it during its first 5 s at most
 //! (a preload list that imports slowly, or hangs, never holds kernels up
-//! longer) and start cold otherwise. When a template cannot start, or a fork fails (a
-//! sandboxed template needs root; a template that stopped answering or
-//! refused to fork), the kernel starts cold and the reason is logged; such a
+//! longer) and start cold otherwise. When a template cannot start, or a fork fails (user
+//! namespaces disabled for a user that is not root; a template that stopped
+//! answering or refused to fork), the kernel starts cold and the reason is
+//! logged at `warn` (shown by default); such a
 //! template is retired and tried again after 60 s. A template that died is
 //! replaced by the next kernel that needs it.
 

@@ -192,7 +192,7 @@ fn escape_2_daemon_keeps_no_descriptor_of_the_client_that_started_it() {
 fn escape_2_kernel_forked_from_a_template_inherits_no_descriptor() {
     let env = Env::new();
     // Kernels of the daemon come from its warm pool, forked from a template
-    // that preloads a module (mode off: a template needs no root then).
+    // that preloads a module.
     std::fs::write(
         env.path().join("config.toml"),
         "preload = \"json\"\npool_size = 1\n",

@@ -436,10 +436,10 @@ fn escape_red_forged_display_paths_are_not_read() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
 
-/// Daemon sessions (`exec --session`, mode auto) with `preload` set: as
-/// root the kernels are forked from a template (pool directories under
-/// `staging/`), as another user they start cold; either way links planted
-/// on the host's files are never followed.
+/// Daemon sessions (`exec --session`, mode auto) with `preload` set: the
+/// kernels are forked from a template (pool directories under `staging/`),
+/// as root and as another user; links planted on the host's files are
+/// never followed.
 #[test]
 fn escape_red_session_dir_links_daemon_and_template() {
     let env = Env::new();
@@ -488,12 +488,12 @@ fn escape_red_session_dir_links_daemon_and_template() {
         let out = v["stdout"].as_str().unwrap_or_default().to_string();
         assert!(out.contains("session-dir-seen"), "the attack did not run: {v}");
         let forked = out.contains("forked True");
-        if forked || !common::is_root() || std::time::Instant::now() > deadline {
+        if forked || std::time::Instant::now() > deadline {
             break forked;
         }
     };
-    // A sandboxed template needs root: as another user kernels start cold.
-    assert_eq!(forked, common::is_root(), "forked from the template");
+    // As root and as another user (a user namespace per forked kernel).
+    assert!(forked, "no kernel was forked from the template");
     let v = run("attacker1", "print(6 * 7)");
     assert_eq!(v["stdout"], "42\n", "{v}");
 }
