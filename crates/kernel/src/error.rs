@@ -13,6 +13,19 @@ pub enum KernelError {
         /// Why (includes the worker's stderr when it printed something).
         reason: String,
     },
+    /// The interpreter is older than the worker supports; found before the
+    /// worker's own code is loaded (the boot line checks the version).
+    #[error(
+        "cannot start the interpreter {python}: needs Python {needs} or newer (found {found} at {python})"
+    )]
+    UnsupportedInterpreter {
+        /// Interpreter path.
+        python: String,
+        /// The version it reported (`3.7.16`).
+        found: String,
+        /// The oldest supported version (`3.8`).
+        needs: String,
+    },
     /// Sandbox mode `enforce` and a confinement layer is not available.
     #[error(
         "kernel {kernel}: sandbox layer `{layer}` is not enforced ({reason}); mode `enforce` refuses to start the kernel"

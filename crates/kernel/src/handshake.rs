@@ -193,6 +193,9 @@ pub(crate) async fn handshake<L: WorkerLink>(
         Ok(First::Gone) => {
             let status = exit.map_or_else(|| "still running".to_string(), describe_exit);
             let said = cellhost_capture::render_once(&early[1]).trim().to_string();
+            if let Some(err) = config.runtime.start_failure(&config.python, &said) {
+                return Err(err);
+            }
             Err(KernelError::Spawn {
                 python,
                 reason: format!("the worker exited before it was ready ({status}): {said}"),
