@@ -38,6 +38,20 @@ pub enum KernelError {
         /// Why it is missing.
         reason: String,
     },
+    /// Mode `auto` could not apply a layer that keeps the kernel off the
+    /// host's network, processes and files (no user namespaces for a
+    /// non-root user): refused unless the profile accepts a weak sandbox.
+    #[error(
+        "kernel {kernel}: sandbox layer `{layer}` is not available ({reason}); without it a kernel would reach the host's loopback services, see host processes and write the host's /tmp. Mode `auto` refuses to start it: pass `--sandbox off` for no sandbox, or set `allow_weak_sandbox = true` in the config to accept Landlock and seccomp only"
+    )]
+    WeakSandbox {
+        /// Kernel label.
+        kernel: String,
+        /// Layer name (`userns`, `netns`, `pidns`, `mountns`).
+        layer: String,
+        /// Why it is missing.
+        reason: String,
+    },
     /// The worker did not say `ready` in time.
     #[error("kernel {kernel}: no `ready` from the worker within {timeout_ms} ms")]
     StartupTimeout {

@@ -183,6 +183,17 @@ pub(crate) async fn handshake<L: WorkerLink>(
                 reason: l.detail.clone(),
             });
         }
+        if config.sandbox.mode == SandboxMode::Auto
+            && !config.sandbox.allow_weak
+            && (reported || matches!(first, Ok(First::Frame(WorkerFrame::Ready { .. }))))
+            && let Some(l) = sandbox.weak_layer()
+        {
+            return Err(KernelError::WeakSandbox {
+                kernel: launch.label.clone(),
+                layer: l.name.clone(),
+                reason: l.detail.clone(),
+            });
+        }
     }
     let python = config.python.display().to_string();
     match first {

@@ -83,6 +83,11 @@ pub fn text(r: &CellResult, image_notes: &[String]) -> String {
         r.kernel.generation
     );
     s.push('\n');
+    if !r.kernel.reused
+        && let Some(line) = r.kernel.sandbox.degradation()
+    {
+        let _ = writeln!(s, "{line}");
+    }
     if r.kernel.state_reset {
         let why = r.kernel.reset_reason.as_deref().unwrap_or("a new kernel");
         let _ = writeln!(

@@ -124,7 +124,23 @@ pub struct SandboxProfile {
     /// (the kernel's own session directory) are bound back on top.
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// Mode `auto` may start a kernel without its namespaces (user
+    /// namespaces unavailable to a non-root user, or a namespace the host
+    /// refuses): Landlock and seccomp only, where the kernel reaches the
+    /// host's loopback services, sees host processes and writes the host's
+    /// `/tmp`. Off by default: such a kernel is refused
+    /// ([`WEAK_LAYERS`]); config key `allow_weak_sandbox`.
+    #[serde(default)]
+    pub allow_weak: bool,
 }
+
+/// The layers without which mode `auto` refuses a kernel unless the
+/// profile allows a weak sandbox ([`SandboxProfile::allow_weak`]): what
+/// keeps the kernel off the host's network, processes and files.
+pub const WEAK_LAYERS: &[&str] = &["userns", "netns", "pidns", "mountns"];
+
+/// The config key that accepts a sandbox without [`WEAK_LAYERS`].
+pub const ALLOW_WEAK_KEY: &str = "allow_weak_sandbox";
 
 impl Default for SandboxProfile {
     fn default() -> Self {
@@ -142,6 +158,7 @@ impl Default for SandboxProfile {
             rlimits: Rlimits::default(),
             disable: Vec::new(),
             hidden: Vec::new(),
+            allow_weak: false,
         }
     }
 }
@@ -387,7 +404,19 @@ impl SandboxStatus {
     pub fn layer(&self, name: &str) -> Option<&LayerStatus> {
         self.layers.iter().find(|l| l.name == name)
     }
+
+    /// The first of [`WEAK_LAYERS`] that is missing for a reason other
+    /// than the profile disabling it (a layer the profile leaves out, or
+    /// network on, is the user's choice, not a degradation).
+    pub fn weak_layer(&self) -> Option<&LayerStatus> {
+        self.missing()
+            .filter(|l| WEAK_LAYERS.contains(&l.name.as_str()))
+            .find(|l| !l.detail.starts_with(DISABLED_BY_PROFILE))
+    }
 }
+
+/// The detail of a layer the profile leaves out (`sandbox_disable`).
+pub const DISABLED_BY_PROFILE: &str = "disabled by the sandbox profile";
 
 #[cfg(test)]
 mod tests {
