@@ -210,6 +210,7 @@ pub fn landlock_abi() -> i64 {
 pub(crate) fn landlock_paths(spec: &InitSpec) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let mut ro: Vec<PathBuf> = SYSTEM_RO.iter().map(PathBuf::from).collect();
     ro.extend(spec.ro.iter().cloned());
+    ro.extend(spec.cgroup_views.iter().map(|v| v.view.clone()));
     let mut rw: Vec<PathBuf> = DEVICES_RW.iter().map(PathBuf::from).collect();
     rw.push("/tmp".into());
     rw.extend(rw_paths(spec));

@@ -267,6 +267,7 @@ mod tests {
             disable: Vec::new(),
             mpl_cache: None,
             hidden: Vec::new(),
+            cgroup_views: Vec::new(),
         }
     }
 

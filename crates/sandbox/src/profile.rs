@@ -247,6 +247,24 @@ pub struct InitSpec {
     /// [`SandboxProfile::hidden`]).
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// The kernel's own cgroups, each bound read-only where a library
+    /// looks for its quota ([`crate::cgroup::KernelCgroup::views`]): the
+    /// rest of `/sys/fs/cgroup` (other kernels' groups, the host's) is not
+    /// in the kernel's view.
+    #[serde(default)]
+    pub cgroup_views: Vec<CgroupView>,
+}
+
+/// One of the kernel's cgroup directories and where the kernel sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupView {
+    /// The group's directory on the host
+    /// (`/sys/fs/cgroup/memory/cellhost/<kernel>`).
+    pub host: PathBuf,
+    /// Where the kernel sees it: the hierarchy's mount point
+    /// (`/sys/fs/cgroup/memory` on v1, `/sys/fs/cgroup` on v2), the root
+    /// of the kernel's cgroup namespace.
+    pub view: PathBuf,
 }
 
 /// First uid (and gid) of the range a kernel runs as when cellhost runs as
@@ -443,6 +461,7 @@ mod tests {
             disable: vec!["seccomp".into()],
             mpl_cache: None,
             hidden: vec!["/run/user/0".into()],
+            cgroup_views: Vec::new(),
         };
         let text = serde_json::to_string(&spec).expect("json");
         assert_eq!(serde_json::from_str::<InitSpec>(&text).expect("parse"), spec);
