@@ -174,6 +174,9 @@ async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Repor
         common::kernel_config(&kargs, "doctor", &base.join("session")).map_err(|e| e.to_string())?;
     cfg.cwd = Some(base.to_path_buf());
     cfg.sandbox = SandboxProfile::default();
+    // The self-test runs only its own probes: it starts even where mode
+    // `auto` refuses user kernels (no namespaces), to show what breaks.
+    cfg.sandbox.allow_weak = true;
     cfg.sandbox.limits.memory_bytes = Some(MEMORY_LIMIT);
     cfg.sandbox.limits.pids_max = Some(PIDS_LIMIT);
     cfg.limits = Default::default();
