@@ -3,6 +3,7 @@ from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
 import _ast
 import linecache
 import os as _os_module
+import sys as _sys
 import traceback
 
 from . import prims, state
@@ -14,6 +15,8 @@ _Expr = _ast.Expr
 _Expression = _ast.Expression
 _linecache = linecache.cache  # the dict itself: a cell rebinding linecache.cache does not stop us
 _TracebackException = traceback.TracebackException
+# `compact` (3.10+) computes source lines only for the frames printed.
+_TB_OPTIONS = {"compact": True} if _sys.version_info >= (3, 10) else {}
 _tb_of = BaseException.__dict__["__traceback__"].__get__
 
 # inspect.CO_COROUTINE, without importing inspect (about 3 ms at start).
@@ -197,7 +200,7 @@ def _format_plain(exc):
 
 
 def _format_standard(exc):
-    te = _TracebackException(type(exc), exc, _tb_of(exc), capture_locals=False, compact=True)
+    te = _TracebackException(type(exc), exc, _tb_of(exc), capture_locals=False, **_TB_OPTIONS)
     lines = []
 
     def emit(te_obj):

@@ -35,8 +35,8 @@ enum DaemonCmd {
     Status,
 }
 
-/// The daemon's directory: `$XDG_RUNTIME_DIR/cellhost`, else
-/// `STATE_DIR/run`.
+/// The daemon's directory: `$XDG_RUNTIME_DIR/cellhost` when usable, else
+/// `STATE_DIR/run`, else `/tmp/cellhost-<uid>`.
 pub fn dir() -> PathBuf {
     daemon::runtime_dir(&common::state_dir())
 }
@@ -55,11 +55,7 @@ fn idle_default() -> Duration {
 fn spawn_daemon(kernel: &KernelArgs) -> std::io::Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     let d = dir();
-    std::fs::create_dir_all(&d)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
-    }
+    cellhost_server::rundir::prepare(&d)?;
     let log_path = d.join("daemon.log");
     // The log keeps the last daemons' lines; past 1 MiB it starts over.
     let big = std::fs::metadata(&log_path).is_ok_and(|m| m.len() > 1 << 20);
@@ -68,7 +64,8 @@ fn spawn_daemon(kernel: &KernelArgs) -> std::io::Result<std::process::Child> {
         .append(!big)
         .write(true)
         .truncate(big)
-        .open(&log_path)?;
+        .open(&log_path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", log_path.display())))?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     if let Some(c) = common::config_path() {

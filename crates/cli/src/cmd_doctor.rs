@@ -174,6 +174,9 @@ async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Repor
         common::kernel_config(&kargs, "doctor", &base.join("session")).map_err(|e| e.to_string())?;
     cfg.cwd = Some(base.to_path_buf());
     cfg.sandbox = SandboxProfile::default();
+    // The self-test runs only its own probes: it starts even where mode
+    // `auto` refuses user kernels (no namespaces), to show what breaks.
+    cfg.sandbox.allow_weak = true;
     cfg.sandbox.limits.memory_bytes = Some(MEMORY_LIMIT);
     cfg.sandbox.limits.pids_max = Some(PIDS_LIMIT);
     cfg.limits = Default::default();
@@ -196,18 +199,33 @@ async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Repor
         }
     };
     let outside = home.join(format!(".cellhost-doctor-write-{}", std::process::id()));
+    // The kernel may write its own /tmp (private with a mount namespace):
+    // the promise is that the host's /tmp never sees the file.
+    let host_tmp = std::path::PathBuf::from(format!("/tmp/cellhost-doctor-write-{}", std::process::id()));
+    let _ = std::fs::remove_file(&host_tmp);
     let mut checks = Vec::new();
-    checks.push(
-        probe(
-            &k,
-            "writing outside the workdir fails",
-            &format!(
-                "bad = []\nfor p in [{:?}, '/var/tmp/cellhost-doctor', '/usr/cellhost-doctor']:\n    try:\n        open(p, 'w').write('x')\n        bad.append(p)\n    except OSError as e:\n        pass\nprint('ESCAPED: wrote ' + ', '.join(bad) if bad else 'blocked: $HOME, /var/tmp, /usr not writable')",
-                outside.display()
-            ),
-        )
-        .await,
-    );
+    let mut write_check = probe(
+        &k,
+        "writing outside the workdir fails (the host's $HOME, /var/tmp, /usr and /tmp)",
+        &format!(
+            "bad = []\nfor p in [{:?}, '/var/tmp/cellhost-doctor', '/usr/cellhost-doctor']:\n    try:\n        open(p, 'w').write('x')\n        bad.append(p)\n    except OSError as e:\n        pass\ntry:\n    open({:?}, 'w').write('x')\nexcept OSError:\n    pass\nprint('ESCAPED: wrote ' + ', '.join(bad) if bad else 'blocked: $HOME, /var/tmp, /usr not writable')",
+            outside.display(),
+            host_tmp.display()
+        ),
+    )
+    .await;
+    if host_tmp.exists() {
+        let _ = std::fs::remove_file(&host_tmp);
+        write_check.kept = false;
+        write_check.detail = format!(
+            "ESCAPED: wrote the host's {} (no private /tmp: mount namespace missing); {}",
+            host_tmp.display(),
+            write_check.detail
+        );
+    } else if write_check.kept {
+        write_check.detail.push_str("; the host's /tmp is untouched");
+    }
+    checks.push(write_check);
     if outside.exists() {
         let _ = std::fs::remove_file(&outside);
     }

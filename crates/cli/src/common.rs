@@ -227,9 +227,47 @@ async fn start_registry_with(
         rc.preload.clear();
     }
     rc.session_workdirs = session_workdirs;
-    Registry::start(rc, journal)
+    let probe = (!one_shot).then(|| rc.template.clone());
+    let registry = Registry::start(rc, journal)
         .await
-        .map_err(|e| format!("cannot start the session registry: {e}"))
+        .map_err(|e| format!("cannot start the session registry: {e}"))?;
+    if let Some(template) = probe {
+        tokio::spawn(report_sandbox(template));
+    }
+    Ok(registry)
+}
+
+/// Says once on stderr, at the start of a long-running surface (`serve`,
+/// `mcp`, the daemon) and whatever the log level, what sandbox its kernels
+/// get: a probe kernel of the template is started in the background and
+/// its layers reported — the ones not in force with their reasons, or the
+/// refusal of mode `auto` without namespaces.
+async fn report_sandbox(mut template: KernelConfig) {
+    if template.sandbox.mode == cellhost_sandbox::profile::SandboxMode::Off {
+        eprintln!("cellhost: sandbox off: kernels run unconfined (environment allowlist only)");
+        return;
+    }
+    let dir = new_session_dir("sandbox-probe");
+    template.session_dir = dir.clone();
+    template.session = "sandbox-probe".into();
+    template.cwd = None;
+    template.sandbox.workdir = None;
+    match cellhost_kernel::Kernel::spawn(template).await {
+        Ok(k) => {
+            let s = cellhost_kernel::result::SandboxRef::of(&k.info().sandbox);
+            k.kill().await;
+            match s.degradation() {
+                Some(line) => eprintln!("cellhost: {line} (in force: {})", s.enforced.join(", ")),
+                None => eprintln!(
+                    "cellhost: sandbox {}: every layer in force ({})",
+                    s.mode,
+                    s.enforced.join(", ")
+                ),
+            }
+        }
+        Err(e) => eprintln!("cellhost: sandbox check: {e}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A directory the CLI may hand to a kernel as its read-write working

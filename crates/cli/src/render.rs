@@ -39,9 +39,21 @@ pub fn print_result(r: &CellResult, streamed: bool) {
     let _ = err.flush();
 }
 
+/// The sandbox layers not in force, said once per kernel (on the first
+/// cell it runs).
+pub fn degradation(r: &CellResult) -> Option<String> {
+    if r.kernel.reused {
+        return None;
+    }
+    r.kernel.sandbox.degradation()
+}
+
 /// One-line notes about a result, in the order a reader needs them.
 pub fn notes(r: &CellResult) -> Vec<String> {
     let mut v = Vec::new();
+    if let Some(line) = degradation(r) {
+        v.push(line);
+    }
     if r.kernel.state_reset {
         v.push(format!(
             "state reset: {} (a fresh kernel, generation {})",
@@ -150,6 +162,9 @@ pub async fn print_live(mut rx: mpsc::UnboundedReceiver<LiveEvent>) -> [String; 
 /// exit code of the cell's status.
 pub fn finish_streamed(printed: &[String; 2], r: &CellResult, json: bool) -> u8 {
     if json {
+        if let Some(line) = degradation(r) {
+            eprintln!("cellhost: {line}");
+        }
         match serde_json::to_string_pretty(r) {
             Ok(s) => println!("{s}"),
             Err(e) => eprintln!("cellhost: cannot encode the result: {e}"),

@@ -590,3 +590,107 @@ fn stop_then_exec_at_once_starts_a_new_daemon() {
         last = Some(pid);
     }
 }
+
+/// The daemon of `env` run with `XDG_RUNTIME_DIR` (and `TMPDIR`) replaced;
+/// stopped with the same environment on drop.
+struct OtherRuntime<'a> {
+    env: &'a Env,
+    xdg: PathBuf,
+    tmp: PathBuf,
+}
+
+impl OtherRuntime<'_> {
+    fn run(&self, args: &[&str]) -> Output {
+        self.env
+            .cmd(args)
+            .env("XDG_RUNTIME_DIR", &self.xdg)
+            .env("TMPDIR", &self.tmp)
+            .output()
+            .expect("run cellhost")
+    }
+}
+
+impl Drop for OtherRuntime<'_> {
+    fn drop(&mut self) {
+        let _ = self.run(&["daemon", "stop"]);
+    }
+}
+
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").expect("/proc/self").uid()
+}
+
+#[test]
+fn unusable_xdg_runtime_dir_falls_back_and_errors_name_the_path() {
+    let env = Env::new("600");
+    let base = env.dir.path();
+    let tmp = base.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let open = base.join("open");
+    std::fs::create_dir_all(&open).expect("open");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let mut bad = vec![base.join("missing"), open, base.join("config.toml")];
+    if my_uid() == 0 {
+        // Another user's directory, as after `su` or `sudo -u`.
+        let theirs = base.join("theirs");
+        std::fs::create_dir_all(&theirs).expect("theirs");
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).expect("chown");
+        bad.push(theirs);
+    } else {
+        bad.push(PathBuf::from("/"));
+    }
+    let fallback = base.join("state/run");
+    for xdg in bad {
+        let rt = OtherRuntime {
+            env: &env,
+            xdg: xdg.clone(),
+            tmp: tmp.clone(),
+        };
+        let o = rt.run(&["exec", "--python", &python(), "--session", "s", "print('ok')"]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "XDG_RUNTIME_DIR={}: {}",
+            xdg.display(),
+            text(&o)
+        );
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
+        assert!(
+            fallback.join("daemon.sock").exists(),
+            "the socket is in {}",
+            fallback.display()
+        );
+        assert_eq!(mode(&fallback), 0o700);
+        let o = rt.run(&["daemon", "stop"]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+
+    // The state directory's `run` cannot be made either: the last
+    // fallback is TMPDIR/cellhost-<uid>, and one someone else made first
+    // (here: a file) is refused with its path.
+    std::fs::remove_dir_all(&fallback).expect("rm run");
+    std::fs::write(&fallback, b"not a directory").expect("block run");
+    let last = tmp.join(format!("cellhost-{}", my_uid()));
+    let rt = OtherRuntime {
+        env: &env,
+        xdg: base.join("missing"),
+        tmp: tmp.clone(),
+    };
+    let o = rt.run(&["exec", "--python", &python(), "--session", "s", "print('ok')"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(last.join("daemon.sock").exists());
+    assert_eq!(mode(&last), 0o700);
+    let o = rt.run(&["daemon", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    std::fs::remove_dir_all(&last).expect("rm last");
+    std::fs::write(&last, b"planted").expect("plant");
+    let o = rt.run(&["exec", "--python", &python(), "--session", "s", "print('ok')"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&last.display().to_string()),
+        "names the directory: {err}"
+    );
+}

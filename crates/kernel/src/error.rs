@@ -13,6 +13,19 @@ pub enum KernelError {
         /// Why (includes the worker's stderr when it printed something).
         reason: String,
     },
+    /// The interpreter is older than the worker supports; found before the
+    /// worker's own code is loaded (the boot line checks the version).
+    #[error(
+        "cannot start the interpreter {python}: needs Python {needs} or newer (found {found} at {python})"
+    )]
+    UnsupportedInterpreter {
+        /// Interpreter path.
+        python: String,
+        /// The version it reported (`3.7.16`).
+        found: String,
+        /// The oldest supported version (`3.8`).
+        needs: String,
+    },
     /// Sandbox mode `enforce` and a confinement layer is not available.
     #[error(
         "kernel {kernel}: sandbox layer `{layer}` is not enforced ({reason}); mode `enforce` refuses to start the kernel"
@@ -21,6 +34,20 @@ pub enum KernelError {
         /// Kernel label.
         kernel: String,
         /// Layer name (`landlock`, `seccomp`, `netns`, `cgroup`, ...).
+        layer: String,
+        /// Why it is missing.
+        reason: String,
+    },
+    /// Mode `auto` could not apply a layer that keeps the kernel off the
+    /// host's network, processes and files (no user namespaces for a
+    /// non-root user): refused unless the profile accepts a weak sandbox.
+    #[error(
+        "kernel {kernel}: sandbox layer `{layer}` is not available ({reason}); without it a kernel would reach the host's loopback services, see host processes and write the host's /tmp. Mode `auto` refuses to start it: pass `--sandbox off` for no sandbox, or set `allow_weak_sandbox = true` in the config to accept Landlock and seccomp only"
+    )]
+    WeakSandbox {
+        /// Kernel label.
+        kernel: String,
+        /// Layer name (`userns`, `netns`, `pidns`, `mountns`).
         layer: String,
         /// Why it is missing.
         reason: String,

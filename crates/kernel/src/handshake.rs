@@ -183,6 +183,17 @@ pub(crate) async fn handshake<L: WorkerLink>(
                 reason: l.detail.clone(),
             });
         }
+        if config.sandbox.mode == SandboxMode::Auto
+            && !config.sandbox.allow_weak
+            && (reported || matches!(first, Ok(First::Frame(WorkerFrame::Ready { .. }))))
+            && let Some(l) = sandbox.weak_layer()
+        {
+            return Err(KernelError::WeakSandbox {
+                kernel: launch.label.clone(),
+                layer: l.name.clone(),
+                reason: l.detail.clone(),
+            });
+        }
     }
     let python = config.python.display().to_string();
     match first {
@@ -193,6 +204,9 @@ pub(crate) async fn handshake<L: WorkerLink>(
         Ok(First::Gone) => {
             let status = exit.map_or_else(|| "still running".to_string(), describe_exit);
             let said = cellhost_capture::render_once(&early[1]).trim().to_string();
+            if let Some(err) = config.runtime.start_failure(&config.python, &said) {
+                return Err(err);
+            }
             Err(KernelError::Spawn {
                 python,
                 reason: format!("the worker exited before it was ready ({status}): {said}"),

@@ -145,6 +145,12 @@ pub struct SandboxRef {
     /// Layers not in force (mode `auto` applies what the machine supports).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+    /// Why each layer of `missing` is not in force, by layer name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reasons: BTreeMap<String, String>,
+    /// Layers in force, in the order applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub enforced: Vec<String>,
 }
 
 impl SandboxRef {
@@ -153,7 +159,39 @@ impl SandboxRef {
         SandboxRef {
             mode: status.mode,
             missing: status.missing().map(|l| l.name.clone()).collect(),
+            reasons: status
+                .missing()
+                .map(|l| (l.name.clone(), l.detail.clone()))
+                .collect(),
+            enforced: status
+                .layers
+                .iter()
+                .filter(|l| l.enforced)
+                .map(|l| l.name.clone())
+                .collect(),
         }
+    }
+
+    /// One line naming the layers not in force and why
+    /// (`sandbox auto: not in force here: cgroup (…)`), or `None` when
+    /// every required layer is.
+    pub fn degradation(&self) -> Option<String> {
+        if self.missing.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = self
+            .missing
+            .iter()
+            .map(|m| match self.reasons.get(m) {
+                Some(why) => format!("{m} ({why})"),
+                None => m.clone(),
+            })
+            .collect();
+        Some(format!(
+            "sandbox {}: not in force here: {}",
+            self.mode,
+            parts.join("; ")
+        ))
     }
 }
 

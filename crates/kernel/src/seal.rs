@@ -165,12 +165,26 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         reused: _,
         state_reset: _,
         reset_reason,
-        sandbox: SandboxRef { mode: _, missing },
+        sandbox:
+            SandboxRef {
+                mode: _,
+                missing,
+                reasons,
+                enforced,
+            },
     } = kernel;
     redact(session, r);
-    for layer in missing {
+    for layer in missing.iter_mut().chain(enforced.iter_mut()) {
         redact(layer, r);
     }
+    *reasons = std::mem::take(reasons)
+        .into_iter()
+        .map(|(mut layer, mut why)| {
+            redact(&mut layer, r);
+            redact(&mut why, r);
+            (layer, why)
+        })
+        .collect();
     if let Some(why) = reset_reason {
         redact(why, r);
     }
@@ -401,6 +415,8 @@ mod tests {
                 sandbox: SandboxRef {
                     mode: cellhost_sandbox::profile::SandboxMode::Auto,
                     missing: vec![s.clone()],
+                    reasons: [(s.clone(), s.clone())].into(),
+                    enforced: vec![s.clone()],
                 },
             },
             interrupt: Some(InterruptReport {

@@ -194,6 +194,9 @@ impl Template {
                 if let Some(mut s) = stderr {
                     let _ = s.read_to_string(&mut said);
                 }
+                if let Some(err) = runtime.start_failure(&config.python, &said) {
+                    return Err(err);
+                }
                 return Err(KernelError::Spawn {
                     python,
                     reason: format!("the template ended before it was ready ({e}): {}", said.trim()),

@@ -1579,6 +1579,50 @@ async fn sandbox_ptrace_of_the_host_fails() {
     k.kill().await;
 }
 
+/// joblib/loky's `cpu_count()` (used by scikit-learn) reads the CPU quota
+/// from `/sys/fs/cgroup` and failed with `PermissionError`: the kernel sees
+/// its own groups read-only at the hierarchies' mount points. With joblib
+/// in the interpreter (`CELLHOST_TEST_JOBLIB_PYTHON`, else the test
+/// interpreter), `joblib.cpu_count()` itself must say 1 under a 1-core cap.
+#[tokio::test]
+async fn sandbox_cpu_quota_is_readable_where_loky_reads_it() {
+    if !cgroups_usable() {
+        return;
+    }
+    let python = std::env::var_os("CELLHOST_TEST_JOBLIB_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(python);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(&dir);
+    cfg.python = python.clone();
+    cfg.sandbox = SandboxProfile::default();
+    cfg.limits.cpu_cores = Some(1.0);
+    let k = Kernel::spawn(cfg).await.expect("kernel");
+    if !layer_on(&k, "cgroup") {
+        k.kill().await;
+        return;
+    }
+    // loky's _cpu_count_cgroup, step by step.
+    let r = run(
+        &k,
+        "import os\nif os.path.exists('/sys/fs/cgroup/cpu.max'):\n    q, p = open('/sys/fs/cgroup/cpu.max').read().split()\nelse:\n    q = open('/sys/fs/cgroup/cpu/cpu.cfs_quota_us').read().strip()\n    p = open('/sys/fs/cgroup/cpu/cpu.cfs_period_us').read().strip()\nprint(int(q) / int(p))",
+    )
+    .await;
+    assert_eq!(r.stdout, "1.0\n", "{r:#?}");
+    let r = run(
+        &k,
+        "try:\n    import joblib\nexcept ImportError:\n    print('no joblib')\nelse:\n    print(joblib.cpu_count())",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
+    if r.stdout == "no joblib\n" {
+        eprintln!("skipped: joblib is not installed in {}", python.display());
+    } else {
+        assert_eq!(r.stdout, "1\n", "joblib.cpu_count() under a 1-core cap: {r:#?}");
+    }
+    k.kill().await;
+}
+
 #[tokio::test]
 async fn sandbox_fork_beyond_the_pids_limit_fails() {
     if !cgroups_usable() {

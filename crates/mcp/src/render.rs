@@ -83,6 +83,11 @@ pub fn text(r: &CellResult, image_notes: &[String]) -> String {
         r.kernel.generation
     );
     s.push('\n');
+    if !r.kernel.reused
+        && let Some(line) = r.kernel.sandbox.degradation()
+    {
+        let _ = writeln!(s, "{line}");
+    }
     if r.kernel.state_reset {
         let why = r.kernel.reset_reason.as_deref().unwrap_or("a new kernel");
         let _ = writeln!(
@@ -232,6 +237,26 @@ mod tests {
     }
 
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_new_kernel_names_the_layers_not_in_force_once() {
+        let mut r = result();
+        r.kernel.reused = false;
+        r.kernel.sandbox.missing = vec!["cgroup".into()];
+        r.kernel.sandbox.reasons = BTreeMap::from([("cgroup".to_string(), "Permission denied".to_string())]);
+        let t = text(&r, &[]);
+        assert!(
+            t.contains("sandbox auto: not in force here: cgroup (Permission denied)"),
+            "{t}"
+        );
+        let v = cell_result(&r).structured_content.expect("structured");
+        assert_eq!(
+            v["kernel"]["sandbox"]["reasons"]["cgroup"], "Permission denied",
+            "{v}"
+        );
+        r.kernel.reused = true;
+        assert!(!text(&r, &[]).contains("not in force"), "said once per kernel");
+    }
 
     #[test]
     fn status_first_then_streams_error_and_paging() {

@@ -186,6 +186,29 @@ impl KernelCgroup {
         }
     }
 
+    /// The kernel's groups as the kernel sees them read-only: each group
+    /// at its hierarchy's mount point (`/sys/fs/cgroup/<controller>` on
+    /// v1, `/sys/fs/cgroup` on v2), which is where joblib/loky, the JVM
+    /// and Go read their CPU and memory quota (the kernel's cgroup
+    /// namespace makes `/proc/self/cgroup` say `/` for each).
+    pub fn views(&self) -> Vec<crate::profile::CgroupView> {
+        let mut out: Vec<crate::profile::CgroupView> = Vec::new();
+        for (h, dir) in &self.groups {
+            let view = if h.v2 {
+                PathBuf::from("/sys/fs/cgroup")
+            } else {
+                Path::new("/sys/fs/cgroup").join(h.controller)
+            };
+            if !out.iter().any(|v| v.view == view) {
+                out.push(crate::profile::CgroupView {
+                    host: dir.clone(),
+                    view,
+                });
+            }
+        }
+        out
+    }
+
     /// The `cgroup.procs` files the kernel init must join.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.groups.iter().map(|(_, d)| d.join("cgroup.procs")).collect()

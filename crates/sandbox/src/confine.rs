@@ -206,10 +206,28 @@ pub fn landlock_abi() -> i64 {
     Linux.landlock_abi()
 }
 
+/// The cgroup files joblib/loky, the JVM and Go read for their CPU and
+/// memory quota, v2 then v1.
+const QUOTA_FILES: &[&str] = &[
+    "/sys/fs/cgroup/cpu.max",
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+    "/sys/fs/cgroup/cpu/cpu.cfs_period_us",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+];
+
 /// The read-only and the read-write paths of the Landlock ruleset.
 pub(crate) fn landlock_paths(spec: &InitSpec) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let mut ro: Vec<PathBuf> = SYSTEM_RO.iter().map(PathBuf::from).collect();
     ro.extend(spec.ro.iter().cloned());
+    ro.extend(spec.cgroup_views.iter().map(|v| v.view.clone()));
+    if spec.cgroup_views.is_empty() {
+        // No groups of its own (and, without a mount namespace, the host's
+        // /sys in view): the quota files libraries read exist only at the
+        // top of each hierarchy, the machine's own; readable, so joblib and
+        // the JVM fall back to the CPU count instead of failing.
+        ro.extend(QUOTA_FILES.iter().map(PathBuf::from));
+    }
     let mut rw: Vec<PathBuf> = DEVICES_RW.iter().map(PathBuf::from).collect();
     rw.push("/tmp".into());
     rw.extend(rw_paths(spec));

@@ -321,6 +321,7 @@ mod tests {
             disable: Vec::new(),
             mpl_cache: None,
             hidden: Vec::new(),
+            cgroup_views: Vec::new(),
         }
     }
 

@@ -124,7 +124,23 @@ pub struct SandboxProfile {
     /// (the kernel's own session directory) are bound back on top.
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// Mode `auto` may start a kernel without its namespaces (user
+    /// namespaces unavailable to a non-root user, or a namespace the host
+    /// refuses): Landlock and seccomp only, where the kernel reaches the
+    /// host's loopback services, sees host processes and writes the host's
+    /// `/tmp`. Off by default: such a kernel is refused
+    /// ([`WEAK_LAYERS`]); config key `allow_weak_sandbox`.
+    #[serde(default)]
+    pub allow_weak: bool,
 }
+
+/// The layers without which mode `auto` refuses a kernel unless the
+/// profile allows a weak sandbox ([`SandboxProfile::allow_weak`]): what
+/// keeps the kernel off the host's network, processes and files.
+pub const WEAK_LAYERS: &[&str] = &["userns", "netns", "pidns", "mountns"];
+
+/// The config key that accepts a sandbox without [`WEAK_LAYERS`].
+pub const ALLOW_WEAK_KEY: &str = "allow_weak_sandbox";
 
 impl Default for SandboxProfile {
     fn default() -> Self {
@@ -142,6 +158,7 @@ impl Default for SandboxProfile {
             rlimits: Rlimits::default(),
             disable: Vec::new(),
             hidden: Vec::new(),
+            allow_weak: false,
         }
     }
 }
@@ -230,6 +247,24 @@ pub struct InitSpec {
     /// [`SandboxProfile::hidden`]).
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// The kernel's own cgroups, each bound read-only where a library
+    /// looks for its quota ([`crate::cgroup::KernelCgroup::views`]): the
+    /// rest of `/sys/fs/cgroup` (other kernels' groups, the host's) is not
+    /// in the kernel's view.
+    #[serde(default)]
+    pub cgroup_views: Vec<CgroupView>,
+}
+
+/// One of the kernel's cgroup directories and where the kernel sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupView {
+    /// The group's directory on the host
+    /// (`/sys/fs/cgroup/memory/cellhost/<kernel>`).
+    pub host: PathBuf,
+    /// Where the kernel sees it: the hierarchy's mount point
+    /// (`/sys/fs/cgroup/memory` on v1, `/sys/fs/cgroup` on v2), the root
+    /// of the kernel's cgroup namespace.
+    pub view: PathBuf,
 }
 
 /// First uid (and gid) of the range a kernel runs as when cellhost runs as
@@ -387,7 +422,19 @@ impl SandboxStatus {
     pub fn layer(&self, name: &str) -> Option<&LayerStatus> {
         self.layers.iter().find(|l| l.name == name)
     }
+
+    /// The first of [`WEAK_LAYERS`] that is missing for a reason other
+    /// than the profile disabling it (a layer the profile leaves out, or
+    /// network on, is the user's choice, not a degradation).
+    pub fn weak_layer(&self) -> Option<&LayerStatus> {
+        self.missing()
+            .filter(|l| WEAK_LAYERS.contains(&l.name.as_str()))
+            .find(|l| !l.detail.starts_with(DISABLED_BY_PROFILE))
+    }
 }
+
+/// The detail of a layer the profile leaves out (`sandbox_disable`).
+pub const DISABLED_BY_PROFILE: &str = "disabled by the sandbox profile";
 
 #[cfg(test)]
 mod tests {
@@ -414,6 +461,7 @@ mod tests {
             disable: vec!["seccomp".into()],
             mpl_cache: None,
             hidden: vec!["/run/user/0".into()],
+            cgroup_views: Vec::new(),
         };
         let text = serde_json::to_string(&spec).expect("json");
         assert_eq!(serde_json::from_str::<InitSpec>(&text).expect("parse"), spec);

@@ -224,6 +224,18 @@ pub fn build_root(sys: &dyn Sys, spec: &InitSpec, kernel_id: Option<u32>) -> Roo
         return fail(format!("cannot make / private: {e}"));
     }
     let list = entries(spec, &mut notes);
+    // The kernel's own cgroups, opened while the host's root is the root.
+    let views: Vec<(PathBuf, Option<OwnedFd>)> = spec
+        .cgroup_views
+        .iter()
+        .filter(|v| v.view.starts_with("/sys/fs/cgroup"))
+        .map(|v| {
+            (
+                v.view.clone(),
+                resolve(&v.host, Kind::ReadOnly).and_then(|e| e.fd),
+            )
+        })
+        .collect();
     if let Err(e) = enter_new_root(sys) {
         return fail(format!("cannot build a fresh root: {e}"));
     }
@@ -324,6 +336,32 @@ pub fn build_root(sys: &dyn Sys, spec: &InitSpec, kernel_id: Option<u32>) -> Roo
     }
     drop(list);
     drop(userns);
+    let mut own_cgroups = Vec::new();
+    for (view, fd) in &views {
+        let Some(fd) = fd else {
+            notes.push(format!(
+                "own cgroup at {} not bound: cannot open it",
+                view.display()
+            ));
+            continue;
+        };
+        let res = mount_point(sys, view, true, &bound, &covered)
+            .and_then(|()| sys.mount(Some(&fd_path(fd)), view, None, libc::MS_BIND, None))
+            .and_then(|()| remount(sys, view, true, true));
+        match res {
+            Ok(()) => own_cgroups.push(view.display().to_string()),
+            Err(err) => {
+                return fail(format!(
+                    "cannot bind the kernel's cgroup at {}: {err}",
+                    view.display()
+                ));
+            }
+        }
+    }
+    if !own_cgroups.is_empty() {
+        mountns.push(format!("own cgroups read-only at {}", own_cgroups.join(", ")));
+    }
+    drop(views);
     let mut masked = 0;
     for f in MASKED_FILES {
         let p = Path::new(f);
@@ -499,6 +537,7 @@ mod tests {
             disable: Vec::new(),
             mpl_cache: None,
             hidden: vec!["/usr".into()],
+            cgroup_views: Vec::new(),
         }
     }
 

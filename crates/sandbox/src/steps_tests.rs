@@ -20,6 +20,7 @@ fn spec(mode: SandboxMode) -> InitSpec {
         disable: Vec::new(),
         mpl_cache: None,
         hidden: Vec::new(),
+        cgroup_views: Vec::new(),
     }
 }
 

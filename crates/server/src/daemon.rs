@@ -254,13 +254,11 @@ pub enum Reply {
 /// The stable code of a refused peer.
 pub const PEER_REFUSED: &str = "peer_refused";
 
-/// Where the daemon's files live: `$XDG_RUNTIME_DIR/cellhost` when that is
-/// set, else `STATE_DIR/run`.
+/// Where the daemon's files live: `$XDG_RUNTIME_DIR/cellhost` when that
+/// directory is usable, else `STATE_DIR/run`, else `/tmp/cellhost-<uid>`
+/// ([`crate::rundir`]).
 pub fn runtime_dir(state_dir: &Path) -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("cellhost"),
-        _ => state_dir.join("run"),
-    }
+    crate::rundir::runtime_dir(state_dir)
 }
 
 /// The socket in `dir`.
@@ -309,16 +307,22 @@ pub enum StopReason {
 /// signalled; then shuts `registry` down and removes the socket.
 ///
 /// # Errors
-/// I/O errors creating the directory, taking the lock or binding.
+/// I/O errors creating the directory, taking the lock or binding; each
+/// names the path.
 pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io::Result<StopReason> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let named = |path: &Path| {
+        let path = path.display().to_string();
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{path}: {e}"))
+    };
+    crate::rundir::prepare(dir)?;
     // One daemon per directory: an exclusive lock held for its lifetime.
+    let lock_path = dir.join("daemon.lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join("daemon.lock"))?;
+        .open(&lock_path)
+        .map_err(named(&lock_path))?;
     // A daemon holding the lock and answering on the socket runs: this one
     // is not needed. One holding it without answering is stopping (it
     // closes the socket first, then shuts its kernels down): wait for it,
@@ -331,11 +335,12 @@ pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    std::fs::write(dir.join("daemon.pid"), std::process::id().to_string())?;
+    let pid_path = dir.join("daemon.pid");
+    std::fs::write(&pid_path, std::process::id().to_string()).map_err(named(&pid_path))?;
     let sock = socket_path(dir);
     let _ = std::fs::remove_file(&sock);
-    let listener = UnixListener::bind(&sock)?;
-    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let listener = UnixListener::bind(&sock).map_err(named(&sock))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).map_err(named(&sock))?;
     let activity = Arc::new(Activity {
         open: AtomicUsize::new(0),
         last: Mutex::new(Instant::now()),
@@ -745,9 +750,13 @@ impl Client {
     /// Connects to the daemon whose socket is in `dir`.
     ///
     /// # Errors
-    /// No daemon listens there.
+    /// No daemon listens there (the message names the socket; the kind is
+    /// the connect's).
     pub async fn connect(dir: &Path) -> std::io::Result<Client> {
-        let s = UnixStream::connect(socket_path(dir)).await?;
+        let path = socket_path(dir);
+        let s = UnixStream::connect(&path)
+            .await
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let (r, w) = s.into_split();
         Ok(Client {
             r: BufReader::new(r),

@@ -127,6 +127,12 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
     ("sandbox_mode", Kind::Str, "\"auto\"", "off, auto or enforce"),
     ("network", Kind::Bool, "false", "network inside the sandbox"),
     (
+        "allow_weak_sandbox",
+        Kind::Bool,
+        "false",
+        "let mode auto start kernels without namespaces (no user namespaces for a non-root user): Landlock and seccomp only",
+    ),
+    (
         "sandbox_disable",
         Kind::Str,
         "\"\"",
@@ -541,6 +547,7 @@ impl Config {
             cfg.sandbox.mode = mode;
         }
         cfg.sandbox.network = self.bool("network");
+        cfg.sandbox.allow_weak = self.bool("allow_weak_sandbox");
         cfg.sandbox.disable = self.sandbox_disable();
         if !self.tools.is_empty() {
             cfg.tool_host = Some(std::sync::Arc::new(crate::tools::CommandTools::new(

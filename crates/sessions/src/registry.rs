@@ -62,7 +62,9 @@ impl RegistryError {
     pub fn code(&self) -> &'static str {
         match self {
             RegistryError::SandboxBelowFloor(_) => crate::floor::BelowFloor::CODE,
-            RegistryError::Kernel(KernelError::SandboxUnavailable { .. }) => "sandbox_unavailable",
+            RegistryError::Kernel(
+                KernelError::SandboxUnavailable { .. } | KernelError::WeakSandbox { .. },
+            ) => "sandbox_unavailable",
             RegistryError::Kernel(_) => "kernel",
             RegistryError::Full { .. } => "registry_full",
             RegistryError::Restore(_) => "restore",

@@ -387,3 +387,86 @@ fn escape_3_kernel_never_holds_host_root_and_doctor_names_the_layers() {
     }
     f.assert_healthy();
 }
+
+/// The cell a kernel runs to look at `/sys/fs/cgroup` the way
+/// joblib/loky's `cpu_count()` does (cgroup v2 `cpu.max`, else v1
+/// `cpu/cpu.cfs_quota_us`), and for other kernels' groups.
+const CGROUP_PROBE: &str = r#"import json, os
+out = {}
+def read(p):
+    try:
+        return open(p).read().strip()
+    except OSError as e:
+        return type(e).__name__
+for p in ["/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+          "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+          "/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max"]:
+    out[p] = read(p) if os.path.exists(p) else None
+subdirs = []
+for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"]:
+    try:
+        subdirs += [os.path.join(root, n) for n in os.listdir(root) if os.path.isdir(os.path.join(root, n))]
+    except OSError:
+        pass
+out["subdirs"] = subdirs
+try:
+    open("/sys/fs/cgroup/pids/pids.max" if os.path.exists("/sys/fs/cgroup/pids/pids.max") else "/sys/fs/cgroup/pids.max", "w").write("max")
+    out["write"] = "WROTE"
+except OSError as e:
+    out["write"] = type(e).__name__
+print(json.dumps(out))"#;
+
+/// Attack: read other kernels' cgroups (their names are session names),
+/// or raise the kernel's own limit. Need: a library reading its quota
+/// where it looks for it (joblib/loky failed with `PermissionError` on
+/// `/sys/fs/cgroup/cpu/cpu.cfs_quota_us`). Surface: CLI one-shot `exec`,
+/// mode `auto`. The kernel sees exactly its own groups, read-only, and
+/// nothing else of `/sys/fs/cgroup`; where the host could not make it
+/// groups (no cgroup layer), the quota files do not exist (loky then
+/// counts CPUs), never a `PermissionError`.
+#[test]
+fn kernel_reads_its_own_cgroup_read_only_and_no_other() {
+    let env = Env::new();
+    let (code, v) = env.exec_json(&["--sandbox", "auto"], CGROUP_PROBE);
+    assert_eq!(code, 0, "{v}");
+    let seen: Value = serde_json::from_str(v["stdout"].as_str().unwrap_or("").trim()).expect("probe JSON");
+    let cgroup_on = v["kernel"]["sandbox"]["enforced"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|l| l == "cgroup"));
+    for (path, value) in seen.as_object().expect("object") {
+        if path.starts_with('/') {
+            assert_ne!(value, "PermissionError", "{path}: {seen}");
+        }
+    }
+    assert_eq!(
+        seen["subdirs"],
+        serde_json::json!([]),
+        "no other group is visible: {seen}"
+    );
+    assert_ne!(seen["write"], "WROTE", "{seen}");
+    if cgroup_on {
+        let mem = [
+            &seen["/sys/fs/cgroup/memory.max"],
+            &seen["/sys/fs/cgroup/memory/memory.limit_in_bytes"],
+        ];
+        assert!(
+            mem.iter().any(|m| *m == "4294967296"),
+            "the 4 GiB limit is readable: {seen}"
+        );
+        let pids = [
+            &seen["/sys/fs/cgroup/pids.max"],
+            &seen["/sys/fs/cgroup/pids/pids.max"],
+        ];
+        assert!(
+            pids.iter().any(|m| *m == "512"),
+            "the process limit is readable: {seen}"
+        );
+    } else {
+        eprintln!("no cgroup layer here (non-root v1): the quota files are absent: {seen}");
+        for (path, value) in seen.as_object().expect("object") {
+            if path.starts_with('/') {
+                assert_eq!(value, &Value::Null, "{path}: {seen}");
+            }
+        }
+    }
+}

@@ -16,6 +16,7 @@ mod hostile_code;
 mod http_tenants;
 mod kernel_view;
 mod modes;
+mod no_userns;
 mod redteam;
 mod results;
 mod setid;

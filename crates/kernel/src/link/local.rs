@@ -604,7 +604,9 @@ impl Prepared {
         };
         let spec = sandboxed.then(|| {
             let assets = config.runtime.sandbox_assets(&config.python, boot_dir);
-            init_spec(config, boot_dir, assets.as_deref())
+            let mut spec = init_spec(config, boot_dir, assets.as_deref());
+            spec.cgroup_views = cgroup.iter().flat_map(KernelCgroup::views).collect();
+            spec
         });
         Ok(Prepared {
             label,
@@ -686,6 +688,7 @@ fn init_spec(config: &KernelConfig, boot_dir: &Path, assets: Option<&Path>) -> I
         disable: config.sandbox.disable.clone(),
         mpl_cache: assets.map(canon),
         hidden: hidden_paths(config),
+        cgroup_views: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::error::KernelError;
 use crate::result::{CellError, CellResult};
 
 pub mod python;
@@ -76,6 +77,15 @@ pub trait WorkerRuntime: Send + Sync + 'static {
     /// is built (the build runs in the background) or when there is none.
     fn sandbox_assets(&self, interpreter: &Path, boot_dir: &Path) -> Option<PathBuf> {
         let _ = (interpreter, boot_dir);
+        None
+    }
+
+    /// The typed error for a worker that exited before `ready` having
+    /// written `stderr` (the first bytes of its standard error), when the
+    /// runtime recognises the cause (an interpreter too old for the
+    /// worker); `None` leaves the generic start failure.
+    fn start_failure(&self, interpreter: &Path, stderr: &str) -> Option<KernelError> {
+        let _ = (interpreter, stderr);
         None
     }
 

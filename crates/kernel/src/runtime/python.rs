@@ -34,8 +34,21 @@ use crate::result::{CellError, CellResult};
 pub mod files;
 mod hints;
 
-/// The boot line given to `python -c`: puts the worker package on `sys.path`
-/// and runs it without binding any name in `__main__`.
+/// The oldest interpreter the worker supports (`PyCF_ALLOW_TOP_LEVEL_AWAIT`,
+/// `threading.get_native_id` and the `ast` shapes it compiles are 3.8's).
+pub const MIN_PYTHON: (u32, u32) = (3, 8);
+
+/// The first statement of every boot line: an interpreter older than
+/// [`MIN_PYTHON`] writes [`UNSUPPORTED_MARK`] and its version on stderr and
+/// exits 87 before any of the worker's code is imported. Valid Python 2.
+const VERSION_GATE: &str = "__import__('sys').version_info[:2]<(3,8) and (__import__('sys').stderr.write('cellhost-unsupported-python %d.%d.%d\\n' % tuple(__import__('sys').version_info[:3])), __import__('sys').exit(87));";
+
+/// The line [`VERSION_GATE`] writes, before the version.
+const UNSUPPORTED_MARK: &str = "cellhost-unsupported-python ";
+
+/// The boot line given to `python -c`: checks the version, puts the worker
+/// package on `sys.path` and runs it without binding any name in
+/// `__main__`.
 const BOOT: &str = "__import__('sys').path.append(__import__('sys').argv.pop(1));__import__('cellhost_worker.main').main.run()";
 
 /// The boot line of a template.
@@ -80,16 +93,34 @@ impl WorkerRuntime for PythonRuntime {
         files::sandbox_assets(interpreter, boot_dir)
     }
 
+    fn start_failure(&self, interpreter: &Path, stderr: &str) -> Option<KernelError> {
+        unsupported_version(stderr).map(|found| KernelError::UnsupportedInterpreter {
+            python: interpreter.display().to_string(),
+            found,
+            needs: format!("{}.{}", MIN_PYTHON.0, MIN_PYTHON.1),
+        })
+    }
+
     fn error_hint(&self, error: &CellError, result: &CellResult, interpreter: &Path) -> Option<String> {
         hints::error_hint(error, result, interpreter)
     }
+}
+
+/// The version [`VERSION_GATE`] reported in `stderr`, if it did (a line
+/// that is exactly the mark and a dotted version).
+fn unsupported_version(stderr: &str) -> Option<String> {
+    stderr.lines().find_map(|line| {
+        let v = line.trim_end().strip_prefix(UNSUPPORTED_MARK)?;
+        let ok = !v.is_empty() && v.len() <= 32 && v.chars().all(|c| c.is_ascii_digit() || c == '.');
+        ok.then(|| v.to_string())
+    })
 }
 
 fn argv(interpreter: &Path, boot: &str, boot_dir: &Path) -> Vec<String> {
     vec![
         interpreter.display().to_string(),
         "-c".to_string(),
-        boot.to_string(),
+        format!("{VERSION_GATE}{boot}"),
         boot_dir.display().to_string(),
     ]
 }

@@ -288,9 +288,9 @@ impl RequestError {
                 v["kernel"] = kernel.clone().into();
                 v["cell"] = cell.clone().into();
             }
-            RequestError::Registry(RegistryError::Kernel(KernelError::SandboxUnavailable {
-                layer, ..
-            })) => {
+            RequestError::Registry(RegistryError::Kernel(
+                KernelError::SandboxUnavailable { layer, .. } | KernelError::WeakSandbox { layer, .. },
+            )) => {
                 v["layer"] = layer.clone().into();
             }
             RequestError::Registry(RegistryError::SandboxBelowFloor(b)) => {
