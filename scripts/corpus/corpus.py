@@ -7,8 +7,10 @@ The inputs come from PyPI source distributions that ship them, fetched
 through the package index the venv's pip uses (sha256-checked), so nothing
 is vendored and no cell needs the network:
 
-* matplotlib's gallery (``galleries/examples``, sphinx-gallery scripts,
-  split into cells at ``# %%`` and ``####`` lines, as sphinx-gallery does);
+* matplotlib's gallery (``galleries/examples`` and ``plot_types``,
+  sphinx-gallery scripts split into cells at ``# %%`` and ``####`` lines as
+  sphinx-gallery does; the scripts of one directory share a notebook, up
+  to 40 cells each);
 * matplotlib's inline-backend test notebook (``%matplotlib inline``).
 
 Usage (figures for the record, not a test):
@@ -42,6 +44,11 @@ SKIP = re.compile(
     r"/(user_interfaces|event_handling|animation|widgets|misc/multiprocess|misc/multipage_pdf"
     r"|showcase/xkcd|misc/rasterization_demo|misc/print_stdout)"
 )
+
+
+# Gallery scripts of one directory run in one notebook, this many cells at
+# most (a kernel start per script would dominate the run).
+BATCH = 40
 
 
 def index_url(python):
@@ -109,6 +116,7 @@ def gather(python, work, limit):
     os.makedirs(sd, exist_ok=True)
     os.makedirs(nbdir, exist_ok=True)
     items = []
+    batches = []  # (source label, stem, cells): gallery scripts of one directory share a notebook
     for name, version, filt, kind in SOURCES:
         tar = fetch_sdist(python, name, version, sd)
         with tarfile.open(tar) as tf:
@@ -116,26 +124,32 @@ def gather(python, work, limit):
                 if not member.isfile() or not filt.match(member.name) or SKIP.search(member.name):
                     continue
                 raw = tf.extractfile(member).read().decode("utf-8", "replace")
-                stem = re.sub(r"[^\w.-]+", "_", member.name.split("/", 1)[1])[:120]
+                rel = member.name.split("/", 1)[1]
                 if kind == "gallery":
-                    nb = notebook(split_gallery(raw))
-                else:
-                    nb = nbformat.reads(raw, as_version=4)
-                    for c in nb.cells:
-                        if c.cell_type == "code":
-                            c.outputs, c.execution_count = [], None
-                    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-                n = sum(1 for c in nb.cells if c.cell_type == "code")
-                if n == 0:
+                    cells = split_gallery(raw)
+                    folder = "%s-%s:%s" % (name, version, rel.rsplit("/", 1)[0])
+                    if not batches or batches[-1][0] != folder or len(batches[-1][2]) >= BATCH:
+                        batches.append((folder, re.sub(r"[^\w.-]+", "_", rel.rsplit("/", 1)[0]), []))
+                    batches[-1][2].extend(cells)
                     continue
-                d = os.path.join(nbdir, stem.rsplit(".", 1)[0])
-                os.makedirs(d, exist_ok=True)
-                path = os.path.join(d, "input.ipynb")
-                nbformat.write(nb, path)
-                items.append({"source": "%s-%s:%s" % (name, version, member.name.split("/", 1)[1]),
-                              "dir": d, "path": path, "cells": n})
-                if limit and sum(i["cells"] for i in items) >= limit:
-                    return items
+                nb = nbformat.reads(raw, as_version=4)
+                for c in nb.cells:
+                    if c.cell_type == "code":
+                        c.outputs, c.execution_count = [], None
+                nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+                batches.append(("%s-%s:%s" % (name, version, rel), re.sub(r"[^\w.-]+", "_", rel), nb))
+    for n, (label, stem, content) in enumerate(batches):
+        nb = notebook(content) if isinstance(content, list) else content
+        cells = sum(1 for c in nb.cells if c.cell_type == "code")
+        if cells == 0:
+            continue
+        d = os.path.join(nbdir, "%03d-%s" % (n, stem[:100]))
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "input.ipynb")
+        nbformat.write(nb, path)
+        items.append({"source": label, "dir": d, "path": path, "cells": cells})
+        if limit and sum(i["cells"] for i in items) >= limit:
+            break
     return items
 
 

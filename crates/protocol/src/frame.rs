@@ -243,7 +243,7 @@ pub enum WorkerFrame {
         /// result goes before the ones after it: figures flushed at the
         /// cell's end come after the result, as in Jupyter).
         #[serde(default)]
-        result_at: Option<u64>,
+        result_at: Option<u32>,
     },
     /// Diagnostic message from the worker itself.
     Log {
