@@ -186,8 +186,12 @@ def _make_ipython_shell(namespace):
     shell = InteractiveShell.instance(config=config, ipython_dir=ipdir,
                                       user_module=main_module, user_ns=namespace)
     shell.display_pub = CellhostDisplayPublisher(shell=shell)
-    # IPython's own names for the history are cellhost's (see history).
+    # IPython's own names for the history are cellhost's (see history), and
+    # exit()/quit() stay Python's (they end the cell, not a session).
     history.reinstall(namespace)
+    for name in ("exit", "quit"):
+        if namespace.get(name) is getattr(shell, "exiter", None):
+            del namespace[name]
     for name in history.HIDDEN:
         if name in namespace:
             shell.user_ns_hidden[name] = namespace[name]

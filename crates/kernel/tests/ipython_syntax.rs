@@ -353,3 +353,17 @@ async fn the_result_comes_before_the_figures_flushed_at_the_end() {
         f.session.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn exit_still_ends_the_cell_once_the_shell_exists() {
+    for path in PATHS {
+        let Some(mut f) = fixture(path) else { continue };
+        f.ok("%time v = 1").await;
+        let r = f.run("exit()").await;
+        assert_eq!(r.status, CellStatus::Error, "{path:?}: {r:#?}");
+        assert_eq!(r.error.expect("error").ename, "SystemExit", "{path:?}");
+        let r = f.ok("v").await;
+        assert_eq!(plain(&r), "1", "{path:?}");
+        f.session.shutdown().await;
+    }
+}
