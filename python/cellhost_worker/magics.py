@@ -156,7 +156,26 @@ def _ipython_dir():
     if d:
         return d
     import tempfile
-    return os.path.join(tempfile.gettempdir(), "cellhost-ipython-%d" % os.getuid())
+    d = os.path.join(tempfile.gettempdir(), "cellhost-ipython-%d" % os.getuid())
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix="cellhost-ipython-")
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return tempfile.mkdtemp(prefix="cellhost-ipython-")
+    # A shared temporary directory: only a directory of our own is used.
+    if st.st_uid != os.getuid() or (st.st_mode & 0o022) or not _is_dir(st.st_mode):
+        return tempfile.mkdtemp(prefix="cellhost-ipython-")
+    return d
+
+
+def _is_dir(mode):
+    import stat
+    return stat.S_ISDIR(mode)
 
 
 def _make_ipython_shell(namespace):
@@ -178,10 +197,6 @@ def _make_ipython_shell(namespace):
     config.InteractiveShell.warn_venv = False
     config.InteractiveShell.colors = "nocolor"
     ipdir = _ipython_dir()
-    try:
-        os.makedirs(ipdir, exist_ok=True)
-    except OSError:
-        pass
     main_module = _modules["__main__"]
     shell = InteractiveShell.instance(config=config, ipython_dir=ipdir,
                                       user_module=main_module, user_ns=namespace)

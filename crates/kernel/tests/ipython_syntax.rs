@@ -367,3 +367,32 @@ async fn exit_still_ends_the_cell_once_the_shell_exists() {
         f.session.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn escapes_inside_blocks_and_strings_and_real_syntax_errors() {
+    for path in PATHS {
+        let Some(mut f) = fixture(path) else { continue };
+        let r = f.ok("for i in range(2):\n    !echo line {i}").await;
+        assert_eq!(r.stdout, "line 0\nline 1\n", "{path:?}");
+        // A `%` line inside a string is the string's, in a cell that also
+        // needs the transform.
+        let r = f
+            .ok("s = '''\n%d items\n!not a command\n'''\n%time t = 1\nprint(s.strip())")
+            .await;
+        assert!(
+            r.stdout.ends_with("%d items\n!not a command\n"),
+            "{path:?}: {:?}",
+            r.stdout
+        );
+        // A cell that is neither Python nor IPython syntax keeps its SyntaxError.
+        let r = f.run("x = (1,\n%time y = 2").await;
+        assert_eq!(r.status, CellStatus::Error, "{path:?}");
+        assert_eq!(r.error.expect("error").ename, "SyntaxError", "{path:?}");
+        let r = f.run("def broken(:\n    pass").await;
+        assert_eq!(r.error.expect("error").ename, "SyntaxError", "{path:?}");
+        // Indented pasted code runs, as in IPython.
+        let r = f.ok("    a = 3\n    a * 2").await;
+        assert_eq!(plain(&r), "6", "{path:?}");
+        f.session.shutdown().await;
+    }
+}
