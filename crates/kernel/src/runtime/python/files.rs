@@ -193,8 +193,8 @@ fn build_assets(python: &Path, worker_dir: &Path, dir: &Path, marker: &Path) {
     if fs::create_dir_all(dir).is_err() {
         return;
     }
-    let child = std::process::Command::new(python)
-        .args(["-c", BUILD_SCRIPT])
+    let mut cmd = std::process::Command::new(python);
+    cmd.args(["-c", BUILD_SCRIPT])
         .arg(worker_dir)
         .arg(marker)
         .arg(std::process::id().to_string())
@@ -202,8 +202,10 @@ fn build_assets(python: &Path, worker_dir: &Path, dir: &Path, marker: &Path) {
         .env("MPLBACKEND", "agg")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
+        .stderr(std::process::Stdio::null());
+    // Also for an interpreter that is a wrapper script: it dies with us.
+    cellhost_sandbox::signal::kill_with_spawning_thread(&mut cmd);
+    let child = cmd.spawn();
     let Ok(mut child) = child else { return };
     // A font scan takes seconds; an interpreter that hangs is given up on.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
