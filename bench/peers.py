@@ -40,6 +40,13 @@ def w1(n):
         t = time.perf_counter()
         _run(kc, "x += 1")
         lat.append((time.perf_counter() - t) * 1000)
+    for _ in range(20):
+        _run(kc, "%time x += 1")
+    magic = []
+    for _ in range(n):
+        t = time.perf_counter()
+        _run(kc, "%time x += 1")
+        magic.append((time.perf_counter() - t) * 1000)
     kc.stop_channels()
     km.shutdown_kernel(now=True)
     pyc = []
@@ -47,7 +54,7 @@ def w1(n):
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", "x = 0\nx += 1"], check=True)
         pyc.append((time.perf_counter() - t) * 1000)
-    return {"ipykernel_ms": lat, "python_c_ms": pyc}
+    return {"ipykernel_ms": lat, "ipykernel_magic_ms": magic, "python_c_ms": pyc}
 
 
 def w2(n, code="1"):

@@ -8,7 +8,7 @@ from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
 import io as _io_module
 import sys
 
-from . import prims, state
+from . import pretty, prims, state
 
 _BytesIO = _io_module.BytesIO
 _modules = prims.MODULES
@@ -26,6 +26,11 @@ _REPR_METHODS = (
 )
 _BINARY = ("image/png", "image/jpeg")
 channel = None  # set by main
+# Lists of (data, metadata) that displays go to instead of the host
+# (``%%capture``); the innermost last.
+capture_stack = []
+# Displays sent to the host in the current cell (main resets it).
+sent = 0
 
 
 def _cap(text):
@@ -38,7 +43,7 @@ def _cap(text):
 
 def _plain(obj):
     try:
-        text = _cap(repr(obj))
+        text = _cap(pretty.text_plain(obj))
         if text is not None:
             return text
         why = "__repr__ returned a non-string"
@@ -141,8 +146,27 @@ def bundle(obj):
 
 
 def send_display(data, metadata=None):
+    global sent
+    if capture_stack:
+        capture_stack[-1].append((data, metadata or {}))
+        return
     if channel is not None:
         channel.send({"type": "display", "id": state.current or "", "data": data, "metadata": metadata or {}})
+        sent += 1
+
+
+def send_bundle(data, metadata=None):
+    """A ready MIME bundle from other code (IPython's display publisher):
+    its values encoded as the host expects, what cannot be encoded left out."""
+    if type(data) is not dict:
+        return
+    out = {}
+    for k, v in list(dict.items(data)):
+        enc = _encode_value(k, v)
+        if enc is not None:
+            out[prims.exact_str(k)] = enc
+    md = metadata if type(metadata) is dict else {}
+    send_display(out, md)
 
 
 def display(*objs, raw=False, metadata=None, **_ignored):

@@ -38,7 +38,6 @@ _restore_pending = False
 def _run_code(body, last, namespace):
     """Runs the cell's body, then its last expression; returns the value.
     One call for both, so a tracer the cell set sees no worker frame."""
-    global _loop
     _restore_tracing()
     value = None
     for code_obj in (body, last):
@@ -46,20 +45,40 @@ def _run_code(body, last, namespace):
             break
         value = eval(code_obj, namespace)
         if code_obj.co_flags & _CO_COROUTINE:
-            if _loop is None or _loop.is_closed():
-                # Imported on first use: asyncio (with ssl) is a third of
-                # the worker's start-up, and most cells never await at top
-                # level.
-                import asyncio
-                _loop = asyncio.new_event_loop()
-            # The loop runs only for this cell: between cells (and inside
-            # cells that call asyncio.run()) no event loop is running.
-            value = _loop.run_until_complete(value)
+            value = run_coroutine(value)
     return value
 
 
-def compile_cell(source, filename):
-    """(body, last_expression) code objects; last is None if the cell does not end with an expression."""
+def run_coroutine(coro):
+    """Runs a cell's top-level ``await`` code to its end on the worker's
+    loop. The loop runs only for this cell: between cells (and inside cells
+    that call ``asyncio.run()``) no event loop is running."""
+    global _loop
+    if _loop is None or _loop.is_closed():
+        # Imported on first use: asyncio (with ssl) is a third of the
+        # worker's start-up, and most cells never await at top level.
+        import asyncio
+        _loop = asyncio.new_event_loop()
+    return _loop.run_until_complete(coro)
+
+
+def ends_quiet(source):
+    """The cell ends with ``;`` (a trailing comment aside): its result is hidden."""
+    lines = source.rstrip().splitlines()
+    if not lines:
+        return False
+    last = lines[-1]
+    if "#" in last:
+        code_part = last.split("#", 1)[0].rstrip()
+        if code_part.count("'") % 2 == 0 and code_part.count('"') % 2 == 0 and code_part:
+            last = code_part
+    return last.rstrip().endswith(";")
+
+
+def compile_cell(source, filename, quiet=None):
+    """(body, last_expression) code objects; last is None if the cell does
+    not end with an expression or is ``quiet`` (ends with ``;``; decided
+    from ``source`` when None)."""
     if type(source) is not str:
         source = prims.exact_str(source) or ""
     flags = _PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -69,7 +88,9 @@ def compile_cell(source, filename):
     except BaseException:  # noqa: B902 - only tracebacks lose their source lines
         pass
     last = None
-    if tree.body and type(tree.body[-1]) is _Expr and not source.rstrip().endswith(";"):
+    if quiet is None:
+        quiet = ends_quiet(source)
+    if tree.body and type(tree.body[-1]) is _Expr and not quiet:
         last = _Expression(tree.body.pop().value)
     body = compile(tree, filename, "exec", flags, dont_inherit=True)
     last_code = compile(last, filename, "eval", flags, dont_inherit=True) if last is not None else None

@@ -3,7 +3,7 @@ from .prims import BUILTINS as __builtins__  # noqa: F401,E402 - see prims
 import sys
 import types
 
-from . import prims
+from . import history, prims
 
 _ModuleType = types.ModuleType
 _modules = prims.MODULES
@@ -73,7 +73,7 @@ def inspect(namespace, limit):
     out, total = [], 0
     for name, value in list(dict.items(namespace)):
         name = prims.exact_str(name)
-        if name is None or name.startswith("_") or issubclass(type(value), _ModuleType):
+        if name is None or name.startswith("_") or name in history.HIDDEN or issubclass(type(value), _ModuleType):
             continue
         total += 1
         if len(out) < limit:

@@ -11,7 +11,7 @@ import faulthandler
 import resource
 import sys
 
-from . import api, channel as channel_mod, display, execute, fileaudit, inspect_vars, prims, state, streams
+from . import api, channel as channel_mod, display, execute, fileaudit, history, inspect_vars, magics, prims, state, streams
 
 PROTOCOL = 1
 CONTROL_FD = 3
@@ -194,8 +194,11 @@ def _run_cell(frame):
     status, result, error = "ok", None, None
     cpu_before = _usage(0.0)[1]
     fileaudit.reset()
+    display.sent = 0
+    result_at = None
     try:
-        body, last = execute.compile_cell(code, "<cell-%d>" % count)
+        body, last = _compile(code, count, silent)
+        _guarded(magics.before_cell, code, count, silent)
         value, has_value = execute.run_user_code(body, last, _namespace, cid)
         _leave_if_forked_child()
         if has_value and value is not None:
@@ -204,12 +207,15 @@ def _run_cell(frame):
             finally:
                 execute.after_user_code()  # the value's reprs are cell code too
             result = data
+            result_at = display.sent
             if not silent:
-                _namespace["_"] = value
+                history.record_output(_namespace, count, value)
+        _guarded(magics.after_cell, "ok")
     except BaseException as exc:  # noqa: B902 - every exception belongs to the cell
         state.running = False
         execute.after_user_code()
         _leave_if_forked_child()
+        _guarded(magics.after_cell, "error")
         if issubclass(type(exc), KeyboardInterrupt):
             status = "interrupted"
         else:
@@ -220,10 +226,39 @@ def _run_cell(frame):
         except BaseException:  # noqa: B902
             pass
         del exc
-    _end_cell(cid, frame.get("marker", ""), status, count, result, error, cpu_before)
+    _end_cell(cid, frame.get("marker", ""), status, count, result, error, cpu_before, result_at)
 
 
-def _end_cell(cid, marker, status, count, result, error, cpu_before=None):
+def _compile(code, count, silent):
+    """The cell's code objects. A cell that is not plain Python gets a
+    second chance as IPython syntax (magics, ``!cmd``, ``obj?``): the
+    pre-check and transform run only after the plain compile failed, so a
+    plain cell pays nothing. ``In[count]`` is the source as run."""
+    filename = "<cell-%d>" % count
+    source = code
+    try:
+        try:
+            return execute.compile_cell(code, filename)
+        except SyntaxError:
+            new = _transform(code)
+            if new is None:
+                raise
+            source = new
+            return execute.compile_cell(new, filename, quiet=execute.ends_quiet(code))
+    finally:
+        if not silent:
+            _guarded(history.record_input, _namespace, count, source)
+
+
+def _transform(code):
+    try:
+        return magics.transform(code)
+    except Exception as exc:  # noqa: B902 - the plain SyntaxError stands
+        _log("worker: IPython syntax transform failed: %s: %s" % (prims.type_name(exc), prims.exc_text(exc)))
+        return None
+
+
+def _end_cell(cid, marker, status, count, result, error, cpu_before=None, result_at=None):
     """The cell's end: figures, flushes, end markers, then ``response``."""
     sigint_after = _classify_sigint()
     try:
@@ -247,6 +282,7 @@ def _end_cell(cid, marker, status, count, result, error, cpu_before=None):
         "type": "response", "id": cid, "status": status, "execution_count": count,
         "result": result, "error": error, "usage": usage, "cwd": _cwd(),
         "sigint_handler": sigint_after, "files": _guarded(fileaudit.take),
+        "result_at": result_at,
     })
 
 
@@ -308,6 +344,8 @@ def run():
     display.install_ipython_hook()
     sys.modules["cellhost"] = api.make_module()
     _namespace = sys.modules["__main__"].__dict__
+    history.install(_namespace)
+    magics.install(_namespace)
     signal.signal(signal.SIGINT, _on_sigint)
     prims.start_new_thread(_reader, ())
     _channel.send({"type": "ready", "pid": os.getpid(), "python": sys.version,

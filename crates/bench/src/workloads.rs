@@ -137,9 +137,30 @@ async fn w1(ctx: &mut Ctx<'_>) -> R {
             return Err(format!("W1 cell failed: {r:?}"));
         }
     }
+    // The same cell behind a magic (IPython's own %time when the
+    // interpreter has IPython, else the built-in one).
+    for _ in 0..20 {
+        k.execute("%time x += 1", ExecOptions::default())
+            .await
+            .map_err(s)?;
+    }
+    let mut magic = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = k
+            .execute("%time x += 1", ExecOptions::default())
+            .await
+            .map_err(s)?;
+        magic.push(t.elapsed().as_secs_f64() * 1000.0);
+        if r.status != CellStatus::Ok {
+            return Err(format!("W1 magic cell failed: {r:?}"));
+        }
+    }
     k.kill().await;
     let mine = row("W1 round trip `x += 1`", "cellhost", &lat);
     ctx.rows.push(mine.clone());
+    let mine_magic = row("W1 round trip `%time x += 1`", "cellhost", &magic);
+    ctx.rows.push(mine_magic.clone());
     if ctx.args.peers {
         let v = run_peer(ctx, &["w1".into(), n.to_string()])?;
         compare(
@@ -158,6 +179,15 @@ async fn w1(ctx: &mut Ctx<'_>) -> R {
                 "W1 round trip `x += 1`",
                 "python -c per cell",
                 &floats(&v, "python_c_ms"),
+            ),
+        );
+        compare(
+            ctx,
+            &mine_magic,
+            row(
+                "W1 round trip `%time x += 1`",
+                "ipykernel + jupyter_client",
+                &floats(&v, "ipykernel_magic_ms"),
             ),
         );
     }

@@ -142,5 +142,8 @@ fn main() -> ExitCode {
         Cmd::Restore(a) => cmd_restore::run(a),
         Cmd::Mcp(a) => cmd_mcp::run(a),
     };
+    // A font-cache build a kernel of this command started is finished
+    // (once per interpreter), never cut short by the exit nor left behind.
+    cellhost_kernel::worker_files::wait_for_asset_builds(std::time::Duration::from_secs(30));
     ExitCode::from(code)
 }

@@ -282,6 +282,12 @@ pub struct CellResult {
     pub result: Option<MimeBundle>,
     /// Displays shown during the cell, in order.
     pub displays: Vec<DisplayOutput>,
+    /// Where `result` stands among `displays`: it was shown before
+    /// `displays[result_index]` (figures flushed at the cell's end come
+    /// after the result, as with Jupyter's inline backend). Absent when
+    /// there is no result or it came after every display.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_index: Option<usize>,
     /// Displays the host dropped (over the cell's budget) or withheld (a
     /// registered secret in binary data).
     #[serde(default, skip_serializing_if = "Option::is_none")]

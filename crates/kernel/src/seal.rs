@@ -101,6 +101,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         stderr,
         result,
         displays,
+        result_index: _,
         displays_dropped,
         error,
         truncated,
@@ -398,6 +399,7 @@ mod tests {
                 data: bundle(&s),
                 metadata: json!({ "title": s }).as_object().cloned().unwrap_or_default(),
             }],
+            result_index: None,
             displays_dropped: None,
             error: Some(CellError {
                 ename: s.clone(),

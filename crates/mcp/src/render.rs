@@ -196,6 +196,7 @@ mod tests {
             stderr: String::new(),
             result: None,
             displays: Vec::new(),
+            result_index: None,
             displays_dropped: None,
             error: Some(CellError {
                 ename: "ZeroDivisionError".into(),

@@ -239,6 +239,11 @@ pub enum WorkerFrame {
         /// Files the cell opened, as seen by Python's `open` audit event.
         #[serde(default)]
         files: Option<FilesOpened>,
+        /// Displays the worker had sent when it rendered `result` (the
+        /// result goes before the ones after it: figures flushed at the
+        /// cell's end come after the result, as in Jupyter).
+        #[serde(default)]
+        result_at: Option<u32>,
     },
     /// Diagnostic message from the worker itself.
     Log {

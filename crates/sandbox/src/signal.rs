@@ -83,3 +83,27 @@ pub fn signal_name(sig: i32) -> String {
     };
     name.to_string()
 }
+
+/// Makes the child of `cmd` get SIGKILL when the thread that spawns it
+/// ends, or the whole process (`PR_SET_PDEATHSIG`, kept across `execve`);
+/// a child whose parent is already gone by then exits at once. For helper
+/// processes (the font-cache build) that must never outlive the command
+/// that started them.
+pub fn kill_with_spawning_thread(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id() as i32;
+    // SAFETY: the hook runs in the child between fork and exec and makes
+    // only async-signal-safe system calls (prctl, getppid, _exit), touching
+    // no memory of the parent but the copied `parent` integer.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+            Ok(())
+        });
+    }
+}

@@ -95,6 +95,7 @@ impl<L: WorkerLink> Driver<L> {
         let mut cwd = None;
         let mut crash = None;
         let mut files = None;
+        let mut result_at = None;
         if let Some(WorkerFrame::Response {
             status: st,
             execution_count: ec,
@@ -103,9 +104,11 @@ impl<L: WorkerLink> Driver<L> {
             usage: us,
             cwd: c,
             files: fl,
+            result_at: ra,
             ..
         }) = a.response.take()
         {
+            result_at = ra;
             status = match st.as_str() {
                 "ok" => CellStatus::Ok,
                 "interrupted" => CellStatus::Interrupted,
@@ -217,6 +220,9 @@ impl<L: WorkerLink> Driver<L> {
         let truncated_any = !truncated.is_empty();
         let displays_dropped = a.budget.report();
         let mut displays = a.displays;
+        let result_index = result_at
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| result.is_some() && n < displays.len());
         displays.extend(a.budget.drop_note());
         let mut res = CellResult {
             cell_id: a.q.id.clone(),
@@ -226,6 +232,7 @@ impl<L: WorkerLink> Driver<L> {
             stderr,
             result,
             displays,
+            result_index,
             displays_dropped,
             error,
             truncated,

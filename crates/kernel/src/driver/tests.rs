@@ -77,6 +77,7 @@ fn response(id: &str, status: &str, execution_count: u64) -> LinkEvent {
         cwd: None,
         sigint_handler: None,
         files: None,
+        result_at: None,
     })
 }
 

@@ -629,10 +629,34 @@ pub(crate) fn worker_env(
 ) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     let mut env = config.env.clone();
     env.extend(config.runtime.worker_env());
+    apply_path_env(&mut env, config);
     if sandboxed {
         env.push(("TMPDIR".into(), "/tmp".into()));
     }
     env
+}
+
+/// The runtime's directories first on `PATH` (without repeating them
+/// later) and its `VIRTUAL_ENV`, replacing what the host passed.
+fn apply_path_env(env: &mut Vec<(std::ffi::OsString, std::ffi::OsString)>, config: &KernelConfig) {
+    let (dirs, venv) = config.runtime.path_env(&config.python);
+    if !dirs.is_empty() {
+        let old = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+        let rest = std::env::split_paths(&old).filter(|p| !dirs.contains(p));
+        if let Ok(path) = std::env::join_paths(dirs.iter().cloned().chain(rest)) {
+            env.retain(|(k, _)| k != "PATH");
+            env.push(("PATH".into(), path));
+        }
+    }
+    if let Some(venv) = venv {
+        env.retain(|(k, _)| k != "VIRTUAL_ENV");
+        env.push(("VIRTUAL_ENV".into(), venv.into_os_string()));
+    }
 }
 
 fn sanitize(s: &str) -> String {

@@ -62,6 +62,14 @@ pub trait WorkerRuntime: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Directories to put first on the worker's `PATH` for `interpreter`
+    /// (a venv's `bin`: activation semantics), and the `VIRTUAL_ENV` it
+    /// belongs to, if any.
+    fn path_env(&self, interpreter: &Path) -> (Vec<PathBuf>, Option<PathBuf>) {
+        let _ = interpreter;
+        (Vec::new(), None)
+    }
+
     /// Variables a sandboxed template needs for the assets in `assets`.
     fn template_env(&self, assets: &Path) -> Vec<(OsString, OsString)> {
         let _ = assets;

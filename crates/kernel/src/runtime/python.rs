@@ -16,6 +16,10 @@
 //!   seed (`PYTHONHASHSEED`) is the template's, shared by its kernels;
 //!   OpenBLAS parks its threads in its own `pthread_atfork` handler, and
 //!   the template refuses to fork while it has more than one Python thread.
+//! * Environment: the interpreter's directory comes first on `PATH` and a
+//!   venv's root is `VIRTUAL_ENV` (activation semantics), so `!pip`,
+//!   `subprocess.run(["pip", ...])` and the venv's console scripts are the
+//!   kernel's own.
 //! * Hints: `ModuleNotFoundError` (install into that interpreter),
 //!   `FileNotFoundError` (relative to the kernel's cwd), `ToolError`.
 
@@ -77,6 +81,19 @@ impl WorkerRuntime for PythonRuntime {
 
     fn worker_env(&self) -> Vec<(OsString, OsString)> {
         vec![("MPLBACKEND".into(), "module://cellhost_worker.mpl_backend".into())]
+    }
+
+    fn path_env(&self, interpreter: &Path) -> (Vec<PathBuf>, Option<PathBuf>) {
+        // The directory of the interpreter as named (not its symlink
+        // target): a venv's `bin`, a conda env's `bin`.
+        let Some(bin) = interpreter.parent().filter(|b| !b.as_os_str().is_empty()) else {
+            return (Vec::new(), None);
+        };
+        let venv = bin
+            .parent()
+            .filter(|root| root.join("pyvenv.cfg").is_file())
+            .map(Path::to_path_buf);
+        (vec![bin.to_path_buf()], venv)
     }
 
     fn template_env(&self, assets: &Path) -> Vec<(OsString, OsString)> {

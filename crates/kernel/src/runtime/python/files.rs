@@ -89,8 +89,12 @@ pub fn worker_path() -> io::Result<&'static Path> {
 /// Returns that directory, to be passed read-only as `MPLCONFIGDIR`, once it
 /// is built; until then `None`, and the build runs on a background thread
 /// (started at most once per interpreter and process), so no spawn waits
-/// for it. A missing matplotlib or a failed build is remembered too (the
-/// marker is written either way): failures only cost a slower first plot.
+/// for it. The build process writes the `.done-<worker hash>` marker itself
+/// and only when the font cache is there (or matplotlib is not installed),
+/// so a build cut short is started again, never taken for done. It dies
+/// with the thread that started it (`PR_SET_PDEATHSIG`): a command that
+/// exits leaves no build behind; one-shot commands wait for it first
+/// ([`wait_for_asset_builds`]) so the next one finds the cache.
 pub(crate) fn sandbox_assets(python: &Path, worker_dir: &Path) -> Option<PathBuf> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in python.as_os_str().as_encoded_bytes() {
@@ -102,37 +106,106 @@ pub(crate) fn sandbox_assets(python: &Path, worker_dir: &Path) -> Option<PathBuf
     if marker.is_file() {
         return Some(dir);
     }
-    static STARTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
     {
-        let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
-        if started.contains(&dir) {
+        let mut started = builds().lock().unwrap_or_else(|p| p.into_inner());
+        if started.dirs.contains(&dir) {
             return None;
         }
-        started.push(dir.clone());
+        started.dirs.push(dir.clone());
+        started.running += 1;
     }
     let (python, worker_dir) = (python.to_path_buf(), worker_dir.to_path_buf());
-    let _ = std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("cellhost-mpl-cache".into())
-        .spawn(move || build_assets(&python, &worker_dir, &dir, &marker));
+        .spawn(move || {
+            build_assets(&python, &worker_dir, &dir, &marker);
+            build_finished();
+        });
+    if spawned.is_err() {
+        build_finished();
+    }
     None
 }
+
+/// Asset builds started by this process and how many still run.
+struct Builds {
+    dirs: Vec<PathBuf>,
+    running: usize,
+}
+
+fn builds() -> &'static Mutex<Builds> {
+    static BUILDS: Mutex<Builds> = Mutex::new(Builds {
+        dirs: Vec::new(),
+        running: 0,
+    });
+    &BUILDS
+}
+
+fn builds_done() -> &'static std::sync::Condvar {
+    static DONE: std::sync::Condvar = std::sync::Condvar::new();
+    &DONE
+}
+
+fn build_finished() {
+    let mut b = builds().lock().unwrap_or_else(|p| p.into_inner());
+    b.running = b.running.saturating_sub(1);
+    builds_done().notify_all();
+}
+
+/// Waits until the asset builds this process started have ended, at most
+/// `timeout`; true when none is left running. One-shot commands call it
+/// before exiting, so the build started by the first of them completes
+/// (once per interpreter) instead of being cut short by every exit.
+pub fn wait_for_asset_builds(timeout: std::time::Duration) -> bool {
+    let guard = builds().lock().unwrap_or_else(|p| p.into_inner());
+    let (guard, _) = builds_done()
+        .wait_timeout_while(guard, timeout, |b| b.running > 0)
+        .unwrap_or_else(|p| p.into_inner());
+    guard.running == 0
+}
+
+/// The build: compile the worker package, read (build) matplotlib's font
+/// cache, then write the marker when the cache file exists. It first asks
+/// the kernel to kill it when the thread that started it ends.
+const BUILD_SCRIPT: &str = r#"import sys, os
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)
+    if os.getppid() != int(sys.argv[3]):
+        sys.exit(0)
+except Exception:
+    pass
+import compileall
+compileall.compile_dir(sys.argv[1], quiet=1)
+try:
+    import matplotlib.font_manager
+except ImportError:
+    ok = True
+except Exception:
+    ok = True
+else:
+    ok = any(n.startswith('fontlist') for n in os.listdir(os.environ['MPLCONFIGDIR']))
+if ok:
+    open(sys.argv[2], 'wb').close()
+"#;
 
 fn build_assets(python: &Path, worker_dir: &Path, dir: &Path, marker: &Path) {
     if fs::create_dir_all(dir).is_err() {
         return;
     }
-    let script = "import sys, compileall\n\
-compileall.compile_dir(sys.argv[1], quiet=1)\n\
-try:\n    import matplotlib.font_manager\nexcept Exception:\n    pass\n";
-    let child = std::process::Command::new(python)
-        .args(["-c", script])
+    let mut cmd = std::process::Command::new(python);
+    cmd.args(["-c", BUILD_SCRIPT])
         .arg(worker_dir)
+        .arg(marker)
+        .arg(std::process::id().to_string())
         .env("MPLCONFIGDIR", dir)
         .env("MPLBACKEND", "agg")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn();
+        .stderr(std::process::Stdio::null());
+    // Also for an interpreter that is a wrapper script: it dies with us.
+    cellhost_sandbox::signal::kill_with_spawning_thread(&mut cmd);
+    let child = cmd.spawn();
     let Ok(mut child) = child else { return };
     // A font scan takes seconds; an interpreter that hangs is given up on.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -149,7 +222,6 @@ try:\n    import matplotlib.font_manager\nexcept Exception:\n    pass\n";
             }
         }
     }
-    let _ = fs::write(marker, b"");
 }
 
 #[cfg(test)]
