@@ -6,6 +6,7 @@
 
 mod cmd_bench;
 mod cmd_config;
+mod cmd_cp;
 mod cmd_daemon;
 mod cmd_doctor;
 mod cmd_exec;
@@ -66,6 +67,9 @@ enum Cmd {
     Kill(cmd_sessions::NameArgs),
     /// Interrupt the running cell of a daemon session.
     Interrupt(cmd_sessions::NameArgs),
+    /// Copy a file into or out of a daemon session's working directory
+    /// (`cp LOCAL SESSION:PATH`, `cp SESSION:PATH LOCAL`).
+    Cp(cmd_cp::CpArgs),
     /// Check which sandbox layers this machine enforces, by a real self-test
     /// (exit 0 when everything mode `enforce` needs is available).
     Doctor(cmd_doctor::DoctorArgs),
@@ -126,6 +130,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Doctor(a) => cmd_doctor::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
+        Cmd::Cp(a) => cmd_cp::run(a),
         Cmd::Daemon(a) => cmd_daemon::run(a),
         Cmd::Sessions(a) => cmd_sessions::sessions(a),
         Cmd::Kill(a) => cmd_sessions::kill(a),

@@ -17,13 +17,26 @@ pub const MAX_IMAGE_BYTES: u64 = 8 * 1024 * 1024;
 /// Image MIME types sent as `image` content.
 const IMAGE_TYPES: [&str; 2] = ["image/png", "image/jpeg"];
 
-/// The whole tool result of one cell.
+/// Default image budget: an image larger than this many bytes is sent as
+/// a resource link instead of inline base64 (256 KiB; the config's
+/// `mcp_image_max_kb`).
+pub const DEFAULT_IMAGE_BUDGET: u64 = 256 * 1024;
+
+/// The whole tool result of one cell, images within [`DEFAULT_IMAGE_BUDGET`].
 pub fn cell_result(r: &CellResult) -> CallToolResult {
+    cell_result_with(r, DEFAULT_IMAGE_BUDGET)
+}
+
+/// The whole tool result of one cell: each image up to `image_budget`
+/// bytes inline as `image` content, a larger one as a `resource_link` to
+/// its file (and the text says so), so one figure cannot eat a model's
+/// context.
+pub fn cell_result_with(r: &CellResult, image_budget: u64) -> CallToolResult {
     let mut images = Vec::new();
     let mut image_notes = Vec::new();
     let bundles = r.displays.iter().map(|d| &d.data).chain(r.result.as_ref());
     for bundle in bundles {
-        collect_images(bundle, &mut images, &mut image_notes);
+        collect_images(bundle, image_budget, &mut images, &mut image_notes);
     }
     let mut content = vec![ContentBlock::text(text(r, &image_notes))];
     content.extend(images);
@@ -36,12 +49,28 @@ pub fn cell_result(r: &CellResult) -> CallToolResult {
     out
 }
 
-fn collect_images(bundle: &MimeBundle, images: &mut Vec<ContentBlock>, notes: &mut Vec<String>) {
+fn collect_images(bundle: &MimeBundle, budget: u64, images: &mut Vec<ContentBlock>, notes: &mut Vec<String>) {
     for mime in IMAGE_TYPES {
         let Some(v) = bundle.get(mime) else { continue };
         let Some(path) = v.get("path").and_then(Value::as_str) else {
             continue;
         };
+        let size = v.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        if size > budget {
+            let name = Path::new(path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "image".into());
+            let link = rmcp::model::Resource::new(format!("file://{path}"), name)
+                .with_mime_type(mime)
+                .with_size(size);
+            images.push(ContentBlock::resource_link(link));
+            notes.push(format!(
+                "{mime} {path}: {size} bytes, over the image budget of {budget} bytes, so sent as a resource link (content {}), not inline; save the figure smaller (e.g. a lower dpi) to see it",
+                images.len()
+            ));
+            break;
+        }
         match read_image(Path::new(path)) {
             Ok(b64) => {
                 images.push(ContentBlock::image(b64, mime));

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
-    ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
+    ExecuteRequest, FileWritten, InterruptRequest, KillRequest, ListRequest, ReadFileRequest, RestoreRequest,
+    SessionSpec, WriteFileRequest,
 };
 use cellhost_sessions::{
     Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
@@ -133,9 +134,37 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<PathBuf>,
     },
+    /// Write a file into a session's workdir (`cellhost cp LOCAL
+    /// SESSION:PATH`), answered by one `file_written` reply.
+    WriteFile {
+        /// Session name.
+        session: String,
+        /// Path relative to the session's workdir.
+        path: String,
+        /// The content, base64 (at most [`MAX_FILE_BYTES`] decoded).
+        data: String,
+        /// The caller's working directory (as [`Request::Exec`]'s `cwd`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
+    /// Read a file of a session's workdir (`cellhost cp SESSION:PATH
+    /// LOCAL`), answered by one `file` reply.
+    ReadFile {
+        /// Session name.
+        session: String,
+        /// Path relative to the session's workdir.
+        path: String,
+        /// The caller's working directory (as [`Request::Exec`]'s `cwd`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
     /// Shut the daemon down.
     Stop,
 }
+
+/// Largest file a `write_file` or `read_file` request carries (12 MiB: its
+/// base64 fits in one [`MAX_LINE`]).
+pub const MAX_FILE_BYTES: u64 = 12 * 1024 * 1024;
 
 /// One variable of [`Request::Exec`]'s `env`. Its `Debug` never shows a
 /// value.
@@ -219,6 +248,20 @@ pub enum Reply {
     Note {
         /// What.
         message: String,
+    },
+    /// What a `write_file` did.
+    FileWritten {
+        /// The path (relative to the workdir) and size.
+        written: FileWritten,
+    },
+    /// A file read by `read_file`.
+    File {
+        /// The path, relative to the workdir.
+        path: String,
+        /// Its size in bytes.
+        size: u64,
+        /// The content, base64.
+        data: String,
     },
     /// Done.
     Ok {
@@ -622,6 +665,46 @@ async fn handle(
                 Err(e) => send(w, &request_error(&e)).await,
             }
         }
+        Request::WriteFile {
+            session,
+            path,
+            data,
+            cwd,
+        } => {
+            use base64::Engine as _;
+            let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(data.as_bytes()) else {
+                return send(w, &usage_error("data is not base64")).await;
+            };
+            let req = WriteFileRequest {
+                session: file_spec(reg, &owner, session, cwd),
+                path,
+                max_bytes: MAX_FILE_BYTES,
+            };
+            match req.execute(reg, bytes.as_slice()).await {
+                Ok(written) => send(w, &Reply::FileWritten { written }).await,
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::ReadFile { session, path, cwd } => {
+            use base64::Engine as _;
+            let req = ReadFileRequest {
+                session: file_spec(reg, &owner, session, cwd),
+                path,
+                offset: 0,
+                length: None,
+            };
+            match req.read_to_vec(reg, MAX_FILE_BYTES).await {
+                Ok((f, bytes)) => {
+                    let reply = Reply::File {
+                        path: f.path,
+                        size: f.size,
+                        data: base64::engine::general_purpose::STANDARD.encode(bytes),
+                    };
+                    send(w, &reply).await
+                }
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
         Request::Stop => {
             send(
                 w,
@@ -633,6 +716,23 @@ async fn handle(
             stop.notify_one();
             Ok(())
         }
+    }
+}
+
+/// The session a files request names: the live one of that name in the
+/// caller's directory when there is one (whatever interpreter or mode it
+/// runs), else the daemon's default key for it.
+fn file_spec(reg: &Registry, owner: &str, session: String, cwd: Option<PathBuf>) -> SessionSpec {
+    let live = reg
+        .sessions_of(owner)
+        .into_iter()
+        .map(|(k, _)| k)
+        .find(|k| k.session == session && k.cwd == cwd);
+    SessionSpec {
+        python: live.as_ref().map(|k| k.python.clone()),
+        sandbox: live.as_ref().map(|k| k.sandbox),
+        cwd,
+        ..SessionSpec::new(owner, session)
     }
 }
 

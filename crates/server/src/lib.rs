@@ -18,6 +18,7 @@ pub mod error;
 pub mod http;
 pub mod listen;
 pub mod openapi;
+pub mod routes;
 
 pub use auth::{Scope, Tokens};
 pub use error::{ApiError, ErrorCode};

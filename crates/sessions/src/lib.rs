@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cell;
+pub mod cell_index;
 pub mod config;
 pub mod floor;
 pub mod journal;
