@@ -18,6 +18,7 @@ mod cmd_restore;
 mod cmd_run;
 mod cmd_serve;
 mod cmd_sessions;
+mod cmd_wait;
 mod common;
 mod render;
 
@@ -70,6 +71,9 @@ enum Cmd {
     /// Copy a file into or out of a daemon session's working directory
     /// (`cp LOCAL SESSION:PATH`, `cp SESSION:PATH LOCAL`).
     Cp(cmd_cp::CpArgs),
+    /// Wait for a cell submitted with `exec --session NAME --detach` and
+    /// print its result (exit code = status, as `exec`).
+    Wait(cmd_wait::WaitArgs),
     /// Check which sandbox layers this machine enforces, by a real self-test
     /// (exit 0 when everything mode `enforce` needs is available).
     Doctor(cmd_doctor::DoctorArgs),
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
         Cmd::Doctor(a) => cmd_doctor::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
         Cmd::Cp(a) => cmd_cp::run(a),
+        Cmd::Wait(a) => cmd_wait::run(a),
         Cmd::Daemon(a) => cmd_daemon::run(a),
         Cmd::Sessions(a) => cmd_sessions::sessions(a),
         Cmd::Kill(a) => cmd_sessions::kill(a),

@@ -25,6 +25,7 @@
 //! MCP cancellation of it interrupts the cell.
 #![forbid(unsafe_code)]
 
+mod cells;
 mod files;
 pub mod render;
 
@@ -73,6 +74,10 @@ const READ_MAX: u64 = 1024 * 1024;
 
 /// How often buffered live output goes out as a progress notification.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// A running `execute_code` with a progress token and no new output sends
+/// a progress notification this often as a keepalive, so a client with a
+/// fixed request timeout that resets on progress does not give up.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 /// Largest message of one progress notification (the tail is kept).
 const PROGRESS_MAX_BYTES: usize = 16 * 1024;
 
@@ -289,7 +294,7 @@ impl CellhostMcp {
                 turns: Mutex::new(HashMap::new()),
                 caller: Mutex::new(None),
             }),
-            tool_router: Self::tool_router() + Self::files_router(),
+            tool_router: Self::tool_router() + Self::files_router() + Self::cells_router(),
         }
     }
 
@@ -416,6 +421,8 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         let mut live_open = true;
         let mut cancelled = false;
         let mut interrupted = false;
+        let started = std::time::Instant::now();
+        let mut last_progress = std::time::Instant::now();
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let joined = loop {
@@ -435,9 +442,15 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                     if cancelled && !interrupted {
                         interrupted = self.interrupt_for_cancel(&session).await;
                     }
-                    if let Some(token) = &token && !pending.is_empty() && !cancelled {
+                    let keepalive = pending.is_empty() && last_progress.elapsed() >= KEEPALIVE_EVERY;
+                    if let Some(token) = &token && (!pending.is_empty() || keepalive) && !cancelled {
                         progress += 1;
-                        let msg = tail(&std::mem::take(&mut pending), PROGRESS_MAX_BYTES);
+                        last_progress = std::time::Instant::now();
+                        let msg = if keepalive {
+                            format!("running for {} s", started.elapsed().as_secs())
+                        } else {
+                            tail(&std::mem::take(&mut pending), PROGRESS_MAX_BYTES)
+                        };
                         let n = ProgressNotificationParam::new(token.clone(), progress as f64)
                             .with_message(msg);
                         if let Err(e) = ctx.peer.notify_progress(n).await {

@@ -26,7 +26,7 @@ use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
     ExecuteRequest, FileWritten, InterruptRequest, KillRequest, ListRequest, ReadFileRequest, RestoreRequest,
-    SessionSpec, WriteFileRequest,
+    SessionSpec, SubmitRequest, Submitted, WriteFileRequest,
 };
 use cellhost_sessions::{
     Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
@@ -158,6 +158,33 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<PathBuf>,
     },
+    /// Submit a cell that outlives the connection (`exec --session NAME
+    /// --detach`), answered at once by one `submitted` reply.
+    Submit {
+        /// Session name.
+        session: String,
+        /// The code.
+        code: String,
+        /// Deadline in seconds (0 = none; default: the daemon's).
+        #[serde(default)]
+        timeout_s: Option<f64>,
+        /// Interpreter of the session (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the session (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        /// The caller's working directory (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
+    /// Wait for a submitted cell (`cellhost wait CELL`): its result, or an
+    /// error (`cell_not_found`, or the code it failed with; `cancelled`
+    /// when it was dropped from the queue).
+    Wait {
+        /// The cell id `submit` answered.
+        cell: String,
+    },
     /// Shut the daemon down.
     Stop,
 }
@@ -248,6 +275,11 @@ pub enum Reply {
     Note {
         /// What.
         message: String,
+    },
+    /// A submitted cell's handle.
+    Submitted {
+        /// The handle.
+        submitted: Submitted,
     },
     /// What a `write_file` did.
     FileWritten {
@@ -403,6 +435,10 @@ pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io
                 });
             }
             _ = tick.tick() => {
+                // A submitted cell still queued or running is activity.
+                if registry.detached().any_pending() {
+                    activity.touch();
+                }
                 if activity.open.load(Ordering::SeqCst) == 0 && activity.idle_for() >= idle {
                     break StopReason::Idle;
                 }
@@ -703,6 +739,75 @@ async fn handle(
                     send(w, &reply).await
                 }
                 Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::Submit {
+            session,
+            code,
+            timeout_s,
+            python,
+            sandbox,
+            cwd,
+        } => {
+            let parsed = Deadline::from_secs(timeout_s)
+                .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
+            let (deadline, requested) = match parsed {
+                Ok(x) => x,
+                Err(e) => return send(w, &request_error(&e)).await,
+            };
+            let req = SubmitRequest {
+                session: SessionSpec {
+                    python,
+                    sandbox: requested,
+                    cwd,
+                    ..SessionSpec::new(owner, session)
+                },
+                code,
+                deadline,
+                origin: Origin::new("cli:daemon"),
+            };
+            match req.execute(reg) {
+                Ok(submitted) => send(w, &Reply::Submitted { submitted }).await,
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::Wait { cell } => {
+            let Some(t) = reg.detached().get(&owner, &cell) else {
+                return send(w, &request_error(&RequestError::CellNotFound { cell })).await;
+            };
+            let mut follow = t.follow();
+            while !t.status().is_final() {
+                if follow.changed().await.is_err() {
+                    break;
+                }
+            }
+            let snap = t.snapshot();
+            match (snap.result, snap.error) {
+                (Some(result), _) => {
+                    send(
+                        w,
+                        &Reply::Result {
+                            result: Box::new(result),
+                        },
+                    )
+                    .await
+                }
+                (None, Some(e)) => {
+                    let reply = Reply::Error {
+                        message: e["message"].as_str().unwrap_or("the cell could not run").into(),
+                        usage: false,
+                        code: e["code"].as_str().unwrap_or("kernel_failed").into(),
+                    };
+                    send(w, &reply).await
+                }
+                (None, None) => {
+                    let reply = Reply::Error {
+                        message: format!("cell {cell} was dropped from the queue before it ran"),
+                        usage: false,
+                        code: "cancelled".into(),
+                    };
+                    send(w, &reply).await
+                }
             }
         }
         Request::Stop => {

@@ -176,6 +176,27 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
             "/v1/sessions/{name}/displays/{id}",
             get(routes::displays::read_display),
         ),
+        (
+            Method::POST,
+            "/v1/sessions/{name}/cells",
+            post(routes::cells::submit_cell),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions/{name}/cells",
+            get(routes::cells::list_cells),
+        ),
+        (Method::GET, "/v1/cells/{cell}", get(routes::cells::get_cell)),
+        (
+            Method::DELETE,
+            "/v1/cells/{cell}",
+            delete(routes::cells::cancel_cell),
+        ),
+        (
+            Method::GET,
+            "/v1/cells/{cell}/events",
+            get(routes::cells::cell_events),
+        ),
     ]
 }
 
@@ -522,7 +543,7 @@ fn wants_stream(q: &ExecuteQuery, headers: &HeaderMap) -> bool {
 
 /// The deadline of `timeout_s`: the request layer's [`Deadline`] (absent:
 /// the server's `cell_timeout_s`; 0: none), within the documented range.
-fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
+pub(crate) fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
     let field = |e: ApiError| e.with("field", "timeout_s");
     if let Some(s) = t
         && (!s.is_finite() || !(0.0..=MAX_TIMEOUT_S).contains(&s))
@@ -698,6 +719,10 @@ pub struct InterruptAnswer {
     /// Why it was not delivered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Submitted cells (`POST …/cells`) that were queued in the session
+    /// and were dropped by this interrupt (they will not run).
+    #[serde(default)]
+    pub dropped: Vec<String>,
 }
 
 /// Interrupt the running cell (variables kept when the code can be stopped).
@@ -714,20 +739,22 @@ async fn interrupt(
 ) -> Result<Json<InterruptAnswer>, ApiError> {
     let (owner, _) = owned(&st, &caller, &name)?;
     let out = match (InterruptRequest { owner, session: name })
-        .execute(&st.registry)
+        .execute_dropping_queued(&st.registry)
         .await
     {
-        Ok(o) => InterruptAnswer {
-            delivered: o.delivered,
-            target: o.target,
-            cell: o.cell,
-            reason: o.reason,
+        Ok(i) => InterruptAnswer {
+            delivered: i.outcome.delivered,
+            target: i.outcome.target,
+            cell: i.outcome.cell,
+            reason: i.outcome.reason,
+            dropped: i.dropped,
         },
         Err(RequestError::SessionNotFound { .. }) => InterruptAnswer {
             delivered: false,
             target: None,
             cell: None,
             reason: Some("the session has no live kernel".into()),
+            dropped: Vec::new(),
         },
         Err(e) => return Err(e.into()),
     };

@@ -8,6 +8,7 @@
 pub mod cell;
 pub mod cell_index;
 pub mod config;
+pub mod detached;
 pub mod floor;
 pub mod journal;
 pub mod journal_schema;

@@ -279,6 +279,8 @@ pub struct Registry {
     room: Mutex<()>,
     /// What finished cells left on disk (spills, images), by cell id.
     cells: Mutex<crate::cell_index::CellIndex>,
+    /// Submitted cells (cells that outlive a call).
+    detached: crate::detached::DetachedCells,
 }
 
 impl std::fmt::Debug for Registry {
@@ -400,6 +402,7 @@ impl Registry {
             reaped: AtomicU64::new(0),
             room: Mutex::new(()),
             cells: Mutex::new(crate::cell_index::CellIndex::default()),
+            detached: crate::detached::DetachedCells::default(),
         });
         let mut tasks = Vec::new();
         if let Some(pool) = &reg.pool {
@@ -641,6 +644,11 @@ impl Registry {
         });
         live.or_else(|| key.cwd.clone())
             .or_else(|| self.session_workdir(key))
+    }
+
+    /// The submitted cells ([`crate::requests::SubmitRequest`]).
+    pub fn detached(&self) -> &crate::detached::DetachedCells {
+        &self.detached
     }
 
     /// The spill file of `stream` (`stdout`, `stderr`) of cell `cell`, if

@@ -2,6 +2,7 @@
 //! [`crate::http`]: each module a group of handlers, each a thin adapter
 //! over the request layer.
 
+pub mod cells;
 pub mod displays;
 pub mod files;
 

@@ -28,6 +28,7 @@ mod read_output;
 mod restart;
 mod restore;
 mod run_notebook;
+mod submit;
 mod variables;
 
 use std::path::PathBuf;
@@ -42,7 +43,7 @@ pub use files::{
     OpenedFile, ReadFileRequest, WriteFileRequest,
 };
 pub use history::{History, HistoryRequest};
-pub use interrupt::InterruptRequest;
+pub use interrupt::{InterruptRequest, Interrupted};
 pub use kill::{KillReport, KillRequest};
 pub use list::{ListRequest, SessionSummary};
 pub use read_display::ReadDisplayRequest;
@@ -50,6 +51,7 @@ pub use read_output::{OutputPage, ReadOutputRequest};
 pub use restart::{RestartReport, RestartRequest};
 pub use restore::RestoreRequest;
 pub use run_notebook::{RegistryRunner, RunNotebookRequest};
+pub use submit::{CancelCellRequest, CellCancelled, SubmitRequest, Submitted};
 pub use variables::VariablesRequest;
 
 use crate::registry::{Key, Registry, RegistryError};
@@ -241,6 +243,12 @@ pub enum RequestError {
         /// The display id asked for.
         id: String,
     },
+    /// No submitted cell of that id for this owner.
+    #[error("no submitted cell {cell:?}")]
+    CellNotFound {
+        /// The cell asked for.
+        cell: String,
+    },
     /// Reading or writing a file of the workdir failed.
     #[error("{path:?}: {message}")]
     FileIo {
@@ -281,6 +289,7 @@ impl RequestError {
             RequestError::RangeNotSatisfiable { .. } => "range_not_satisfiable",
             RequestError::FileIo { .. } => "file_io_failed",
             RequestError::DisplayNotFound { .. } => "display_not_found",
+            RequestError::CellNotFound { .. } => "cell_not_found",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -307,6 +316,7 @@ impl RequestError {
                 | "file_too_large"
                 | "range_not_satisfiable"
                 | "display_not_found"
+                | "cell_not_found"
         )
     }
 
@@ -324,6 +334,7 @@ impl RequestError {
                 v["path"] = path.clone().into()
             }
             RequestError::DisplayNotFound { id } => v["id"] = id.clone().into(),
+            RequestError::CellNotFound { cell } => v["cell"] = cell.clone().into(),
             RequestError::FileTooLarge { path, max_bytes } => {
                 v["path"] = path.clone().into();
                 v["max_bytes"] = (*max_bytes).into();
