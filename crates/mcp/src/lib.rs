@@ -1,6 +1,7 @@
 //! The MCP server of cellhost, built on the official Rust SDK (`rmcp`).
 //!
 //! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
+//! `write_file`, `read_file`, `list_files`, `submit_code`, `get_cell`, `cancel_cell`,
 //! `read_output`, `list_sessions`. One MCP connection (stdio) or one MCP
 //! session (streamable HTTP) is one *owner* of the [`Registry`],
 //! `mcp:<connection id>` ([`new_owner_id`]): it sees only its own sessions,
