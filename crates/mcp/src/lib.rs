@@ -504,11 +504,11 @@ status interrupted."
             owner: self.inner.owner.clone(),
             session: session.clone(),
         };
-        let outcome = match asked.execute(&self.inner.registry).await {
-            Ok(o) => o,
+        let (outcome, dropped) = match asked.execute_dropping_queued(&self.inner.registry).await {
+            Ok(i) => (i.outcome, i.dropped),
             Err(e) => return Ok(request_tool_error("nothing to interrupt", &e)),
         };
-        let text = if outcome.delivered {
+        let mut text = if outcome.delivered {
             format!(
                 "interrupt delivered to session \"{session}\"{}",
                 outcome
@@ -523,7 +523,15 @@ status interrupted."
                 outcome.reason.as_deref().unwrap_or("no cell is running")
             )
         };
-        Ok(text_result(text, json!(outcome)))
+        if !dropped.is_empty() {
+            text.push_str(&format!(
+                "; dropped queued submitted cells: {}",
+                dropped.join(", ")
+            ));
+        }
+        let mut structured = json!(outcome);
+        structured["dropped"] = json!(dropped);
+        Ok(text_result(text, structured))
     }
 
     #[tool(

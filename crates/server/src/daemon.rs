@@ -264,6 +264,10 @@ pub enum Reply {
     Interrupt {
         /// The outcome.
         outcome: InterruptOutcome,
+        /// Cells submitted with `exec --detach` that were queued in the
+        /// session and dropped by the interrupt.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dropped: Vec<String>,
     },
     /// What a restore did.
     Restored {
@@ -666,8 +670,17 @@ async fn handle(
             }
             Err(e) => send(w, &request_error(&e)).await,
         },
-        Request::Interrupt { session } => match (InterruptRequest { owner, session }).execute(reg).await {
-            Ok(outcome) => send(w, &Reply::Interrupt { outcome }).await,
+        Request::Interrupt { session } => match (InterruptRequest { owner, session })
+            .execute_dropping_queued(reg)
+            .await
+        {
+            Ok(i) => {
+                let reply = Reply::Interrupt {
+                    outcome: i.outcome,
+                    dropped: i.dropped,
+                };
+                send(w, &reply).await
+            }
             Err(e) => send(w, &request_error(&e)).await,
         },
         Request::Restore {

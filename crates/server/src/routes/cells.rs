@@ -185,8 +185,10 @@ pub(crate) async fn cancel_cell(
 pub struct CellEventDoc {
     /// `stream`, `display`, then one of `result`, `error`, `cancelled`.
     pub event: String,
-    /// The event's offset (resume with `?offset=id+1` or `Last-Event-ID: id`).
-    pub id: u64,
+    /// The event's offset, as decimal text (resume with `?offset=id+1` or
+    /// `Last-Event-ID: id`).
+    #[schema(pattern = "^[0-9]+$")]
+    pub id: String,
     /// JSON text of the event's value.
     pub data: String,
 }
