@@ -132,7 +132,7 @@ mod tests {
         let mut v = serde_json::json!({
             "cell_id": id, "status": "ok", "execution_count": 1, "stdout": "", "stderr": "",
             "kernel": {"session": "s", "generation": 1, "pid": 1, "reused": false, "state_reset": false},
-            "duration_ms": 0,
+            "duration_ms": 0, "displays": [], "error": null, "result": null, "truncated": {},
         });
         if spill {
             v["truncated"] = serde_json::json!({"stdout": {"total_bytes": 10, "shown_bytes": 1,

@@ -213,7 +213,7 @@ fn parent_of<'a>(
 
 /// Milliseconds since the Unix epoch of a stat's mtime.
 fn mtime_ms(st: &rustix::fs::Stat) -> i64 {
-    (st.st_mtime as i64).saturating_mul(1000) + (st.st_mtime_nsec as i64) / 1_000_000
+    st.st_mtime.saturating_mul(1000) + i64::try_from(st.st_mtime_nsec / 1_000_000).unwrap_or(0)
 }
 
 /// What a file is, as a listing says.
