@@ -56,7 +56,8 @@ enum Cmd {
     /// Rebuild a session by replaying its successful cells into a new kernel.
     Restore(cmd_restore::RestoreArgs),
     /// Serve the MCP tools (execute_code, interrupt, restart, list_variables,
-    /// read_output, list_sessions) on stdin/stdout; logs go to stderr.
+    /// read_output, list_sessions, write_file, read_file, list_files,
+    /// submit_code, get_cell, cancel_cell) on stdin/stdout; logs go to stderr.
     Mcp(cmd_mcp::McpArgs),
     /// Serve the HTTP API (and MCP at /mcp) behind bearer tokens.
     Serve(cmd_serve::ServeArgs),
