@@ -78,9 +78,11 @@ async def run(command, args):
         )
         kinds = [c.type for c in r.content]
         t = text_of(r)
+        inline = [c for c in r.content if c.type == "image"]
         check(
-            "a large figure is a resource link, and the text says so",
-            "resource_link" in kinds and "image" not in kinds and "image budget" in t,
+            "a large figure is downscaled within the budget, and the text says so",
+            len(inline) == 1 and len(base64.b64decode(inline[0].data)) <= 256 * 1024
+            and "image budget" in t and "downscaled from" in t,
             (kinds, t),
         )
 
