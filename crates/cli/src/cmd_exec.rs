@@ -35,6 +35,11 @@ pub struct ExecArgs {
     /// of failing at once with `session_busy`.
     #[arg(long, requires = "session")]
     queue: bool,
+    /// With `--session`: submit the cell and print its id at once; it runs
+    /// in the daemon after the session's earlier submitted cells, and
+    /// `cellhost wait ID` prints its result.
+    #[arg(long, requires = "session", conflicts_with = "queue")]
+    detach: bool,
     /// The code to run; `-` reads it from stdin.
     #[arg(value_name = "CODE")]
     code: String,
@@ -60,6 +65,9 @@ pub fn run(args: ExecArgs) -> u8 {
         }
     };
     if let Some(session) = args.session {
+        if args.detach {
+            return crate::cmd_wait::submit(&args.kernel, session, code, args.timeout, args.json);
+        }
         return crate::cmd_sessions::exec(&args.kernel, session, code, args.timeout, args.queue, args.json);
     }
     common::block_on(async move {

@@ -32,7 +32,14 @@ pub fn run(args: McpArgs) -> u8 {
         };
         let owner = cellhost_mcp::new_owner_id();
         eprintln!("cellhost: MCP server on stdio (owner {owner})");
-        let served = cellhost_mcp::serve_stdio(registry.clone(), owner).await;
+        // Validated with the rest of the configuration by start_registry.
+        let limits = common::config()
+            .map(|c| cellhost_mcp::McpLimits {
+                file_max_bytes: u64::try_from(c.int("mcp_file_max_kb")).unwrap_or(1) * 1024,
+                image_max_bytes: u64::try_from(c.int("mcp_image_max_kb")).unwrap_or(1) * 1024,
+            })
+            .unwrap_or_default();
+        let served = cellhost_mcp::serve_stdio_with(registry.clone(), owner, limits).await;
         registry.shutdown().await;
         match served {
             Ok(()) => 0,

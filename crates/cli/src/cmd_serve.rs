@@ -84,13 +84,16 @@ pub fn run(args: ServeArgs) -> u8 {
     // Without a shared workdir, each session gets one of its own, kept
     // across its kernels (restarts, crashes) under the state directory.
     let workdirs = template.cwd.is_none().then(|| common::state_dir().join("work"));
-    let limits = match common::config() {
-        Ok(c) => ServeLimits {
-            header_timeout: c.duration("serve_header_timeout_s"),
-            idle_timeout: c.duration("serve_idle_timeout_s"),
-            body_timeout: c.duration("serve_body_timeout_s"),
-            max_connections: usize::try_from(c.int("serve_max_connections")).unwrap_or(1),
-        },
+    let (limits, max_file_bytes) = match common::config() {
+        Ok(c) => (
+            ServeLimits {
+                header_timeout: c.duration("serve_header_timeout_s"),
+                idle_timeout: c.duration("serve_idle_timeout_s"),
+                body_timeout: c.duration("serve_body_timeout_s"),
+                max_connections: usize::try_from(c.int("serve_max_connections")).unwrap_or(1),
+            },
+            u64::try_from(c.int("file_max_mb")).unwrap_or(1) * 1024 * 1024,
+        ),
         Err(e) => {
             eprintln!("cellhost: {e}");
             return EXIT_USAGE;
@@ -113,7 +116,7 @@ pub fn run(args: ServeArgs) -> u8 {
             }
         };
         let addr = listener.local_addr().unwrap_or(args.listen);
-        let state = AppState::new(reg.clone(), tokens);
+        let state = AppState::with_max_file_bytes(reg.clone(), tokens, max_file_bytes);
         let mcp = axum_router_mcp(reg.clone());
         let app = http::router(state.clone()).merge(http::protect(state, mcp));
         eprintln!(

@@ -246,7 +246,10 @@ fn named(req: Request) -> u8 {
                 println!("{message}");
                 0
             }
-            Ok(Ok(Reply::Interrupt { outcome })) => {
+            Ok(Ok(Reply::Interrupt { outcome, dropped })) => {
+                if !dropped.is_empty() {
+                    println!("dropped queued cells: {}", dropped.join(" "));
+                }
                 if outcome.delivered {
                     println!(
                         "interrupted {}",

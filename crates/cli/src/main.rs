@@ -6,6 +6,7 @@
 
 mod cmd_bench;
 mod cmd_config;
+mod cmd_cp;
 mod cmd_daemon;
 mod cmd_doctor;
 mod cmd_exec;
@@ -17,6 +18,7 @@ mod cmd_restore;
 mod cmd_run;
 mod cmd_serve;
 mod cmd_sessions;
+mod cmd_wait;
 mod common;
 mod render;
 
@@ -54,7 +56,8 @@ enum Cmd {
     /// Rebuild a session by replaying its successful cells into a new kernel.
     Restore(cmd_restore::RestoreArgs),
     /// Serve the MCP tools (execute_code, interrupt, restart, list_variables,
-    /// read_output, list_sessions) on stdin/stdout; logs go to stderr.
+    /// read_output, list_sessions, write_file, read_file, list_files,
+    /// submit_code, get_cell, cancel_cell) on stdin/stdout; logs go to stderr.
     Mcp(cmd_mcp::McpArgs),
     /// Serve the HTTP API (and MCP at /mcp) behind bearer tokens.
     Serve(cmd_serve::ServeArgs),
@@ -66,6 +69,12 @@ enum Cmd {
     Kill(cmd_sessions::NameArgs),
     /// Interrupt the running cell of a daemon session.
     Interrupt(cmd_sessions::NameArgs),
+    /// Copy a file into or out of a daemon session's working directory
+    /// (`cp LOCAL SESSION:PATH`, `cp SESSION:PATH LOCAL`).
+    Cp(cmd_cp::CpArgs),
+    /// Wait for a cell submitted with `exec --session NAME --detach` and
+    /// print its result (exit code = status, as `exec`).
+    Wait(cmd_wait::WaitArgs),
     /// Check which sandbox layers this machine enforces, by a real self-test
     /// (exit 0 when everything mode `enforce` needs is available).
     Doctor(cmd_doctor::DoctorArgs),
@@ -132,6 +141,8 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => cmd_bench::run(a),
         Cmd::Doctor(a) => cmd_doctor::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
+        Cmd::Cp(a) => cmd_cp::run(a),
+        Cmd::Wait(a) => cmd_wait::run(a),
         Cmd::Daemon(a) => cmd_daemon::run(a),
         Cmd::Sessions(a) => cmd_sessions::sessions(a),
         Cmd::Kill(a) => cmd_sessions::kill(a),

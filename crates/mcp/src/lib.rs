@@ -1,6 +1,7 @@
 //! The MCP server of cellhost, built on the official Rust SDK (`rmcp`).
 //!
 //! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
+//! `write_file`, `read_file`, `list_files`, `submit_code`, `get_cell`, `cancel_cell`,
 //! `read_output`, `list_sessions`. One MCP connection (stdio) or one MCP
 //! session (streamable HTTP) is one *owner* of the [`Registry`],
 //! `mcp:<connection id>` ([`new_owner_id`]): it sees only its own sessions,
@@ -25,11 +26,12 @@
 //! MCP cancellation of it interrupts the cell.
 #![forbid(unsafe_code)]
 
+mod cells;
+mod files;
 pub mod render;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,16 +70,16 @@ pub enum McpError {
 /// Default session name when a tool call gives none.
 pub const DEFAULT_SESSION: &str = "default";
 
-/// Cells whose spill files an owner can page with `read_output` (oldest
-/// forgotten first).
-const SPILL_INDEX_CAP: usize = 4096;
-
 /// Default and largest `length` of one `read_output` page.
 const READ_DEFAULT: u64 = 65_536;
 const READ_MAX: u64 = 1024 * 1024;
 
 /// How often buffered live output goes out as a progress notification.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+/// A running `execute_code` with a progress token and no new output sends
+/// a progress notification this often as a keepalive, so a client with a
+/// fixed request timeout that resets on progress does not give up.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 /// Largest message of one progress notification (the tail is kept).
 const PROGRESS_MAX_BYTES: usize = 16 * 1024;
 
@@ -91,38 +93,31 @@ deadline (timeout_s, default 300 s): it is interrupted and, when the code can be
 the variables survive. Use interrupt to stop a running cell, restart for a fresh kernel, \
 list_variables to see what a session holds, list_sessions to see your sessions.";
 
-/// Spill files of the cells this owner ran, by cell id and stream.
-#[derive(Default)]
-struct SpillIndex {
-    by_cell: HashMap<String, BTreeMap<String, PathBuf>>,
-    order: VecDeque<String>,
+/// Size limits of the MCP tools (the config's `mcp_file_max_kb` and
+/// `mcp_image_max_kb`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McpLimits {
+    /// Largest file `read_file` returns and `write_file` takes, in bytes.
+    pub file_max_bytes: u64,
+    /// Images larger than this many bytes are sent as a resource link, not
+    /// inline base64.
+    pub image_max_bytes: u64,
 }
 
-impl SpillIndex {
-    fn insert(&mut self, cell: &str, stream: &str, path: PathBuf) {
-        if !self.by_cell.contains_key(cell) {
-            self.order.push_back(cell.to_string());
-            while self.order.len() > SPILL_INDEX_CAP {
-                if let Some(old) = self.order.pop_front() {
-                    self.by_cell.remove(&old);
-                }
-            }
+impl Default for McpLimits {
+    /// 1 MiB files, 256 KiB images.
+    fn default() -> Self {
+        McpLimits {
+            file_max_bytes: 1024 * 1024,
+            image_max_bytes: render::DEFAULT_IMAGE_BUDGET,
         }
-        self.by_cell
-            .entry(cell.to_string())
-            .or_default()
-            .insert(stream.to_string(), path);
-    }
-
-    fn get(&self, cell: &str, stream: &str) -> Option<PathBuf> {
-        self.by_cell.get(cell)?.get(stream).cloned()
     }
 }
 
 struct Inner {
     registry: Arc<Registry>,
     owner: String,
-    spills: Mutex<SpillIndex>,
+    limits: McpLimits,
     /// One `execute_code` at a time per session: a cancellation then always
     /// names the cell that is running (a queued call just stops waiting).
     turns: Mutex<HashMap<String, Arc<Turn>>>,
@@ -288,15 +283,20 @@ fn session_name(s: Option<String>) -> Result<String, ErrorData> {
 impl CellhostMcp {
     /// A server for `owner` over `registry`.
     pub fn new(registry: Arc<Registry>, owner: impl Into<String>) -> Self {
+        Self::with_limits(registry, owner, McpLimits::default())
+    }
+
+    /// A server for `owner` over `registry` within `limits`.
+    pub fn with_limits(registry: Arc<Registry>, owner: impl Into<String>, limits: McpLimits) -> Self {
         CellhostMcp {
             inner: Arc::new(Inner {
                 registry,
                 owner: owner.into(),
-                spills: Mutex::new(SpillIndex::default()),
+                limits,
                 turns: Mutex::new(HashMap::new()),
                 caller: Mutex::new(None),
             }),
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::files_router() + Self::cells_router(),
         }
     }
 
@@ -424,6 +424,8 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         let mut live_open = true;
         let mut cancelled = false;
         let mut interrupted = false;
+        let started = std::time::Instant::now();
+        let mut last_progress = std::time::Instant::now();
         let mut tick = tokio::time::interval(PROGRESS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let joined = loop {
@@ -443,9 +445,15 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                     if cancelled && !interrupted {
                         interrupted = self.interrupt_for_cancel(&session).await;
                     }
-                    if let Some(token) = &token && !pending.is_empty() && !cancelled {
+                    let keepalive = pending.is_empty() && last_progress.elapsed() >= KEEPALIVE_EVERY;
+                    if let Some(token) = &token && (!pending.is_empty() || keepalive) && !cancelled {
                         progress += 1;
-                        let msg = tail(&std::mem::take(&mut pending), PROGRESS_MAX_BYTES);
+                        last_progress = std::time::Instant::now();
+                        let msg = if keepalive {
+                            format!("running for {} s", started.elapsed().as_secs())
+                        } else {
+                            tail(&std::mem::take(&mut pending), PROGRESS_MAX_BYTES)
+                        };
                         let n = ProgressNotificationParam::new(token.clone(), progress as f64)
                             .with_message(msg);
                         if let Err(e) = ctx.peer.notify_progress(n).await {
@@ -480,14 +488,10 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                 ));
             }
         };
-        if let Ok(mut spills) = self.inner.spills.lock() {
-            for (stream, t) in &result.truncated {
-                if let Some(p) = &t.spill_path {
-                    spills.insert(&result.cell_id, stream, p.clone());
-                }
-            }
-        }
-        Ok(render::cell_result(&result))
+        Ok(render::cell_result_with(
+            &result,
+            self.inner.limits.image_max_bytes,
+        ))
     }
 
     #[tool(
@@ -503,11 +507,11 @@ status interrupted."
             session: session.clone(),
             cwd: CwdScope::Any,
         };
-        let outcome = match asked.execute(&self.inner.registry).await {
-            Ok(o) => o,
+        let (outcome, dropped) = match asked.execute_dropping_queued(&self.inner.registry).await {
+            Ok(i) => (i.outcome, i.dropped),
             Err(e) => return Ok(request_tool_error("nothing to interrupt", &e)),
         };
-        let text = if outcome.delivered {
+        let mut text = if outcome.delivered {
             format!(
                 "interrupt delivered to session \"{session}\"{}",
                 outcome
@@ -522,7 +526,15 @@ status interrupted."
                 outcome.reason.as_deref().unwrap_or("no cell is running")
             )
         };
-        Ok(text_result(text, json!(outcome)))
+        if !dropped.is_empty() {
+            text.push_str(&format!(
+                "; dropped queued submitted cells: {}",
+                dropped.join(", ")
+            ));
+        }
+        let mut structured = json!(outcome);
+        structured["dropped"] = json!(dropped);
+        Ok(text_result(text, structured))
     }
 
     #[tool(
@@ -611,10 +623,8 @@ says the byte range returned and the next offset; only cells run through this co
         }
         let path = self
             .inner
-            .spills
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&p.cell, &p.stream));
+            .registry
+            .spill_of(&self.inner.owner, &p.cell, &p.stream);
         let Some(path) = path else {
             return Ok(tool_error(
                 "output_not_found",
@@ -757,7 +767,19 @@ pub fn new_owner_id() -> String {
 /// [`McpError::Initialize`] when the handshake fails, [`McpError::Task`]
 /// when the server task panics.
 pub async fn serve_stdio(registry: Arc<Registry>, owner: String) -> Result<(), McpError> {
-    let server = CellhostMcp::new(registry.clone(), owner.clone());
+    serve_stdio_with(registry, owner, McpLimits::default()).await
+}
+
+/// [`serve_stdio`] within `limits`.
+///
+/// # Errors
+/// As [`serve_stdio`].
+pub async fn serve_stdio_with(
+    registry: Arc<Registry>,
+    owner: String,
+    limits: McpLimits,
+) -> Result<(), McpError> {
+    let server = CellhostMcp::with_limits(registry.clone(), owner.clone(), limits);
     let running = server
         .serve(rmcp::transport::stdio())
         .await
@@ -936,17 +958,6 @@ mod tests {
     fn owner_ids_differ() {
         assert_ne!(new_owner_id(), new_owner_id());
         assert!(new_owner_id().starts_with("mcp:"));
-    }
-
-    #[test]
-    fn spill_index_is_bounded() {
-        let mut s = SpillIndex::default();
-        for i in 0..(SPILL_INDEX_CAP + 10) {
-            s.insert(&format!("c{i}"), "stdout", PathBuf::from("/x"));
-        }
-        assert!(s.get("c0", "stdout").is_none());
-        assert!(s.get(&format!("c{}", SPILL_INDEX_CAP + 9), "stdout").is_some());
-        assert!(s.get(&format!("c{}", SPILL_INDEX_CAP + 9), "stderr").is_none());
     }
 
     #[test]

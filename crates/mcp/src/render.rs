@@ -17,13 +17,27 @@ pub const MAX_IMAGE_BYTES: u64 = 8 * 1024 * 1024;
 /// Image MIME types sent as `image` content.
 const IMAGE_TYPES: [&str; 2] = ["image/png", "image/jpeg"];
 
-/// The whole tool result of one cell.
+/// Default image budget: an image larger than this many bytes is
+/// downscaled (PNG) or sent as a resource link instead of inline base64
+/// (256 KiB; the config's `mcp_image_max_kb`).
+pub const DEFAULT_IMAGE_BUDGET: u64 = 256 * 1024;
+
+/// The whole tool result of one cell, images within [`DEFAULT_IMAGE_BUDGET`].
 pub fn cell_result(r: &CellResult) -> CallToolResult {
+    cell_result_with(r, DEFAULT_IMAGE_BUDGET)
+}
+
+/// The whole tool result of one cell: each image up to `image_budget`
+/// bytes inline as `image` content; a larger PNG downscaled until it fits
+/// (the text gives both sizes and the full-size file's path), any other
+/// larger image as a `resource_link` to its file (and the text says so),
+/// so one figure cannot eat a model's context.
+pub fn cell_result_with(r: &CellResult, image_budget: u64) -> CallToolResult {
     let mut images = Vec::new();
     let mut image_notes = Vec::new();
     let bundles = r.displays.iter().map(|d| &d.data).chain(r.result.as_ref());
     for bundle in bundles {
-        collect_images(bundle, &mut images, &mut image_notes);
+        collect_images(bundle, image_budget, &mut images, &mut image_notes);
     }
     let mut content = vec![ContentBlock::text(text(r, &image_notes))];
     content.extend(images);
@@ -36,12 +50,47 @@ pub fn cell_result(r: &CellResult) -> CallToolResult {
     out
 }
 
-fn collect_images(bundle: &MimeBundle, images: &mut Vec<ContentBlock>, notes: &mut Vec<String>) {
+fn collect_images(bundle: &MimeBundle, budget: u64, images: &mut Vec<ContentBlock>, notes: &mut Vec<String>) {
     for mime in IMAGE_TYPES {
         let Some(v) = bundle.get(mime) else { continue };
         let Some(path) = v.get("path").and_then(Value::as_str) else {
             continue;
         };
+        let size = v.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        if size > budget
+            && mime == "image/png"
+            && let Some(small) = downscale_png(Path::new(path), budget)
+        {
+            images.push(ContentBlock::image(
+                base64::engine::general_purpose::STANDARD.encode(&small.bytes),
+                mime,
+            ));
+            notes.push(format!(
+                "{mime} {path}: {size} bytes, over the image budget of {budget} bytes, so downscaled from {}x{} to {}x{} ({} bytes) as image {}; the full-size file is at that path",
+                small.from.0,
+                small.from.1,
+                small.to.0,
+                small.to.1,
+                small.bytes.len(),
+                images.len()
+            ));
+            break;
+        }
+        if size > budget {
+            let name = Path::new(path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "image".into());
+            let link = rmcp::model::Resource::new(format!("file://{path}"), name)
+                .with_mime_type(mime)
+                .with_size(size);
+            images.push(ContentBlock::resource_link(link));
+            notes.push(format!(
+                "{mime} {path}: {size} bytes, over the image budget of {budget} bytes, so sent as a resource link (content {}), not inline; save the figure smaller (e.g. a lower dpi) to see it",
+                images.len()
+            ));
+            break;
+        }
         match read_image(Path::new(path)) {
             Ok(b64) => {
                 images.push(ContentBlock::image(b64, mime));
@@ -51,6 +100,57 @@ fn collect_images(bundle: &MimeBundle, images: &mut Vec<ContentBlock>, notes: &m
         }
         break;
     }
+}
+
+/// A PNG made smaller to fit an image budget.
+struct Downscaled {
+    bytes: Vec<u8>,
+    from: (u32, u32),
+    to: (u32, u32),
+}
+
+/// Largest width or height of a PNG the budget decodes (a larger one is
+/// sent as a resource link).
+const MAX_DECODE_SIDE: u32 = 16_384;
+
+/// `path` (a PNG the host saved) re-encoded at a smaller size within
+/// `budget` bytes: scaled by the square root of the size ratio (with a
+/// margin), then by 0.7 more at each of at most five tries. `None` when it
+/// cannot be read, decoded within bounded memory, or made to fit.
+fn downscale_png(path: &Path, budget: u64) -> Option<Downscaled> {
+    use std::io::Read;
+    let f = cellhost_sessions::cell::hostfs::open_verified(path).ok()?;
+    let mut raw = Vec::new();
+    f.take(MAX_IMAGE_BYTES).read_to_end(&mut raw).ok()?;
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(&raw), image::ImageFormat::Png);
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_DECODE_SIDE);
+    limits.max_image_height = Some(MAX_DECODE_SIDE);
+    limits.max_alloc = Some(256 * 1024 * 1024);
+    reader.limits(limits);
+    let img = reader.decode().ok()?;
+    let (w, h) = (img.width(), img.height());
+    let mut scale = ((budget as f64) / (raw.len().max(1) as f64)).sqrt() * 0.9;
+    for _ in 0..5 {
+        let nw = ((f64::from(w) * scale) as u32).max(16);
+        let nh = ((f64::from(h) * scale) as u32).max(16);
+        if nw >= w && nh >= h {
+            return None;
+        }
+        let small = img.resize(nw, nh, image::imageops::FilterType::Triangle);
+        let mut out = std::io::Cursor::new(Vec::new());
+        small.write_to(&mut out, image::ImageFormat::Png).ok()?;
+        let bytes = out.into_inner();
+        if bytes.len() as u64 <= budget {
+            return Some(Downscaled {
+                bytes,
+                from: (w, h),
+                to: (small.width(), small.height()),
+            });
+        }
+        scale *= 0.7;
+    }
+    None
 }
 
 /// Reads a figure the host saved, never through a link the kernel planted

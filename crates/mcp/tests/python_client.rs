@@ -60,6 +60,27 @@ fn python_sdk_client_over_stdio() {
     run_client(&py, &[server, "--python", &py_arg, "--state", &state_arg]);
 }
 
+/// The workspace tools through the Python SDK over stdio: files, the
+/// image budget, submitted cells, progress keepalives
+/// (tests/mcp_workspace.py).
+#[test]
+fn python_sdk_workspace_tools() {
+    let py = python();
+    if !have_packages(&py) {
+        return;
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let server = env!("CARGO_BIN_EXE_cellhost-mcp-test");
+    let py_arg = py.display().to_string();
+    let state_arg = state.path().display().to_string();
+    let out = run_script(
+        &py,
+        "mcp_workspace.py",
+        &[server, "--python", &py_arg, "--state", &state_arg],
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
 /// The MCP row of the surface × request matrix (owners apart: the
 /// streamable-HTTP test's `owners isolated` checks).
 #[test]
@@ -157,7 +178,13 @@ fn python_sdk_client_over_streamable_http() {
 /// Runs tests/mcp_client.py with `args` and fails with its output unless
 /// every check passed; returns its standard output.
 fn run_client(py: &PathBuf, args: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+    run_script(py, "mcp_client.py", args)
+}
+
+/// Runs `tests/<script>` with `args` and fails with its output unless every
+/// check passed; returns its standard output.
+fn run_script(py: &PathBuf, script: &str, args: &[&str]) -> String {
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let mut child = Command::new(py)
         .arg(script)
         .args(args)

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
-    CwdScope, ExecuteRequest, InterruptRequest, KillRequest, ListRequest, RestoreRequest, SessionSpec,
+    CwdScope, ExecuteRequest, FileWritten, InterruptRequest, KillRequest, ListRequest, ReadFileRequest,
+    RestoreRequest, SessionSpec, SubmitRequest, Submitted, WriteFileRequest,
 };
 use cellhost_sessions::{
     Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
@@ -142,9 +143,64 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<PathBuf>,
     },
+    /// Write a file into a session's workdir (`cellhost cp LOCAL
+    /// SESSION:PATH`), answered by one `file_written` reply.
+    WriteFile {
+        /// Session name.
+        session: String,
+        /// Path relative to the session's workdir.
+        path: String,
+        /// The content, base64 (at most [`MAX_FILE_BYTES`] decoded).
+        data: String,
+        /// The caller's working directory (as [`Request::Exec`]'s `cwd`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
+    /// Read a file of a session's workdir (`cellhost cp SESSION:PATH
+    /// LOCAL`), answered by one `file` reply.
+    ReadFile {
+        /// Session name.
+        session: String,
+        /// Path relative to the session's workdir.
+        path: String,
+        /// The caller's working directory (as [`Request::Exec`]'s `cwd`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
+    /// Submit a cell that outlives the connection (`exec --session NAME
+    /// --detach`), answered at once by one `submitted` reply.
+    Submit {
+        /// Session name.
+        session: String,
+        /// The code.
+        code: String,
+        /// Deadline in seconds (0 = none; default: the daemon's).
+        #[serde(default)]
+        timeout_s: Option<f64>,
+        /// Interpreter of the session (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the session (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        /// The caller's working directory (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
+    /// Wait for a submitted cell (`cellhost wait CELL`): its result, or an
+    /// error (`cell_not_found`, or the code it failed with; `cancelled`
+    /// when it was dropped from the queue).
+    Wait {
+        /// The cell id `submit` answered.
+        cell: String,
+    },
     /// Shut the daemon down.
     Stop,
 }
+
+/// Largest file a `write_file` or `read_file` request carries (12 MiB: its
+/// base64 fits in one [`MAX_LINE`]).
+pub const MAX_FILE_BYTES: u64 = 12 * 1024 * 1024;
 
 /// One variable of [`Request::Exec`]'s `env`. Its `Debug` never shows a
 /// value.
@@ -217,6 +273,10 @@ pub enum Reply {
     Interrupt {
         /// The outcome.
         outcome: InterruptOutcome,
+        /// Cells submitted with `exec --detach` that were queued in the
+        /// session and dropped by the interrupt.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        dropped: Vec<String>,
     },
     /// What a restore did.
     Restored {
@@ -228,6 +288,25 @@ pub enum Reply {
     Note {
         /// What.
         message: String,
+    },
+    /// A submitted cell's handle.
+    Submitted {
+        /// The handle.
+        submitted: Submitted,
+    },
+    /// What a `write_file` did.
+    FileWritten {
+        /// The path (relative to the workdir) and size.
+        written: FileWritten,
+    },
+    /// A file read by `read_file`.
+    File {
+        /// The path, relative to the workdir.
+        path: String,
+        /// Its size in bytes.
+        size: u64,
+        /// The content, base64.
+        data: String,
     },
     /// Done.
     Ok {
@@ -374,6 +453,10 @@ pub async fn run(registry: Arc<Registry>, dir: &Path, idle: Duration) -> std::io
                 });
             }
             _ = tick.tick() => {
+                // A submitted cell still queued or running is activity.
+                if registry.detached().any_pending() {
+                    activity.touch();
+                }
                 if activity.open.load(Ordering::SeqCst) == 0 && activity.idle_for() >= idle {
                     break StopReason::Idle;
                 }
@@ -613,10 +696,16 @@ async fn handle(
             session,
             cwd: CwdScope::Exactly(cwd),
         })
-        .execute(reg)
+        .execute_dropping_queued(reg)
         .await
         {
-            Ok(outcome) => send(w, &Reply::Interrupt { outcome }).await,
+            Ok(i) => {
+                let reply = Reply::Interrupt {
+                    outcome: i.outcome,
+                    dropped: i.dropped,
+                };
+                send(w, &reply).await
+            }
             Err(e) => send(w, &request_error(&e)).await,
         },
         Request::Restore {
@@ -650,6 +739,115 @@ async fn handle(
                 Err(e) => send(w, &request_error(&e)).await,
             }
         }
+        Request::WriteFile {
+            session,
+            path,
+            data,
+            cwd,
+        } => {
+            use base64::Engine as _;
+            let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(data.as_bytes()) else {
+                return send(w, &usage_error("data is not base64")).await;
+            };
+            let req = WriteFileRequest {
+                session: file_spec(reg, &owner, session, cwd),
+                path,
+                max_bytes: MAX_FILE_BYTES,
+            };
+            match req.execute(reg, bytes.as_slice()).await {
+                Ok(written) => send(w, &Reply::FileWritten { written }).await,
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::ReadFile { session, path, cwd } => {
+            use base64::Engine as _;
+            let req = ReadFileRequest {
+                session: file_spec(reg, &owner, session, cwd),
+                path,
+                offset: 0,
+                length: None,
+            };
+            match req.read_to_vec(reg, MAX_FILE_BYTES).await {
+                Ok((f, bytes)) => {
+                    let reply = Reply::File {
+                        path: f.path,
+                        size: f.size,
+                        data: base64::engine::general_purpose::STANDARD.encode(bytes),
+                    };
+                    send(w, &reply).await
+                }
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::Submit {
+            session,
+            code,
+            timeout_s,
+            python,
+            sandbox,
+            cwd,
+        } => {
+            let parsed = Deadline::from_secs(timeout_s)
+                .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
+            let (deadline, requested) = match parsed {
+                Ok(x) => x,
+                Err(e) => return send(w, &request_error(&e)).await,
+            };
+            let req = SubmitRequest {
+                session: SessionSpec {
+                    python,
+                    sandbox: requested,
+                    cwd,
+                    ..SessionSpec::new(owner, session)
+                },
+                code,
+                deadline,
+                origin: Origin::new("cli:daemon"),
+            };
+            match req.execute(reg) {
+                Ok(submitted) => send(w, &Reply::Submitted { submitted }).await,
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::Wait { cell } => {
+            let Some(t) = reg.detached().get(&owner, &cell) else {
+                return send(w, &request_error(&RequestError::CellNotFound { cell })).await;
+            };
+            let mut follow = t.follow();
+            while !t.status().is_final() {
+                if follow.changed().await.is_err() {
+                    break;
+                }
+            }
+            let snap = t.snapshot();
+            match (snap.result, snap.error) {
+                (Some(result), _) => {
+                    send(
+                        w,
+                        &Reply::Result {
+                            result: Box::new(result),
+                        },
+                    )
+                    .await
+                }
+                (None, Some(e)) => {
+                    let reply = Reply::Error {
+                        message: e["message"].as_str().unwrap_or("the cell could not run").into(),
+                        usage: false,
+                        code: e["code"].as_str().unwrap_or("kernel_failed").into(),
+                    };
+                    send(w, &reply).await
+                }
+                (None, None) => {
+                    let reply = Reply::Error {
+                        message: format!("cell {cell} was dropped from the queue before it ran"),
+                        usage: false,
+                        code: "cancelled".into(),
+                    };
+                    send(w, &reply).await
+                }
+            }
+        }
         Request::Stop => {
             send(
                 w,
@@ -661,6 +859,23 @@ async fn handle(
             stop.notify_one();
             Ok(())
         }
+    }
+}
+
+/// The session a files request names: the live one of that name in the
+/// caller's directory when there is one (whatever interpreter or mode it
+/// runs), else the daemon's default key for it.
+fn file_spec(reg: &Registry, owner: &str, session: String, cwd: Option<PathBuf>) -> SessionSpec {
+    let live = reg
+        .sessions_of(owner)
+        .into_iter()
+        .map(|(k, _)| k)
+        .find(|k| k.session == session && k.cwd == cwd);
+    SessionSpec {
+        python: live.as_ref().map(|k| k.python.clone()),
+        sandbox: live.as_ref().map(|k| k.sandbox),
+        cwd,
+        ..SessionSpec::new(owner, session)
     }
 }
 

@@ -57,8 +57,22 @@ pub enum ErrorCode {
     TooManySessions,
     /// 404: no spilled output of that cell and stream for this owner.
     OutputNotFound,
-    /// 416: an output offset past the end.
+    /// 416: an output offset or a file range past the end.
     RangeNotSatisfiable,
+    /// 403: a file path outside the session's workdir (absolute, `..`, a
+    /// link or mount leading out, NUL, too long), or a file the host does
+    /// not read (a special file, a hard link).
+    PathRefused,
+    /// 404: no file at that path of the session's workdir.
+    FileNotFound,
+    /// 413: a file over the configured size cap.
+    FileTooLarge,
+    /// 500: reading or writing a file of the workdir failed.
+    FileIoFailed,
+    /// 404: no image display of that id in the caller's session.
+    DisplayNotFound,
+    /// 404: no cell of that id for this owner.
+    CellNotFound,
     /// 403: the request asked for a sandbox mode below the host's floor.
     SandboxBelowFloor,
     /// 503: mode `enforce` and a sandbox layer is not available here.
@@ -89,7 +103,11 @@ impl ErrorCode {
             InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            NotFound | SessionNotFound | OutputNotFound => StatusCode::NOT_FOUND,
+            NotFound | SessionNotFound | OutputNotFound | FileNotFound | DisplayNotFound | CellNotFound => {
+                StatusCode::NOT_FOUND
+            }
+            FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            PathRefused => StatusCode::FORBIDDEN,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Unauthorized => StatusCode::UNAUTHORIZED,
             Forbidden | SandboxBelowFloor => StatusCode::FORBIDDEN,
@@ -98,7 +116,7 @@ impl ErrorCode {
             RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             SandboxUnavailable | RegistryFull | ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             KernelFailed => StatusCode::BAD_GATEWAY,
-            RestoreFailed | JournalFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            RestoreFailed | JournalFailed | FileIoFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -120,6 +138,12 @@ impl ErrorCode {
             TooManySessions => "too_many_sessions",
             OutputNotFound => "output_not_found",
             RangeNotSatisfiable => "range_not_satisfiable",
+            PathRefused => "path_refused",
+            FileNotFound => "file_not_found",
+            FileTooLarge => "file_too_large",
+            FileIoFailed => "file_io_failed",
+            DisplayNotFound => "display_not_found",
+            CellNotFound => "cell_not_found",
             SandboxBelowFloor => "sandbox_below_floor",
             SandboxUnavailable => "sandbox_unavailable",
             RegistryFull => "registry_full",

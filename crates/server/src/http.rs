@@ -13,9 +13,8 @@
 //! `GET` routes only (403 otherwise). Request bodies are capped at
 //! [`MAX_BODY_BYTES`] (413 beyond). `/openapi.json` is public.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -23,7 +22,7 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, delete, get, post};
+use axum::routing::{MethodRouter, delete, get, post, put};
 use axum::{Extension, Json, Router};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, LiveEvent};
@@ -39,6 +38,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::auth::{Caller, Scope, Tokens};
 use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody, ErrorCode, OptionalJson};
+use crate::routes;
+use crate::routes::displays::ImagesMode;
 
 /// Where `cellhost serve` listens unless told otherwise (loopback only).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
@@ -46,22 +47,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 /// Largest request body accepted (4 MiB); larger ones answer 413.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// Cells whose spill files are remembered for `/v1/cells/…/output`.
-const CELLS_KEPT: usize = 10_000;
-
 /// Sessions one owner may hold through the API.
 const SESSIONS_PER_OWNER: usize = 64;
-
-struct CellMeta {
-    owner: String,
-    spills: BTreeMap<String, PathBuf>,
-}
-
-#[derive(Default)]
-struct Cells {
-    by_id: HashMap<String, CellMeta>,
-    order: VecDeque<String>,
-}
 
 /// A session created through the API.
 struct SessionMeta {
@@ -77,7 +64,8 @@ pub struct AppState {
     /// Sessions created through the API: (owner, name) → the session; the
     /// owner is `http:<token owner>`.
     sessions: Mutex<BTreeMap<(String, String), SessionMeta>>,
-    cells: Mutex<Cells>,
+    /// Largest file a `PUT …/files/{path}` accepts, in bytes.
+    max_file_bytes: u64,
 }
 
 impl std::fmt::Debug for AppState {
@@ -93,8 +81,28 @@ impl AppState {
             registry,
             tokens,
             sessions: Mutex::new(BTreeMap::new()),
-            cells: Mutex::new(Cells::default()),
+            max_file_bytes: cellhost_sessions::requests::files::DEFAULT_MAX_WRITE,
         })
+    }
+
+    /// State over `registry`, accepting `tokens`, with a cap on the files a
+    /// `PUT …/files/{path}` writes (bytes; the config's `file_max_mb`).
+    pub fn with_max_file_bytes(
+        registry: Arc<Registry>,
+        tokens: Tokens,
+        max_file_bytes: u64,
+    ) -> Arc<AppState> {
+        Arc::new(AppState {
+            registry,
+            tokens,
+            sessions: Mutex::new(BTreeMap::new()),
+            max_file_bytes,
+        })
+    }
+
+    /// Largest file a `PUT …/files/{path}` accepts, in bytes.
+    pub fn max_file_bytes(&self) -> u64 {
+        self.max_file_bytes
     }
 
     /// The registry.
@@ -102,38 +110,14 @@ impl AppState {
         &self.registry
     }
 
-    fn remember(&self, owner: &str, x: &cellhost_sessions::requests::Executed) {
+    /// Logs a cell whose journal row was not written (the registry keeps
+    /// its spills and images in its own index).
+    fn remember(&self, x: &cellhost_sessions::requests::Executed) {
         if let Some(e) = &x.journal_error {
             tracing::warn!(
                 "cell {} ran but its journal row was not written: {e}",
                 x.result.cell_id
             );
-        }
-        self.remember_cell(owner, &x.result);
-    }
-
-    fn remember_cell(&self, owner: &str, r: &CellResult) {
-        let spills: BTreeMap<String, PathBuf> = r
-            .truncated
-            .iter()
-            .filter_map(|(k, t)| t.spill_path.clone().map(|p| (k.clone(), p)))
-            .collect();
-        if spills.is_empty() {
-            return;
-        }
-        let Ok(mut c) = self.cells.lock() else { return };
-        c.by_id.insert(
-            r.cell_id.clone(),
-            CellMeta {
-                owner: owner.to_string(),
-                spills,
-            },
-        );
-        c.order.push_back(r.cell_id.clone());
-        while c.order.len() > CELLS_KEPT {
-            if let Some(old) = c.order.pop_front() {
-                c.by_id.remove(&old);
-            }
         }
     }
 }
@@ -141,12 +125,12 @@ impl AppState {
 type St = State<Arc<AppState>>;
 
 /// The registry owner of a caller's sessions: `http:<token owner>`.
-fn owner_of(caller: &Caller) -> String {
+pub(crate) fn owner_of(caller: &Caller) -> String {
     Surface::Http.owner(&caller.owner)
 }
 
 /// The request layer's view of one of the caller's API sessions.
-fn spec(owner: &str, name: &str, sandbox: SandboxMode) -> SessionSpec {
+pub(crate) fn spec(owner: &str, name: &str, sandbox: SandboxMode) -> SessionSpec {
     SessionSpec {
         sandbox: Some(sandbox),
         ..SessionSpec::new(owner, name)
@@ -167,6 +151,52 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
         (Method::GET, "/v1/sessions/{name}/variables", get(variables)),
         (Method::GET, "/v1/sessions/{name}/history", get(history)),
         (Method::GET, "/v1/cells/{cell}/output/{stream}", get(cell_output)),
+        (
+            Method::GET,
+            "/v1/sessions/{name}/files",
+            get(routes::files::list_files),
+        ),
+        (
+            Method::PUT,
+            "/v1/sessions/{name}/files/{path}",
+            put(routes::files::write_file),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions/{name}/files/{path}",
+            get(routes::files::read_file),
+        ),
+        (
+            Method::DELETE,
+            "/v1/sessions/{name}/files/{path}",
+            delete(routes::files::delete_file),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions/{name}/displays/{id}",
+            get(routes::displays::read_display),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/{name}/cells",
+            post(routes::cells::submit_cell),
+        ),
+        (
+            Method::GET,
+            "/v1/sessions/{name}/cells",
+            get(routes::cells::list_cells),
+        ),
+        (Method::GET, "/v1/cells/{cell}", get(routes::cells::get_cell)),
+        (
+            Method::DELETE,
+            "/v1/cells/{cell}",
+            delete(routes::cells::cancel_cell),
+        ),
+        (
+            Method::GET,
+            "/v1/cells/{cell}/events",
+            get(routes::cells::cell_events),
+        ),
     ]
 }
 
@@ -178,10 +208,12 @@ pub fn router(state: Arc<AppState>) -> Router {
     let mut v1: Router<Arc<AppState>> = Router::new();
     let mut public: Router<Arc<AppState>> = Router::new();
     for (_, path, mr) in route_table() {
+        // A file's path spans segments: axum's catch-all parameter.
+        let path = path.replace("/files/{path}", "/files/{*path}");
         if path.starts_with("/v1/") {
-            v1 = v1.route(path, mr);
+            v1 = v1.route(&path, mr);
         } else {
-            public = public.route(path, mr);
+            public = public.route(&path, mr);
         }
     }
     let v1 = v1.layer(middleware::from_fn_with_state(state.clone(), authenticate));
@@ -492,6 +524,11 @@ pub struct ExecuteRequest {
     /// with 409 `session_busy` (default false).
     #[serde(default)]
     pub queue: bool,
+    /// How images come back: `url` (default: each image entry also
+    /// carries the URL of `GET /v1/sessions/{name}/displays/{id}`),
+    /// `inline` (base64 text in the bundle) or `none` (left out).
+    #[serde(default)]
+    pub images: ImagesMode,
 }
 
 /// Query of `execute`.
@@ -513,7 +550,7 @@ fn wants_stream(q: &ExecuteQuery, headers: &HeaderMap) -> bool {
 
 /// The deadline of `timeout_s`: the request layer's [`Deadline`] (absent:
 /// the server's `cell_timeout_s`; 0: none), within the documented range.
-fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
+pub(crate) fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
     let field = |e: ApiError| e.with("field", "timeout_s");
     if let Some(s) = t
         && (!s.is_finite() || !(0.0..=MAX_TIMEOUT_S).contains(&s))
@@ -558,6 +595,7 @@ async fn execute(
     let mut req = RunCell::new(spec(&owner, &name, sandbox), body.code, Origin::new("http"));
     req.deadline = deadline_of(body.timeout_s)?;
     req.queue = body.queue;
+    let images = body.images;
     if !wants_stream(&q, &headers) {
         // The cell runs in its own task: a client that disconnects does not
         // cancel its bookkeeping (journal row, spill pages).
@@ -565,13 +603,15 @@ async fn execute(
         let r = tokio::spawn(async move {
             let r = req.execute(&st2.registry).await;
             if let Ok(x) = &r {
-                st2.remember(&owner, x);
+                st2.remember(x);
             }
             r
         })
         .await
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("the cell's task failed: {e}")))??;
-        return Ok(Json(r.result).into_response());
+        let mut result = r.result;
+        routes::displays::render_images(&mut result, &st, &owner, &name, images);
+        return Ok(Json(result).into_response());
     }
     let (live_tx, mut live_rx) = mpsc::unbounded_channel();
     req.live = Some(live_tx);
@@ -594,8 +634,9 @@ async fn execute(
             let _ = tx.send(live_event(ev)).await;
         }
         let ev = match outcome {
-            Ok(x) => {
-                st2.remember(&owner, &x);
+            Ok(mut x) => {
+                st2.remember(&x);
+                routes::displays::render_images(&mut x.result, &st2, &owner, &name, images);
                 Event::default()
                     .event("result")
                     .json_data(&x.result)
@@ -659,7 +700,7 @@ fn not_found(name: &str) -> ApiError {
 /// The owner and sandbox mode of `name` when it is one of the caller's
 /// sessions; another owner's session answers 404, exactly like a missing
 /// one.
-fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SandboxMode), ApiError> {
+pub(crate) fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SandboxMode), ApiError> {
     check_name(name)?;
     let owner = owner_of(caller);
     let sandbox = st
@@ -685,6 +726,10 @@ pub struct InterruptAnswer {
     /// Why it was not delivered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Submitted cells (`POST …/cells`) that were queued in the session
+    /// and were dropped by this interrupt (they will not run).
+    #[serde(default)]
+    pub dropped: Vec<String>,
 }
 
 /// Interrupt the running cell (variables kept when the code can be stopped).
@@ -705,20 +750,22 @@ async fn interrupt(
         session: name,
         cwd: CwdScope::Any,
     })
-    .execute(&st.registry)
+    .execute_dropping_queued(&st.registry)
     .await
     {
-        Ok(o) => InterruptAnswer {
-            delivered: o.delivered,
-            target: o.target,
-            cell: o.cell,
-            reason: o.reason,
+        Ok(i) => InterruptAnswer {
+            delivered: i.outcome.delivered,
+            target: i.outcome.target,
+            cell: i.outcome.cell,
+            reason: i.outcome.reason,
+            dropped: i.dropped,
         },
         Err(RequestError::SessionNotFound { .. }) => InterruptAnswer {
             delivered: false,
             target: None,
             cell: None,
             reason: Some("the session has no live kernel".into()),
+            dropped: Vec::new(),
         },
         Err(e) => return Err(e.into()),
     };
@@ -950,12 +997,7 @@ async fn cell_output(
         .with("field", "length"));
     }
     let owner = owner_of(&caller);
-    let path = st.cells.lock().ok().and_then(|c| {
-        c.by_id
-            .get(&cell)
-            .filter(|m| m.owner == owner)
-            .and_then(|m| m.spills.get(stream.as_str()).cloned())
-    });
+    let path = st.registry.spill_of(&owner, &cell, stream.as_str());
     let Some(path) = path else {
         return Err(ApiError::new(
             ErrorCode::OutputNotFound,

@@ -18,6 +18,7 @@ pub mod error;
 pub mod http;
 pub mod listen;
 pub mod openapi;
+pub mod routes;
 pub mod rundir;
 
 pub use auth::{Scope, Tokens};

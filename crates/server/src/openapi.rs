@@ -20,8 +20,9 @@ use crate::http;
 
 const DESCRIPTION: &str = "Persistent Python sessions for agents. Every /v1 route needs \
 `Authorization: Bearer TOKEN`; a token stands for an owner, and owners never see each other's \
-sessions (404, like a missing one). Read-only tokens may call GET routes only (403). Request \
-bodies are limited to 4 MiB (413). A session's variables persist across execute calls until it \
+sessions (404, like a missing one). Read-only tokens may call GET routes only (403). JSON request \
+bodies are limited to 4 MiB (413); a file written by PUT …/files/{path} is streamed, up to the \
+server's `file_max_mb`. A session's variables persist across execute calls until it \
 is restarted, deleted, or its kernel dies (the next result then says `kernel.state_reset`). \
 Every error answer is `{\"error\": {\"code\", \"message\", ...fields}}` as application/json; the \
 HTTP status follows from the code. A second execute on a busy session is refused with 409 \
@@ -44,6 +45,16 @@ HTTP status follows from the code. A second execute on a busy session is refused
         http::variables,
         http::history,
         http::cell_output,
+        crate::routes::files::list_files,
+        crate::routes::files::write_file,
+        crate::routes::files::read_file,
+        crate::routes::files::delete_file,
+        crate::routes::displays::read_display,
+        crate::routes::cells::submit_cell,
+        crate::routes::cells::list_cells,
+        crate::routes::cells::get_cell,
+        crate::routes::cells::cancel_cell,
+        crate::routes::cells::cell_events,
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
     modifiers(&Shared),
@@ -81,7 +92,11 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
             add("403", "`forbidden`: a read-only token on a route that is not GET");
         }
     }
-    if op.request_body.is_some() {
+    let json_body = op
+        .request_body
+        .as_ref()
+        .is_some_and(|b| b.content.contains_key("application/json"));
+    if json_body {
         add("400", "`bad_request`: the body is not JSON, or could not be read");
         add("413", "`payload_too_large`: the body is over 4 MiB");
         add(

@@ -169,6 +169,24 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "1024",
         "serve: connections served at once (more are answered 503 and closed)",
     ),
+    (
+        "file_max_mb",
+        Kind::Int,
+        "100",
+        "files: largest file written into a session (HTTP PUT, MCP write_file, cp), in MiB",
+    ),
+    (
+        "mcp_file_max_kb",
+        Kind::Int,
+        "1024",
+        "mcp: largest file read_file returns and write_file takes inline, in KiB",
+    ),
+    (
+        "mcp_image_max_kb",
+        Kind::Int,
+        "256",
+        "mcp: larger images are sent as a resource link instead of inline base64, in KiB",
+    ),
 ];
 
 /// Layer names `sandbox_disable` accepts.
@@ -437,6 +455,15 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "serve_max_connections must be between 1 and 1048576".into(),
             ));
+        }
+        for (key, max) in [
+            ("file_max_mb", 1 << 20),
+            ("mcp_file_max_kb", 1 << 20),
+            ("mcp_image_max_kb", 1 << 20),
+        ] {
+            if !(1..=max).contains(&self.int(key)) {
+                return Err(ConfigError::Invalid(format!("{key} must be between 1 and {max}")));
+            }
         }
         if self.int("max_live_kernels") == 0 {
             return Err(ConfigError::Invalid("max_live_kernels must be at least 1".into()));

@@ -6,7 +6,9 @@
 #![forbid(unsafe_code)]
 
 pub mod cell;
+pub mod cell_index;
 pub mod config;
+pub mod detached;
 pub mod floor;
 pub mod journal;
 pub mod journal_schema;

@@ -222,6 +222,13 @@ struct SlotInner {
     spawning: bool,
     /// The session's own environment, applied to each of its kernels.
     env: crate::SessionEnv,
+    /// The host path of the live kernel's working directory.
+    workdir: Option<PathBuf>,
+    /// The live kernel's own name for its working directory when that is
+    /// not the host's (a pooled kernel keeps the path of the pool directory
+    /// it was started in, which was moved to the session's): (the kernel's
+    /// path, the host's path).
+    cwd_alias: Option<(PathBuf, PathBuf)>,
 }
 
 struct Slot {
@@ -272,6 +279,10 @@ pub struct Registry {
     reaped: AtomicU64,
     /// Serializes "is there room?" decisions.
     room: Mutex<()>,
+    /// What finished cells left on disk (spills, images), by cell id.
+    cells: Mutex<crate::cell_index::CellIndex>,
+    /// Submitted cells (cells that outlive a call).
+    detached: crate::detached::DetachedCells,
 }
 
 impl std::fmt::Debug for Registry {
@@ -392,6 +403,8 @@ impl Registry {
             evicted: AtomicU64::new(0),
             reaped: AtomicU64::new(0),
             room: Mutex::new(()),
+            cells: Mutex::new(crate::cell_index::CellIndex::default()),
+            detached: crate::detached::DetachedCells::default(),
         });
         let mut tasks = Vec::new();
         if let Some(pool) = &reg.pool {
@@ -610,6 +623,40 @@ impl Registry {
             .then(|| root.join(path_name(&key.owner)).join(path_name(&key.session)))
     }
 
+    /// The host path of the session's working directory: its live
+    /// kernel's, else the one its next kernel gets (the key's cwd, or its
+    /// own directory under `session_workdirs`). `None` when neither is
+    /// known (a session without a cwd works in its per-generation session
+    /// directory, which exists only while a kernel lives).
+    pub fn workdir(&self, key: &Key) -> Option<PathBuf> {
+        let live = self.slots.lock().ok().and_then(|s| {
+            s.get(key).and_then(|slot| {
+                let g = slot.lock();
+                g.lineage.live().and_then(|_| g.workdir.clone())
+            })
+        });
+        live.or_else(|| key.cwd.clone())
+            .or_else(|| self.session_workdir(key))
+    }
+
+    /// The submitted cells ([`crate::requests::SubmitRequest`]).
+    pub fn detached(&self) -> &crate::detached::DetachedCells {
+        &self.detached
+    }
+
+    /// The spill file of `stream` (`stdout`, `stderr`) of cell `cell`, if
+    /// `owner` ran it and the stream was spilled (see
+    /// [`crate::cell_index`]).
+    pub fn spill_of(&self, owner: &str, cell: &str, stream: &str) -> Option<PathBuf> {
+        self.cells.lock().ok()?.spill(owner, cell, stream)
+    }
+
+    /// The image of display `id` ([`crate::cell_index::display_id`]) of a
+    /// cell `owner` ran in `session`.
+    pub fn display_of(&self, owner: &str, session: &str, id: &str) -> Option<crate::cell_index::DisplayFile> {
+        self.cells.lock().ok()?.display(owner, session, id)
+    }
+
     fn kernel_config(&self, slot: &Slot, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
         let key = &slot.key;
         let mut cfg = self.cfg.template.clone();
@@ -711,11 +758,16 @@ impl Registry {
             && let Some(pool) = &self.pool
             && let Some((k, tools, own)) = pool.take()
         {
-            let placed = match (&workdir, own) {
+            // The kernel names its directory by the real path it was
+            // started in (taken before the move).
+            let seen = own
+                .as_ref()
+                .map(|o| std::fs::canonicalize(o).unwrap_or_else(|_| o.clone()));
+            let placed = match (&workdir, &own) {
                 (None, _) => true,
                 (Some(w), Some(own)) => {
                     w.parent().is_some_and(|p| std::fs::create_dir_all(p).is_ok())
-                        && std::fs::rename(&own, w).is_ok()
+                        && std::fs::rename(own, w).is_ok()
                 }
                 (Some(_), None) => false,
             };
@@ -723,12 +775,29 @@ impl Registry {
                 if let Some(t) = tools {
                     t.set_session(&slot.key.session);
                 }
+                let mut g = slot.lock();
+                match (&workdir, seen) {
+                    (Some(w), Some(seen)) => {
+                        g.workdir = Some(w.clone());
+                        g.cwd_alias = Some((seen, w.clone()));
+                    }
+                    _ => {
+                        g.workdir = slot.key.cwd.clone();
+                        g.cwd_alias = None;
+                    }
+                }
+                drop(g);
                 self.from_pool.fetch_add(1, Ordering::Relaxed);
                 return Ok(k);
             }
             k.kill().await;
         }
         let (cfg, _tools) = self.kernel_config(slot, generation);
+        {
+            let mut g = slot.lock();
+            g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));
+            g.cwd_alias = None;
+        }
         let k = self.templates.spawn(cfg).await?;
         self.spawned.fetch_add(1, Ordering::Relaxed);
         Ok(k)
@@ -911,8 +980,33 @@ impl Registry {
         r.kernel.generation = generation;
         {
             let mut g = slot.lock();
+            if let Some((seen, real)) = &g.cwd_alias {
+                // The kernel's names of its workdir's paths, as the host's.
+                let host = |p: &str| {
+                    Path::new(p).strip_prefix(seen).ok().map(|rest| {
+                        if rest.as_os_str().is_empty() {
+                            real.display().to_string()
+                        } else {
+                            real.join(rest).display().to_string()
+                        }
+                    })
+                };
+                if let Some(c) = r.cwd.as_deref().and_then(host) {
+                    r.cwd = Some(c);
+                }
+                if let Some(f) = r.files.as_mut() {
+                    for p in f.read.iter_mut().chain(f.write.iter_mut()) {
+                        if let Some(h) = host(p) {
+                            *p = h;
+                        }
+                    }
+                }
+            }
             g.last_used = Some(Instant::now());
             g.lineage.settle(generation, kernel.is_alive(), &mut r);
+        }
+        if let Ok(mut ix) = self.cells.lock() {
+            ix.record(&key.owner, &key.session, &r);
         }
         let mut journal_error = None;
         if let Some(j) = &self.journal

@@ -1005,3 +1005,102 @@ async fn a_template_that_cannot_fork_leaves_kernels_cold_and_working() {
     }
     reg.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_kernels_cwd_is_the_sessions_real_workdir_and_its_files_are_served() {
+    // Regression: a kernel taken from the pool reported the pool's staging
+    // directory as its `cwd` (in a sandbox the kernel keeps the path it
+    // was started in, and that directory was moved to the session's).
+    use cellhost_sessions::SessionSpec;
+    use cellhost_sessions::requests::{ListFilesRequest, ReadFileRequest, WriteFileRequest};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = reg_config(dir.path());
+    cfg.template.cwd = None;
+    cfg.template.sandbox.mode = cellhost_sandbox::profile::SandboxMode::Auto;
+    cfg.pool_size = 1;
+    cfg.session_workdirs = Some(dir.path().join("work"));
+    let reg = start(cfg, false).await;
+    let t0 = Instant::now();
+    while reg.stats().pooled < 1 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "pool never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spec = SessionSpec {
+        sandbox: Some(cellhost_sandbox::profile::SandboxMode::Auto),
+        ..SessionSpec::new("o", "s")
+    };
+    let key = spec.key(&reg).expect("key");
+    let r = reg
+        .execute(
+            &key,
+            "open('out.txt', 'w').write('cell')",
+            ExecOptions::default(),
+            &o(),
+        )
+        .await
+        .expect("cell");
+    assert_eq!(r.status, CellStatus::Ok, "{r:#?}");
+    assert_eq!(reg.stats().from_pool, 1, "the pooled kernel was not used");
+    let cwd = PathBuf::from(r.cwd.clone().expect("a cwd"));
+    assert_eq!(Some(cwd.clone()), reg.workdir(&key), "{r:#?}");
+    assert!(cwd.starts_with(dir.path().join("work")), "{r:#?}");
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("out.txt")).expect("in cwd"),
+        "cell"
+    );
+    // The file the cell wrote is read at once; a written one is seen by
+    // the next cell.
+    let read = ReadFileRequest {
+        session: spec.clone(),
+        path: "out.txt".into(),
+        offset: 1,
+        length: Some(2),
+    };
+    let (f, bytes) = read.read_to_vec(&reg, 1024).await.expect("read");
+    assert_eq!((f.size, bytes.as_slice()), (4, b"el".as_slice()));
+    let w = WriteFileRequest {
+        session: spec.clone(),
+        path: "in/data.csv".into(),
+        max_bytes: 1024,
+    };
+    let written = w.execute(&reg, b"a,b\n1,2\n".as_slice()).await.expect("write");
+    assert_eq!(
+        (written.path.as_str(), written.size, written.replaced),
+        ("in/data.csv", 8, false)
+    );
+    let r = reg
+        .execute(
+            &key,
+            "print(open('in/data.csv').read(), end='')",
+            ExecOptions::default(),
+            &o(),
+        )
+        .await
+        .expect("cell");
+    assert_eq!(r.stdout, "a,b\n1,2\n", "{r:#?}");
+    // Over the cap: refused, and the old file is untouched.
+    let too_big = WriteFileRequest { max_bytes: 4, ..w };
+    let e = too_big
+        .execute(&reg, b"0123456789".as_slice())
+        .await
+        .expect_err("cap");
+    assert_eq!(e.code(), "file_too_large");
+    let listed = ListFilesRequest {
+        session: spec.clone(),
+        path: "in".into(),
+    }
+    .execute(&reg)
+    .await
+    .expect("list");
+    let names: Vec<&str> = listed.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["data.csv"],
+        "no temporary file is left behind: {listed:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("in/data.csv")).expect("kept"),
+        "a,b\n1,2\n"
+    );
+    reg.shutdown().await;
+}

@@ -12,6 +12,7 @@
 mod common;
 mod daemon_peer;
 mod fds;
+mod files;
 mod hostile_code;
 mod http_tenants;
 mod kernel_view;

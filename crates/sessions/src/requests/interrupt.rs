@@ -44,3 +44,40 @@ impl InterruptRequest {
         Ok(k.interrupt().await)
     }
 }
+
+/// What an interrupt did, and which submitted cells of the session it
+/// dropped from the queue.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Interrupted {
+    /// The interrupt of the running cell.
+    pub outcome: InterruptOutcome,
+    /// Submitted cells that were queued behind it and will not run.
+    pub dropped: Vec<String>,
+}
+
+impl InterruptRequest {
+    /// Interrupts the running cell and drops the session's queued
+    /// submitted cells ([`crate::requests::SubmitRequest`]): an interrupt
+    /// stops the session's work, not only its current cell.
+    ///
+    /// # Errors
+    /// As [`InterruptRequest::execute`] (`session_not_found` only when
+    /// nothing was dropped either).
+    pub async fn execute_dropping_queued(&self, reg: &Registry) -> Result<Interrupted, RequestError> {
+        validate_session(&self.session)?;
+        let dropped = reg.detached().drop_queued(&self.owner, &self.session, &self.cwd);
+        match self.execute(reg).await {
+            Ok(outcome) => Ok(Interrupted { outcome, dropped }),
+            Err(RequestError::SessionNotFound { .. }) if !dropped.is_empty() => Ok(Interrupted {
+                outcome: InterruptOutcome {
+                    delivered: false,
+                    target: None,
+                    cell: None,
+                    reason: Some("no cell was running".into()),
+                },
+                dropped,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -18,14 +18,17 @@
 //! - Every failure is a [`RequestError`] with a stable [`RequestError::code`].
 
 mod execute;
+pub mod files;
 mod history;
 mod interrupt;
 mod kill;
 mod list;
+mod read_display;
 mod read_output;
 mod restart;
 mod restore;
 mod run_notebook;
+mod submit;
 mod variables;
 
 use std::path::PathBuf;
@@ -35,14 +38,20 @@ use cellhost_kernel::KernelError;
 use cellhost_sandbox::profile::SandboxMode;
 
 pub use execute::{ExecuteRequest, Executed};
+pub use files::{
+    DeleteFileRequest, FileDeleted, FileEntry, FileKind, FileListing, FileWritten, ListFilesRequest,
+    OpenedFile, ReadFileRequest, WriteFileRequest,
+};
 pub use history::{History, HistoryRequest};
-pub use interrupt::InterruptRequest;
+pub use interrupt::{InterruptRequest, Interrupted};
 pub use kill::{KillReport, KillRequest};
 pub use list::{ListRequest, SessionSummary};
+pub use read_display::ReadDisplayRequest;
 pub use read_output::{OutputPage, ReadOutputRequest};
 pub use restart::{RestartReport, RestartRequest};
 pub use restore::RestoreRequest;
 pub use run_notebook::{RegistryRunner, RunNotebookRequest};
+pub use submit::{CancelCellRequest, CellCancelled, SubmitRequest, Submitted};
 pub use variables::VariablesRequest;
 
 use crate::registry::{Key, Registry, RegistryError};
@@ -211,6 +220,60 @@ pub enum RequestError {
         /// Why.
         message: String,
     },
+    /// A path a files request named is not below the session's workdir
+    /// (absolute, `..`, a link or mount leading out, NUL, too long) or is
+    /// not a file the host reads (a special file, a hard link).
+    #[error("path {path:?} refused: {reason}")]
+    PathRefused {
+        /// The path as asked.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// No file at that path of the workdir.
+    #[error("no file {path:?} in the session's workdir")]
+    FileNotFound {
+        /// The path, relative to the workdir.
+        path: String,
+    },
+    /// A file (or a byte range of one) is larger than the surface's cap.
+    #[error("{path:?} is larger than the cap of {max_bytes} bytes")]
+    FileTooLarge {
+        /// The path, relative to the workdir.
+        path: String,
+        /// The cap.
+        max_bytes: u64,
+    },
+    /// A byte range starts past the end of the file.
+    #[error("offset {offset} is past the end of {path:?} ({size} bytes)")]
+    RangeNotSatisfiable {
+        /// The path, relative to the workdir.
+        path: String,
+        /// The asked offset.
+        offset: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// No image display of that id among the owner's cells of the session.
+    #[error("no image display {id:?} in this session")]
+    DisplayNotFound {
+        /// The display id asked for.
+        id: String,
+    },
+    /// No submitted cell of that id for this owner.
+    #[error("no submitted cell {cell:?}")]
+    CellNotFound {
+        /// The cell asked for.
+        cell: String,
+    },
+    /// Reading or writing a file of the workdir failed.
+    #[error("{path:?}: {message}")]
+    FileIo {
+        /// The path, relative to the workdir.
+        path: String,
+        /// Why.
+        message: String,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -239,6 +302,13 @@ impl RequestError {
             }
             RequestError::SessionBusy { .. } => "session_busy",
             RequestError::Journal { .. } => "journal_failed",
+            RequestError::PathRefused { .. } => "path_refused",
+            RequestError::FileNotFound { .. } => "file_not_found",
+            RequestError::FileTooLarge { .. } => "file_too_large",
+            RequestError::RangeNotSatisfiable { .. } => "range_not_satisfiable",
+            RequestError::FileIo { .. } => "file_io_failed",
+            RequestError::DisplayNotFound { .. } => "display_not_found",
+            RequestError::CellNotFound { .. } => "cell_not_found",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -257,7 +327,15 @@ impl RequestError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self.code(),
-            "bad_request" | "session_not_found" | "sandbox_below_floor"
+            "bad_request"
+                | "session_not_found"
+                | "sandbox_below_floor"
+                | "path_refused"
+                | "file_not_found"
+                | "file_too_large"
+                | "range_not_satisfiable"
+                | "display_not_found"
+                | "cell_not_found"
         )
     }
 
@@ -279,6 +357,24 @@ impl RequestError {
                     .map(|d| d.as_ref().map(|c| c.display().to_string()))
                     .collect::<Vec<_>>()
                     .into();
+            }
+            RequestError::PathRefused { path, reason } => {
+                v["path"] = path.clone().into();
+                v["reason"] = reason.clone().into();
+            }
+            RequestError::FileNotFound { path } | RequestError::FileIo { path, .. } => {
+                v["path"] = path.clone().into()
+            }
+            RequestError::DisplayNotFound { id } => v["id"] = id.clone().into(),
+            RequestError::CellNotFound { cell } => v["cell"] = cell.clone().into(),
+            RequestError::FileTooLarge { path, max_bytes } => {
+                v["path"] = path.clone().into();
+                v["max_bytes"] = (*max_bytes).into();
+            }
+            RequestError::RangeNotSatisfiable { path, offset, size } => {
+                v["path"] = path.clone().into();
+                v["offset"] = (*offset).into();
+                v["size"] = (*size).into();
             }
             RequestError::SessionBusy { session, cell } => {
                 v["session"] = session.clone().into();

@@ -1,0 +1,106 @@
+//! `cellhost exec --session NAME --detach CODE` (submit a cell to the
+//! daemon and print its id) and `cellhost wait CELL [--json]` (wait for a
+//! submitted cell and print its result; exit code by status, as `exec`;
+//! 1 when it could not run or was dropped from the queue, 2 for an unknown
+//! cell).
+
+use cellhost_server::daemon::{Reply, Request};
+
+use crate::KernelArgs;
+use crate::cmd_daemon;
+use crate::cmd_sessions::caller_cwd;
+use crate::common::{self, EXIT_USAGE};
+use crate::render;
+
+/// Arguments of `wait`.
+#[derive(Debug, clap::Args)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    kernel: KernelArgs,
+    /// Print the CellResult as JSON instead of the output.
+    #[arg(long)]
+    json: bool,
+    /// The cell id `exec --session NAME --detach` printed.
+    #[arg(value_name = "CELL")]
+    cell: String,
+}
+
+fn call(kernel: &KernelArgs, req: Request) -> Result<Reply, String> {
+    let rt = common::runtime().map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        let mut c = cmd_daemon::connect(kernel)
+            .await
+            .map_err(|e| format!("cannot reach the daemon: {e}"))?;
+        c.call(&req).await.map_err(|e| e.to_string())
+    })
+}
+
+fn failed(message: &str, usage: bool, code: &str, json: bool) -> u8 {
+    if json {
+        eprintln!(
+            "{}",
+            serde_json::json!({"error": {"code": code, "message": message}})
+        );
+    } else {
+        eprintln!("cellhost: {message} ({code})");
+    }
+    if usage { EXIT_USAGE } else { 1 }
+}
+
+/// Submits `code` to the daemon's session and prints the cell id (with
+/// `--json`, the handle as JSON).
+pub fn submit(kernel: &KernelArgs, session: String, code: String, timeout_s: Option<f64>, json: bool) -> u8 {
+    let python = match &kernel.python {
+        None => None,
+        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
+            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
+            Err(e) => {
+                eprintln!("cellhost: {e}");
+                return EXIT_USAGE;
+            }
+        },
+    };
+    let req = Request::Submit {
+        session,
+        code,
+        timeout_s,
+        python,
+        sandbox: kernel.sandbox.map(|m| m.to_string()),
+        cwd: caller_cwd(),
+    };
+    match call(kernel, req) {
+        Ok(Reply::Submitted { submitted }) => {
+            if json {
+                println!("{}", serde_json::to_string(&submitted).unwrap_or_default());
+            } else {
+                println!("{}", submitted.cell);
+            }
+            0
+        }
+        Ok(Reply::Error { message, usage, code }) => failed(&message, usage, &code, json),
+        Ok(other) => failed(&format!("unexpected reply {other:?}"), false, "internal", json),
+        Err(e) => failed(&e, false, "daemon_unreachable", json),
+    }
+}
+
+/// Runs `wait`.
+pub fn run(args: WaitArgs) -> u8 {
+    match call(
+        &args.kernel,
+        Request::Wait {
+            cell: args.cell.clone(),
+        },
+    ) {
+        Ok(Reply::Result { result }) => {
+            render::finish_streamed(&[String::new(), String::new()], &result, args.json)
+        }
+        Ok(Reply::Error { message, usage, code }) => failed(&message, usage, &code, args.json),
+        Ok(other) => failed(
+            &format!("unexpected reply {other:?}"),
+            false,
+            "internal",
+            args.json,
+        ),
+        Err(e) => failed(&e, false, "daemon_unreachable", args.json),
+    }
+}
