@@ -1097,6 +1097,158 @@ fn run_missing_input_is_a_usage_error() {
     assert!(r.stderr.contains("nope.ipynb"), "{}", r.stderr);
 }
 
+/// A notebook with a kernelspec and cells `(source, tags)`.
+fn tagged_ipynb(kernelspec: Value, cells: &[(&str, &[&str])]) -> String {
+    let cells: Vec<Value> = cells
+        .iter()
+        .enumerate()
+        .map(|(i, (src, tags))| {
+            json!({
+                "cell_type": "code", "id": format!("c{i}"), "metadata": {"tags": tags},
+                "source": src, "execution_count": null, "outputs": [],
+            })
+        })
+        .collect();
+    json!({"cells": cells, "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5})
+        .to_string()
+}
+
+/// A timestamp as nbclient writes it: `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
+fn is_nbclient_stamp(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 27
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            26 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[test]
+fn run_keeps_kernelspec_times_cells_and_injects_parameters() {
+    let test = "run_keeps_kernelspec_times_cells_and_injects_parameters";
+    let env = Env::new();
+    let spec = json!({"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"});
+    std::fs::write(
+        env.work().join("nb.ipynb"),
+        tagged_ipynb(
+            spec.clone(),
+            &[
+                ("import sys", &[]),
+                (
+                    "alpha = 0.1\nn = 1\nname = 'default'\nflag = None",
+                    &["parameters"],
+                ),
+                ("print(alpha, n, name, flag, type(big).__name__)", &[]),
+                ("raise KeyError('expected')", &["raises-exception"]),
+                ("print('after')", &[]),
+            ],
+        ),
+    )
+    .expect("write notebook");
+    std::fs::write(env.work().join("p.yaml"), "n: 5\nname: from-file\n").expect("write parameters");
+    let r = env.run(
+        "run",
+        &[
+            "nb.ipynb",
+            "--parameters-file",
+            "p.yaml",
+            "-p",
+            "alpha",
+            "0.6",
+            "-p",
+            "name",
+            "cli",
+            "-p",
+            "flag",
+            "True",
+            "-p",
+            "big",
+            "12345678901234567890123",
+        ],
+        None,
+        LONG,
+    );
+    r.expect_code("run with parameters", 0);
+    let out = env.work().join("nb.executed.ipynb");
+    let nb = read_json(&out);
+    assert_eq!(nb["metadata"]["kernelspec"], spec, "kernelspec replaced");
+    assert_eq!(nb["metadata"]["language_info"]["name"], "python");
+    assert_eq!(
+        nb["metadata"]["papermill"]["parameters"]["alpha"], 0.6,
+        "{}",
+        nb["metadata"]
+    );
+    let cells = code_cells(&nb);
+    assert_eq!(cells.len(), 6);
+    assert_eq!(cells[2]["metadata"]["tags"], json!(["injected-parameters"]));
+    assert_eq!(
+        joined(&cells[2]["source"]),
+        "# Parameters\nn = 5\nname = \"cli\"\nalpha = 0.6\nflag = True\nbig = 12345678901234567890123\n"
+    );
+    assert_eq!(stream_text(cells[3], "stdout"), "0.6 5 cli True int\n");
+    // `raises-exception` lets the run go on, as under nbclient.
+    assert!(
+        outputs(cells[4]).iter().any(|o| o["ename"] == "KeyError"),
+        "{}",
+        cells[4]
+    );
+    assert_eq!(stream_text(cells[5], "stdout"), "after\n");
+    for c in &cells {
+        let ex = &c["metadata"]["execution"];
+        let keys = [
+            "iopub.status.busy",
+            "iopub.execute_input",
+            "shell.execute_reply",
+            "iopub.status.idle",
+        ];
+        let stamps: Vec<&str> = keys.iter().map(|k| ex[k].as_str().unwrap_or_default()).collect();
+        assert!(stamps.iter().all(|s| is_nbclient_stamp(s)), "{ex}");
+        // Fixed-width UTC stamps order as text: busy <= input <= reply <= idle.
+        assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "{ex}");
+    }
+    validate_notebook(test, &out);
+}
+
+#[test]
+fn run_refuses_a_language_without_a_runtime() {
+    let env = Env::new();
+    let spec = json!({"name": "ir", "display_name": "R", "language": "R"});
+    std::fs::write(
+        env.work().join("r.ipynb"),
+        tagged_ipynb(spec, &[("print(1)", &[])]),
+    )
+    .expect("write");
+    let r = env.run("run", &["r.ipynb"], None, Duration::from_secs(60));
+    r.expect_code("run an R notebook", 2);
+    assert!(r.stderr.contains("language is \"r\""), "{}", r.stderr);
+    assert!(r.stderr.contains("python"), "{}", r.stderr);
+    assert!(
+        !env.work().join("r.executed.ipynb").exists(),
+        "an R notebook was run"
+    );
+}
+
+#[test]
+fn run_parameter_mistakes_are_usage_errors() {
+    let env = Env::new();
+    std::fs::write(env.work().join("a.py"), "# %%\nprint(1)\n").expect("write");
+    std::fs::write(env.work().join("list.yaml"), "- 1\n").expect("write");
+    for (args, needle) in [
+        (&["a.py", "-p", "1bad", "x"][..], "not a Python identifier"),
+        (&["a.py", "--parameters-file", "missing.yaml"][..], "missing.yaml"),
+        (&["a.py", "--parameters-file", "list.yaml"][..], "not a mapping"),
+    ] {
+        let r = env.run("run", args, None, Duration::from_secs(60));
+        r.expect_code(&format!("run {args:?}"), 2);
+        assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
+    }
+    assert!(!env.work().join("a.executed.ipynb").exists());
+}
+
 #[test]
 fn run_penguins_example() {
     let test = "run_penguins_example";

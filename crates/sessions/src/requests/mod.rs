@@ -194,6 +194,21 @@ pub enum RequestError {
         /// Why.
         message: String,
     },
+    /// A notebook's language has no runtime here (`kernelspec.language` /
+    /// `language_info.name`), or not the one the host's kernels run.
+    #[error(
+        "the notebook's language is {language:?}; cellhost runs {} notebooks here (runtimes: {})",
+        runtime,
+        supported.join(", ")
+    )]
+    UnsupportedLanguage {
+        /// The notebook's language, lower-cased.
+        language: String,
+        /// The languages this build has runtimes for.
+        supported: Vec<String>,
+        /// The language of the runtime the host's kernels run.
+        runtime: String,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -208,7 +223,7 @@ impl RequestError {
     }
 
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
-    /// `journal_failed`, `kernel_failed`, `stale_generation` (a request
+    /// `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
     /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
@@ -220,6 +235,7 @@ impl RequestError {
             RequestError::SessionNotFound { .. } => "session_not_found",
             RequestError::SessionBusy { .. } => "session_busy",
             RequestError::Journal { .. } => "journal_failed",
+            RequestError::UnsupportedLanguage { .. } => "unsupported_language",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -238,7 +254,7 @@ impl RequestError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self.code(),
-            "bad_request" | "session_not_found" | "sandbox_below_floor"
+            "bad_request" | "session_not_found" | "sandbox_below_floor" | "unsupported_language"
         )
     }
 
@@ -264,6 +280,15 @@ impl RequestError {
             RequestError::Registry(RegistryError::SandboxBelowFloor(b)) => {
                 v["requested"] = b.requested.as_str().into();
                 v["floor"] = b.floor.as_str().into();
+            }
+            RequestError::UnsupportedLanguage {
+                language,
+                supported,
+                runtime,
+            } => {
+                v["language"] = language.clone().into();
+                v["supported"] = supported.clone().into();
+                v["runtime"] = runtime.clone().into();
             }
             RequestError::Registry(RegistryError::Full { max }) => {
                 v["max_live_kernels"] = (*max as u64).into()

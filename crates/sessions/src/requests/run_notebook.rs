@@ -2,13 +2,23 @@
 
 use std::sync::Arc;
 
-use cellhost_notebook::{CellRun, CellRunner, Notebook, Observer, RunOptions, RunSummary, execute_notebook};
+use cellhost_notebook::{
+    CellRun, CellRunner, Notebook, Observer, Parameters, RunOptions, RunSummary, execute_notebook,
+};
 
 use super::{Deadline, ExecuteRequest, RequestError, SessionSpec};
 use crate::registry::{Key, Origin, Registry};
 
 /// Run every code cell of a notebook, in order, in one session, filling in
 /// its outputs (see [`cellhost_notebook::execute_notebook`]).
+///
+/// Before anything runs, the notebook's language (`kernelspec.language`,
+/// else `language_info.name`, else Python) must be one the kernel crate
+/// has a runtime for ([`cellhost_kernel::runtime::runtime_for_language`])
+/// and the one the registry's kernels run; otherwise the request fails
+/// with `unsupported_language` and the notebook is not touched. Then the
+/// [`parameters`](RunNotebookRequest::parameters), if any, are injected as
+/// papermill does ([`Notebook::inject_parameters`]).
 #[derive(Debug, Clone)]
 pub struct RunNotebookRequest {
     /// The session the cells run in.
@@ -20,6 +30,9 @@ pub struct RunNotebookRequest {
     pub options: RunOptions,
     /// Who asks (journaled with every cell).
     pub origin: Origin,
+    /// Parameters to inject (papermill's `-p`); empty: the notebook runs
+    /// as it is.
+    pub parameters: Parameters,
 }
 
 /// A [`CellRunner`] over one session of a registry: each cell an
@@ -93,10 +106,42 @@ impl CellRunner for RegistryRunner {
 }
 
 impl RunNotebookRequest {
+    /// Checks the notebook's language and injects the parameters: what
+    /// [`RunNotebookRequest::execute`] does before the first cell.
+    ///
+    /// # Errors
+    /// `unsupported_language`; `bad_request` for parameters given to a
+    /// notebook of a language without a parameters translator.
+    pub fn prepare(&self, registry: &Registry, nb: &mut Notebook) -> Result<(), RequestError> {
+        let language = nb.language().unwrap_or_else(|| "python".to_string());
+        let runs = registry.config().template.runtime.name();
+        let found = cellhost_kernel::runtime::runtime_for_language(&language);
+        if found.is_none_or(|r| r.name() != runs) {
+            return Err(RequestError::UnsupportedLanguage {
+                language,
+                supported: cellhost_kernel::runtime::known_runtimes()
+                    .iter()
+                    .map(|r| r.name().to_string())
+                    .collect(),
+                runtime: runs.to_string(),
+            });
+        }
+        if !self.parameters.is_empty() {
+            let source =
+                cellhost_notebook::parameters_source(&language, &self.parameters).ok_or_else(|| {
+                    RequestError::bad_request(format!(
+                        "parameters cannot be injected into a {language} notebook yet"
+                    ))
+                })?;
+            nb.inject_parameters(&self.parameters, &source);
+        }
+        Ok(())
+    }
+
     /// Runs the request on `nb` (its outputs replaced).
     ///
     /// # Errors
-    /// `bad_request`, `sandbox_below_floor`; a cell that cannot run or
+    /// `unsupported_language`, `bad_request`, `sandbox_below_floor`; a cell that cannot run or
     /// fails is a [`RunSummary::stop`], not an error.
     pub async fn execute(
         &self,
@@ -104,6 +149,7 @@ impl RunNotebookRequest {
         nb: &mut Notebook,
         observer: &mut impl Observer,
     ) -> Result<RunSummary, RequestError> {
+        self.prepare(registry, nb)?;
         let mut runner = RegistryRunner::new(
             registry.clone(),
             self.session.clone(),
