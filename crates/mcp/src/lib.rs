@@ -25,6 +25,7 @@
 //! MCP cancellation of it interrupts the cell.
 #![forbid(unsafe_code)]
 
+mod notebook;
 pub mod render;
 
 use std::borrow::Cow;
@@ -295,8 +296,13 @@ impl CellhostMcp {
                 turns: Mutex::new(HashMap::new()),
                 caller: Mutex::new(None),
             }),
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::notebook_router(),
         }
+    }
+
+    /// The registry this server runs kernels in.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
     }
 
     /// The owner this server acts for.
@@ -335,7 +341,7 @@ impl CellhostMcp {
     }
 
     /// The request layer's view of one of this owner's sessions.
-    fn spec(&self, session: &str) -> SessionSpec {
+    pub(crate) fn spec(&self, session: &str) -> SessionSpec {
         SessionSpec::new(self.inner.owner.as_str(), session)
     }
 

@@ -118,6 +118,50 @@ pub enum Stop {
 }
 
 impl Stop {
+    /// A stable name of the reason: `interrupted`, `cell_failed`,
+    /// `runner_failed`, `journal_failed`, `notebook_failed`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Stop::Interrupted { .. } => "interrupted",
+            Stop::CellFailed { .. } => "cell_failed",
+            Stop::RunnerFailed { .. } => "runner_failed",
+            Stop::JournalFailed { .. } => "journal_failed",
+            Stop::NotebookFailed { .. } => "notebook_failed",
+        }
+    }
+
+    /// The 1-based number of the code cell the run stopped at.
+    pub fn cell(&self) -> usize {
+        match self {
+            Stop::Interrupted { cell, .. }
+            | Stop::CellFailed { cell, .. }
+            | Stop::RunnerFailed { cell, .. }
+            | Stop::JournalFailed { cell, .. }
+            | Stop::NotebookFailed { cell, .. } => *cell,
+        }
+    }
+
+    /// One line saying why.
+    pub fn message(&self) -> String {
+        match self {
+            Stop::Interrupted { cell, before: true } => format!("interrupted before cell {cell}"),
+            Stop::Interrupted { cell, before: false } => format!("interrupted at cell {cell}"),
+            Stop::CellFailed {
+                cell,
+                status,
+                traceback,
+            } => match traceback.last() {
+                Some(last) => format!("cell {cell} ended {}: {last}", status.as_str()),
+                None => format!("cell {cell} ended {}", status.as_str()),
+            },
+            Stop::RunnerFailed { cell, message } => format!("cell {cell} could not run: {message}"),
+            Stop::JournalFailed { cell, message } => {
+                format!("cell {cell} ran but was not journaled: {message}")
+            }
+            Stop::NotebookFailed { cell, message } => format!("cell {cell}: {message}"),
+        }
+    }
+
     /// The exit code a CLI gives for this stop: 130 interrupted, the
     /// cell's status code for a failed cell, 1 otherwise.
     pub fn exit_code(&self) -> u8 {

@@ -51,7 +51,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 pub use error::NotebookError;
-pub use executor::{CellRun, CellRunner, Observer, RunOptions, RunSummary, Stop, execute_notebook};
+pub use executor::{CellRun, CellRunner, Observer, Quiet, RunOptions, RunSummary, Stop, execute_notebook};
 pub use output::{Output, merge_streams};
 pub use params::{PARAMETERS_COMMENT, ParamError, ParamValue, Parameters, is_identifier, parameters_source};
 pub use timing::ExecutionTiming;

@@ -141,12 +141,12 @@ impl AppState {
 type St = State<Arc<AppState>>;
 
 /// The registry owner of a caller's sessions: `http:<token owner>`.
-fn owner_of(caller: &Caller) -> String {
+pub(crate) fn owner_of(caller: &Caller) -> String {
     Surface::Http.owner(&caller.owner)
 }
 
 /// The request layer's view of one of the caller's API sessions.
-fn spec(owner: &str, name: &str, sandbox: SandboxMode) -> SessionSpec {
+pub(crate) fn spec(owner: &str, name: &str, sandbox: SandboxMode) -> SessionSpec {
     SessionSpec {
         sandbox: Some(sandbox),
         ..SessionSpec::new(owner, name)
@@ -167,6 +167,11 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
         (Method::GET, "/v1/sessions/{name}/variables", get(variables)),
         (Method::GET, "/v1/sessions/{name}/history", get(history)),
         (Method::GET, "/v1/cells/{cell}/output/{stream}", get(cell_output)),
+        (
+            Method::POST,
+            "/v1/notebooks/run",
+            post(crate::http_notebook::run_notebook),
+        ),
     ]
 }
 
@@ -506,7 +511,7 @@ fn wants_stream(q: &ExecuteQuery, headers: &HeaderMap) -> bool {
 
 /// The deadline of `timeout_s`: the request layer's [`Deadline`] (absent:
 /// the server's `cell_timeout_s`; 0: none), within the documented range.
-fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
+pub(crate) fn deadline_of(t: Option<f64>) -> Result<Deadline, ApiError> {
     let field = |e: ApiError| e.with("field", "timeout_s");
     if let Some(s) = t
         && (!s.is_finite() || !(0.0..=MAX_TIMEOUT_S).contains(&s))
@@ -652,7 +657,7 @@ fn not_found(name: &str) -> ApiError {
 /// The owner and sandbox mode of `name` when it is one of the caller's
 /// sessions; another owner's session answers 404, exactly like a missing
 /// one.
-fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SandboxMode), ApiError> {
+pub(crate) fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SandboxMode), ApiError> {
     check_name(name)?;
     let owner = owner_of(caller);
     let sandbox = st

@@ -42,7 +42,9 @@ pub use list::{ListRequest, SessionSummary};
 pub use read_output::{OutputPage, ReadOutputRequest};
 pub use restart::{RestartReport, RestartRequest};
 pub use restore::RestoreRequest;
-pub use run_notebook::{RegistryRunner, RunNotebookRequest};
+pub use run_notebook::{
+    MAX_NOTEBOOK_CELLS, NotebookInput, RegistryRunner, RunNotebookRequest, parameters_from_json, summary_json,
+};
 pub use variables::VariablesRequest;
 
 use crate::registry::{Key, Registry, RegistryError};

@@ -162,3 +162,124 @@ impl RunNotebookRequest {
         Ok(execute_notebook(nb, &mut runner, &opts, observer).await)
     }
 }
+
+/// Most cells a notebook sent over HTTP or MCP may have.
+pub const MAX_NOTEBOOK_CELLS: usize = 10_000;
+
+/// A notebook as a surface receives it.
+#[derive(Debug, Clone)]
+pub enum NotebookInput {
+    /// An nbformat 4 notebook as JSON.
+    Ipynb(serde_json::Value),
+    /// The text of a percent-format script (`# %%` cells).
+    Percent(String),
+}
+
+impl NotebookInput {
+    /// The notebook, checked: nbformat 4 (see
+    /// [`Notebook::from_ipynb_str`]), at most [`MAX_NOTEBOOK_CELLS`] cells.
+    ///
+    /// # Errors
+    /// [`RequestError::BadRequest`] naming what is wrong.
+    pub fn parse(&self) -> Result<Notebook, RequestError> {
+        let nb = match self {
+            NotebookInput::Ipynb(v) => Notebook::from_ipynb_str(&v.to_string())
+                .map_err(|e| RequestError::bad_request(e.to_string()))?,
+            NotebookInput::Percent(text) => Notebook::from_percent_str(text),
+        };
+        if nb.cell_count() > MAX_NOTEBOOK_CELLS {
+            return Err(RequestError::bad_request(format!(
+                "the notebook has {} cells; at most {MAX_NOTEBOOK_CELLS} are run per request",
+                nb.cell_count()
+            )));
+        }
+        Ok(nb)
+    }
+}
+
+/// Parameters from a JSON object of names to values (HTTP and MCP):
+/// the JSON types map to Python's (`null` → `None`, …).
+///
+/// # Errors
+/// [`RequestError::BadRequest`] for a name that is not a Python identifier.
+pub fn parameters_from_json(
+    obj: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<Parameters, RequestError> {
+    match obj {
+        None => Ok(Parameters::new()),
+        Some(o) => Parameters::from_json_object(o).map_err(|e| RequestError::bad_request(e.to_string())),
+    }
+}
+
+/// Where [`RunNotebookRequest::execute_temporary`] runs: a session of its
+/// own (`notebook run <n>`: a name no API session can have), killed after.
+fn temporary_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    format!(
+        "notebook run {}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
+impl RunNotebookRequest {
+    /// Runs the request in a session of its own for `owner` (its name from
+    /// a counter, with spaces so that it is no valid HTTP or MCP session
+    /// name), whose kernels are killed when the run ends, however it
+    /// ends. `self.session` gives the interpreter, mode and cwd; its name
+    /// is replaced.
+    ///
+    /// # Errors
+    /// As [`RunNotebookRequest::execute`].
+    pub async fn execute_temporary(
+        &self,
+        registry: &Arc<Registry>,
+        nb: &mut Notebook,
+        observer: &mut impl Observer,
+    ) -> Result<RunSummary, RequestError> {
+        let mut req = self.clone();
+        req.session.session = temporary_name();
+        let kill = super::KillRequest {
+            owner: req.session.owner.clone(),
+            session: req.session.session.clone(),
+        };
+        // The kill runs even when the caller drops this future mid-cell.
+        struct Reap(Option<(Arc<Registry>, super::KillRequest)>);
+        impl Drop for Reap {
+            fn drop(&mut self) {
+                if let Some((reg, kill)) = self.0.take()
+                    && let Ok(rt) = tokio::runtime::Handle::try_current()
+                {
+                    rt.spawn(async move {
+                        let _ = kill.execute(&reg).await;
+                    });
+                }
+            }
+        }
+        let mut reap = Reap(Some((registry.clone(), kill.clone())));
+        let out = req.execute(registry, nb, observer).await;
+        reap.0 = None;
+        let _ = kill.execute(registry).await;
+        out
+    }
+}
+
+/// A [`RunSummary`] as the HTTP and MCP surfaces report it:
+/// `{"total", "ran", "stop": null | {"reason", "cell", "message",
+/// "status"?}}` (`reason`: [`Stop::code`](cellhost_notebook::Stop::code)).
+pub fn summary_json(s: &RunSummary) -> serde_json::Value {
+    serde_json::json!({
+        "total": s.total,
+        "ran": s.ran,
+        "stop": s.stop.as_ref().map(|stop| {
+            let mut v = serde_json::json!({
+                "reason": stop.code(),
+                "cell": stop.cell(),
+                "message": stop.message(),
+            });
+            if let cellhost_notebook::Stop::CellFailed { status, .. } = stop {
+                v["status"] = status.as_str().into();
+            }
+            v
+        }),
+    })
+}
