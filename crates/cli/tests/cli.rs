@@ -601,6 +601,31 @@ fn exec_dash_reads_code_from_stdin() {
 }
 
 #[test]
+fn exec_of_a_file_path_hints_at_run_and_stdin() {
+    let env = Env::new();
+    std::fs::write(env.work().join("analysis.py"), "print('ran the file')\n").expect("write");
+    let r = env.exec(&["analysis.py"]);
+    r.expect_code("exec analysis.py", 1);
+    assert!(r.stderr.contains("NameError"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cellhost run analysis.py") && r.stderr.contains("cellhost exec - < analysis.py"),
+        "{}",
+        r.stderr
+    );
+    let r = env.exec(&["--json", "analysis.py"]);
+    let v: Value = serde_json::from_str(&r.stdout).expect("json");
+    assert!(
+        v["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("cellhost run analysis.py")),
+        "{v}"
+    );
+    // Code that is not a file's path gets no such hint.
+    let r = env.exec(&["analysis_py"]);
+    assert!(!r.stderr.contains("cellhost run"), "{}", r.stderr);
+}
+
+#[test]
 fn exec_json_ok() {
     let env = Env::new();
     let r = env.exec(&["--json", "print('hi')\n6 * 7"]);
@@ -1515,6 +1540,93 @@ fn repl_under_pty_ctrl_c_and_ctrl_d() {
     run.write("\x04");
     let r = run.finish("repl under script", Duration::from_secs(20));
     r.expect_code("repl, Ctrl-D", 0);
+}
+
+/// `repl` under a pty (util-linux `script`) with `cmd` before the REPL.
+fn spawn_repl(env: &Env) -> Running {
+    let inner = format!(
+        "exec '{}' repl --python '{}'",
+        env!("CARGO_BIN_EXE_cellhost"),
+        python().display()
+    );
+    let mut c = Command::new("script");
+    c.args(["-qfec", &inner, "/dev/null"])
+        .env("TERM", "xterm")
+        .env("SHELL", "/bin/sh");
+    env.prepare(&mut c);
+    Running::spawn(c)
+}
+
+/// Lines pasted without bracketed paste, or typed while a cell runs, all
+/// run (none is dropped); a pasted block ends at a dedented line; history
+/// is on disk as soon as a cell is entered and recalled by the next REPL.
+#[test]
+fn repl_under_pty_keeps_pasted_and_typed_ahead_lines_and_history() {
+    let test = "repl_under_pty_keeps_pasted_and_typed_ahead_lines_and_history";
+    let has_script = Command::new("script")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_script {
+        skip(test, "everything (util-linux `script` is not installed)");
+        return;
+    }
+    let env = Env::new();
+    let wait = Duration::from_secs(60);
+    let mut run = spawn_repl(&env);
+    let out = run.stdout.clone();
+    let expect = |needle: &str, from: usize| -> usize {
+        out.wait_for(needle, from, wait)
+            .unwrap_or_else(|| panic!("{test}: no {needle:?} after byte {from}; output:\n{}", out.text()))
+    };
+    let mut at = expect("In [1]: ", 0);
+    // One write: a paste without bracketed-paste mode.
+    run.write("x1 = 1\rx2 = 2\rprint('sum', x1 + x2)\r");
+    at = expect("sum 3\r\n", at);
+    at = expect("In [4]: ", at);
+    run.write("def f():\r    return 'from f'\rf()\r");
+    at = expect("'from f'", at);
+    at = expect("In [5]: ", at);
+    // A line typed while a cell runs: the cell waits for a file the test
+    // creates only after the line was typed.
+    run.write("import os, time\rprint('wai' + 'ting', flush=True)\rwhile not os.path.exists('go'): time.sleep(0.01)\r");
+    at = expect("waiting\r\n", at);
+    run.write("print('typed' + ' ahead')\r");
+    // The entered lines are in the history file before the REPL ends.
+    let history = env.state().join("repl_history");
+    let deadline = Instant::now() + wait;
+    while !std::fs::read_to_string(&history)
+        .unwrap_or_default()
+        .contains("os.path.exists('go')")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{test}: no history in {}",
+            history.display()
+        );
+        std::thread::yield_now();
+    }
+    std::fs::write(env.work().join("go"), "").expect("go");
+    at = expect("typed ahead\r\n", at);
+    expect("In [", at);
+    run.write("\x04");
+    run.finish("repl, Ctrl-D", Duration::from_secs(20))
+        .expect_code("repl, Ctrl-D", 0);
+
+    // A new REPL recalls the last entry with the Up arrow.
+    let mut run = spawn_repl(&env);
+    let out = run.stdout.clone();
+    let at = out
+        .wait_for("In [1]: ", 0, wait)
+        .unwrap_or_else(|| panic!("{test}: second repl: {}", out.text()));
+    run.write("\x1b[A\r");
+    out.wait_for("typed ahead\r\n", at, wait)
+        .unwrap_or_else(|| panic!("{test}: history not recalled: {}", out.text()));
+    run.write("\x04");
+    run.finish("second repl", Duration::from_secs(20))
+        .expect_code("second repl, Ctrl-D", 0);
 }
 
 // ---------------------------------------------------------------------------
