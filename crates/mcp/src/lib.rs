@@ -1,7 +1,8 @@
 //! The MCP server of cellhost, built on the official Rust SDK (`rmcp`).
 //!
 //! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
-//! `read_output`, `list_sessions`. One MCP connection (stdio) or one MCP
+//! `read_output`, `list_sessions`, `run_notebook` (a whole notebook, see
+//! `notebook.rs`). One MCP connection (stdio) or one MCP
 //! session (streamable HTTP) is one *owner* of the [`Registry`],
 //! `mcp:<connection id>` ([`new_owner_id`]): it sees only its own sessions,
 //! and its kernels are disposed when it ends.
@@ -89,7 +90,8 @@ figures come back as images. Output is cut to 50,000 bytes of stdout and 10,000 
 (40% head, 60% tail); the full output can be paged with read_output. A cell stops at its \
 deadline (timeout_s, default 300 s): it is interrupted and, when the code can be stopped, \
 the variables survive. Use interrupt to stop a running cell, restart for a fresh kernel, \
-list_variables to see what a session holds, list_sessions to see your sessions.";
+list_variables to see what a session holds, list_sessions to see your sessions, \
+run_notebook to run a whole .ipynb or percent-format script with papermill-style parameters.";
 
 /// Spill files of the cells this owner ran, by cell id and stream.
 #[derive(Default)]
