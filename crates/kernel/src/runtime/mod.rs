@@ -111,3 +111,22 @@ impl fmt::Debug for dyn WorkerRuntime {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn languages_are_looked_up_by_runtime_name() {
+        assert_eq!(runtime_for_language("python").map(|r| r.name()), Some("python"));
+        assert_eq!(runtime_for_language(" Python ").map(|r| r.name()), Some("python"));
+        assert!(runtime_for_language("julia").is_none());
+        assert!(runtime_for_language("").is_none());
+        let names: Vec<&str> = known_runtimes().iter().map(|r| r.name()).collect();
+        assert!(names.contains(&"python"));
+        // Every known runtime is found under its own name.
+        for r in known_runtimes() {
+            assert_eq!(runtime_for_language(r.name()).map(|x| x.name()), Some(r.name()));
+        }
+    }
+}
