@@ -87,14 +87,15 @@ pub struct RunNotebookAnswer {
 ///
 /// Runs every code cell in order in one session and answers the executed
 /// notebook; a failed cell stops the run (unless `allow_errors`) and is
-/// reported in `stop`, not as an error answer, as is a named session that
-/// is busy (`runner_failed`). The body is limited to 4 MiB like every
+/// reported in `stop`, not as an error answer; a named session that is
+/// running a cell refuses the run (409 `session_busy`). The body is limited to 4 MiB like every
 /// body, and to 10000 cells (400 `bad_request`).
 #[utoipa::path(post, path = "/v1/notebooks/run", operation_id = "runNotebook", tag = "notebooks",
     request_body(content = RunNotebookBody, content_type = "application/json"),
     responses(
         (status = 200, description = "the executed notebook", body = RunNotebookAnswer),
         (status = 404, description = "`session_not_found`", body = ErrorBody),
+        (status = 409, description = "`session_busy`: the named session is running a cell", body = ErrorBody),
         (status = 502, description = "`kernel_failed`", body = ErrorBody),
         (status = 503, description = "`sandbox_unavailable`, `registry_full` or `shut_down`", body = ErrorBody),
     ))]

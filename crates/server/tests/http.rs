@@ -339,6 +339,37 @@ async fn run_notebook_route() {
     );
     let e = exec(a, ALICE, "nbs", "y").await;
     assert_eq!(e.json()["result"]["text/plain"], "6", "{}", e.body);
+    // A session running a cell refuses the run (409), as it refuses an execute.
+    // The gate file is in the kernels' working directory (a sandboxed
+    // kernel has a /tmp of its own).
+    let go = srv._dir.path().join("nb-go");
+    let waiting = format!(
+        "import os, time\nwhile not os.path.exists({:?}): time.sleep(0.01)",
+        go.display().to_string()
+    );
+    let runner = tokio::spawn(async move { exec(a, ALICE, "nbs", &waiting).await });
+    loop {
+        let l = call(a, "GET", "/v1/sessions", Some(ALICE), None).await.json();
+        let busy = l["sessions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["name"] == "nbs" && s["busy"] == true);
+        if busy {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let r = run(json!({"script": "print('never')", "session": "nbs"})).await;
+    assert_eq!(
+        (r.status, code_of(&r)),
+        (409, "session_busy".to_string()),
+        "{}",
+        r.body
+    );
+    std::fs::write(&go, "").expect("go");
+    let done = runner.await.expect("task");
+    assert_eq!(done.json()["status"], "ok", "{}", done.body);
     // Another owner's session is not found; a read-only token may not run.
     let r = call(
         a,

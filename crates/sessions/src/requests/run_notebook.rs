@@ -46,6 +46,10 @@ pub struct RegistryRunner {
     deadline: Deadline,
     origin: Origin,
     cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The first cell was refused because the session was busy: the run
+    /// is then that error, not a stop.
+    busy: Option<RequestError>,
+    ran: bool,
 }
 
 impl RegistryRunner {
@@ -67,6 +71,8 @@ impl RegistryRunner {
             deadline,
             origin,
             cancel: None,
+            busy: None,
+            ran: false,
         })
     }
 
@@ -88,7 +94,17 @@ impl CellRunner for RegistryRunner {
         let mut req = ExecuteRequest::new(self.session.clone(), code, self.origin.clone());
         req.deadline = self.deadline;
         req.cancel = self.cancel.clone();
-        let done = req.execute(&self.registry).await.map_err(|e| e.to_string())?;
+        let done = match req.execute(&self.registry).await {
+            Ok(d) => d,
+            Err(e) => {
+                let message = e.to_string();
+                if !self.ran && e.code() == "session_busy" {
+                    self.busy = Some(e);
+                }
+                return Err(message);
+            }
+        };
+        self.ran = true;
         Ok(CellRun {
             result: done.result,
             journal_error: done.journal_error,
@@ -141,7 +157,9 @@ impl RunNotebookRequest {
     /// Runs the request on `nb` (its outputs replaced).
     ///
     /// # Errors
-    /// `unsupported_language`, `bad_request`, `sandbox_below_floor`; a cell that cannot run or
+    /// `unsupported_language`, `bad_request`, `sandbox_below_floor`,
+    /// `session_busy` (the session runs another cell when the first cell
+    /// is sent; nothing of the notebook ran); a cell that cannot run or
     /// fails is a [`RunSummary::stop`], not an error.
     pub async fn execute(
         &self,
@@ -159,7 +177,13 @@ impl RunNotebookRequest {
         .with_cancel(self.options.stop.clone());
         let mut opts = self.options.clone();
         opts.timeout = self.deadline.resolve(registry.config().template.cell_timeout);
-        Ok(execute_notebook(nb, &mut runner, &opts, observer).await)
+        let summary = execute_notebook(nb, &mut runner, &opts, observer).await;
+        // A session busy with another cell refuses the whole run, as it
+        // refuses an execute (nothing of the notebook ran).
+        if let Some(busy) = runner.busy.take() {
+            return Err(busy);
+        }
+        Ok(summary)
     }
 }
 
