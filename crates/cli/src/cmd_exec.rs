@@ -68,7 +68,16 @@ pub fn run(args: ExecArgs) -> u8 {
         if args.detach {
             return crate::cmd_wait::submit(&args.kernel, session, code, args.timeout, args.json);
         }
-        return crate::cmd_sessions::exec(&args.kernel, session, code, args.timeout, args.queue, args.json);
+        let as_code = (args.code != "-").then(|| args.code.clone());
+        return crate::cmd_sessions::exec(
+            &args.kernel,
+            session,
+            code,
+            args.timeout,
+            args.queue,
+            args.json,
+            as_code.as_deref(),
+        );
     }
     common::block_on(async move {
         // Listen for Ctrl-C before the kernel starts: a SIGINT that arrives
@@ -136,7 +145,12 @@ pub fn run(args: ExecArgs) -> u8 {
         let printed = printer.await.unwrap_or_default();
         registry.shutdown().await;
         match result {
-            Ok(done) => render::finish_streamed(&printed, &done.result, args.json),
+            Ok(mut done) => {
+                if args.code != "-" {
+                    common::hint_file_as_code(&args.code, &mut done.result);
+                }
+                render::finish_streamed(&printed, &done.result, args.json)
+            }
             Err(e) => {
                 // With --json, the error envelope (`{"error": {"code",
                 // "message", …}}`) goes to stderr: stdout holds results only.

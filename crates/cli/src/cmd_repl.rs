@@ -86,7 +86,27 @@ pub fn needs_more(code: &str) -> bool {
         let t = l.split('#').next().unwrap_or("").trim_end();
         t.ends_with(':')
     });
-    opened_block && !code.ends_with("\n\n") && !last.trim().is_empty()
+    opened_block && !code.ends_with("\n\n") && !last.trim().is_empty() && !closes_block(code, last)
+}
+
+/// Whether `last`, the latest line of a cell with a block, ends that block
+/// as IPython's `check_complete` sees it: a line at column 0 after the
+/// block's body (`f()` after a pasted `def`) that neither opens a block
+/// nor continues one (`else:`, `except`, …), so a pasted block runs
+/// without a blank line after it.
+fn closes_block(code: &str, last: &str) -> bool {
+    const CONTINUES: &[&str] = &["else", "elif", "except", "finally", "case"];
+    let t = last.split('#').next().unwrap_or("").trim_end();
+    let first_word = t
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .next()
+        .unwrap_or("");
+    code.lines().count() > 1
+        && !last.starts_with([' ', '\t'])
+        && !t.is_empty()
+        && !t.ends_with(':')
+        && !t.starts_with('@')
+        && !CONTINUES.contains(&first_word)
 }
 
 /// Runs the REPL; returns the exit code.
@@ -154,7 +174,7 @@ pub fn run(args: ReplArgs) -> u8 {
     loop {
         if eof {
             let _ = std::fs::create_dir_all(common::state_dir());
-            let _ = editor.save_history(&history);
+            let _ = editor.append_history(&history);
             rt.block_on(registry.shutdown());
             return 0;
         }
@@ -181,7 +201,7 @@ pub fn run(args: ReplArgs) -> u8 {
                 }
                 Err(ReadlineError::Eof) => {
                     let _ = std::fs::create_dir_all(common::state_dir());
-                    let _ = editor.save_history(&history);
+                    let _ = editor.append_history(&history);
                     rt.block_on(registry.shutdown());
                     return 0;
                 }
@@ -196,6 +216,13 @@ pub fn run(args: ReplArgs) -> u8 {
             continue;
         }
         let _ = editor.add_history_entry(code.trim_end());
+        // Each entry is on disk before its cell runs: closing the terminal
+        // (SIGHUP) or a killed process loses none.
+        if std::fs::create_dir_all(common::state_dir()).is_ok()
+            && let Err(e) = editor.append_history(&history)
+        {
+            eprintln!("cellhost: cannot save the history to {}: {e}", history.display());
+        }
         let result = rt.block_on(run_cell(&registry, &spec, &key, &code, grace));
         match result {
             Ok(r) => {
@@ -277,5 +304,12 @@ mod tests {
         assert!(!needs_more("s = \"\"\"first\nsecond\"\"\"\n"));
         assert!(!needs_more("d = {'(': 1}\n"));
         assert!(needs_more("if x:  # comment (\n"));
+        // A dedented line after a block's body ends it (a pasted block).
+        assert!(!needs_more("def f():\n    return 1\nf()\n"));
+        assert!(needs_more("if x:\n    a = 1\nelse:\n"));
+        assert!(needs_more("try:\n    a = 1\nexcept ValueError:\n"));
+        assert!(needs_more("if x:\n    a = 1\nelif y:\n"));
+        assert!(needs_more("class A:\n    x = 1\n@dec\n"));
+        assert!(needs_more("def f():\n    return 1\n"));
     }
 }

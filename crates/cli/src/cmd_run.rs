@@ -1,4 +1,5 @@
-//! `cellhost run INPUT [--output PATH] [--python PATH] [--timeout SECONDS] [--allow-errors]`.
+//! `cellhost run INPUT [--output PATH] [--python PATH] [--timeout SECONDS] [--allow-errors]
+//! [-p NAME VALUE]... [--parameters-file FILE]`.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cellhost_kernel::CellResult;
-use cellhost_notebook::{Notebook, Observer, RunOptions, Stop, default_output_path};
+use cellhost_notebook::{Notebook, Observer, ParamValue, Parameters, RunOptions, Stop, default_output_path};
 use cellhost_sessions::requests::RunNotebookRequest;
 use cellhost_sessions::{Origin, SessionSpec};
 
@@ -37,12 +38,47 @@ pub struct RunArgs {
     /// Session name in the journal (default: the input file's stem).
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
+    /// A parameter, as papermill's `-p`: injected in a cell tagged
+    /// `injected-parameters` after the cell tagged `parameters` (or
+    /// first). VALUE is typed as papermill types it: True, False, None,
+    /// an int, a float, else a string. Repeatable; wins over the file.
+    #[arg(short = 'p', long = "parameters", num_args = 2, value_names = ["NAME", "VALUE"], action = clap::ArgAction::Append)]
+    parameter: Vec<String>,
+    /// Parameters from a YAML or JSON file (a mapping of names to values),
+    /// applied before any `-p`.
+    #[arg(long, value_name = "FILE")]
+    parameters_file: Option<PathBuf>,
+}
+
+/// The parameters of `args`: the file's, then each `-p` in order.
+fn parameters(args: &RunArgs) -> Result<Parameters, String> {
+    let mut params = Parameters::new();
+    if let Some(file) = &args.parameters_file {
+        let text =
+            std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        params = Parameters::from_yaml_str(&text, &file.display().to_string()).map_err(|e| e.to_string())?;
+    }
+    for pair in args.parameter.chunks(2) {
+        if let [name, value] = pair {
+            params
+                .set(name, ParamValue::from_cli(value))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(params)
 }
 
 /// Runs `run`; returns the exit code (0, or the status code of the cell it stopped at).
 pub fn run(args: RunArgs) -> u8 {
     let (mut nb, _kind) = match Notebook::load(&args.input) {
         Ok(x) => x,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let parameters = match parameters(&args) {
+        Ok(p) => p,
         Err(e) => {
             eprintln!("cellhost: {e}");
             return EXIT_USAGE;
@@ -119,7 +155,7 @@ pub fn run(args: RunArgs) -> u8 {
             session: SessionSpec::new(common::cli_owner(), &session_name),
             deadline,
             options: RunOptions {
-                files_dir: files_dir.clone(),
+                files_dir: Some(files_dir.clone()),
                 allow_errors: args.allow_errors,
                 timeout: None,
                 stop: Some(stop.clone()),
@@ -128,6 +164,7 @@ pub fn run(args: RunArgs) -> u8 {
                 origin: "cli:run".into(),
                 context: Some(serde_json::json!({"input": args.input.display().to_string()})),
             },
+            parameters,
         };
         let key = match req.session.key(&registry) {
             Ok(k) => k,

@@ -57,6 +57,7 @@ pub fn exec(
     timeout_s: Option<f64>,
     queue: bool,
     json: bool,
+    arg: Option<&str>,
 ) -> u8 {
     // An explicit interpreter is resolved here (the daemon may run in
     // another directory and with another PATH).
@@ -148,7 +149,12 @@ pub fn exec(
         watcher.abort();
         let printed = printer.await.unwrap_or_default();
         match outcome {
-            Ok(r) => render::finish_streamed(&printed, &r, json),
+            Ok(mut r) => {
+                if let Some(a) = arg {
+                    crate::common::hint_file_as_code(a, &mut r);
+                }
+                render::finish_streamed(&printed, &r, json)
+            }
             Err((m, usage)) => error_code(&m, usage),
         }
     })

@@ -304,6 +304,31 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// When `exec CODE` was given a file's path instead of code (`cellhost exec
+/// analysis.py` evaluates `analysis.py` and fails with a `NameError` or
+/// `AttributeError`), the hint says how to run the file: `cellhost run
+/// FILE` (cells, a notebook written) or `cellhost exec - < FILE`. An
+/// existing hint is kept after it.
+pub fn hint_file_as_code(code: &str, r: &mut cellhost_kernel::CellResult) {
+    let arg = code.trim();
+    let is_path = !arg.is_empty() && !arg.contains('\n') && Path::new(arg).is_file();
+    let misread = r
+        .error
+        .as_ref()
+        .is_some_and(|e| matches!(e.ename.as_str(), "NameError" | "AttributeError" | "SyntaxError"));
+    if !is_path || !misread {
+        return;
+    }
+    let hint = format!(
+        "{arg:?} is a file: CODE is Python source, not a path; run the file with `cellhost run {arg}` \
+         (cells, a notebook written) or `cellhost exec - < {arg}`"
+    );
+    r.hint = Some(match r.hint.take() {
+        Some(h) => format!("{hint}; {h}"),
+        None => hint,
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

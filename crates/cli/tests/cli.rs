@@ -601,6 +601,31 @@ fn exec_dash_reads_code_from_stdin() {
 }
 
 #[test]
+fn exec_of_a_file_path_hints_at_run_and_stdin() {
+    let env = Env::new();
+    std::fs::write(env.work().join("analysis.py"), "print('ran the file')\n").expect("write");
+    let r = env.exec(&["analysis.py"]);
+    r.expect_code("exec analysis.py", 1);
+    assert!(r.stderr.contains("NameError"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("cellhost run analysis.py") && r.stderr.contains("cellhost exec - < analysis.py"),
+        "{}",
+        r.stderr
+    );
+    let r = env.exec(&["--json", "analysis.py"]);
+    let v: Value = serde_json::from_str(&r.stdout).expect("json");
+    assert!(
+        v["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("cellhost run analysis.py")),
+        "{v}"
+    );
+    // Code that is not a file's path gets no such hint.
+    let r = env.exec(&["analysis_py"]);
+    assert!(!r.stderr.contains("cellhost run"), "{}", r.stderr);
+}
+
+#[test]
 fn exec_json_ok() {
     let env = Env::new();
     let r = env.exec(&["--json", "print('hi')\n6 * 7"]);
@@ -1097,6 +1122,158 @@ fn run_missing_input_is_a_usage_error() {
     assert!(r.stderr.contains("nope.ipynb"), "{}", r.stderr);
 }
 
+/// A notebook with a kernelspec and cells `(source, tags)`.
+fn tagged_ipynb(kernelspec: Value, cells: &[(&str, &[&str])]) -> String {
+    let cells: Vec<Value> = cells
+        .iter()
+        .enumerate()
+        .map(|(i, (src, tags))| {
+            json!({
+                "cell_type": "code", "id": format!("c{i}"), "metadata": {"tags": tags},
+                "source": src, "execution_count": null, "outputs": [],
+            })
+        })
+        .collect();
+    json!({"cells": cells, "metadata": {"kernelspec": kernelspec}, "nbformat": 4, "nbformat_minor": 5})
+        .to_string()
+}
+
+/// A timestamp as nbclient writes it: `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
+fn is_nbclient_stamp(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 27
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'.',
+            26 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[test]
+fn run_keeps_kernelspec_times_cells_and_injects_parameters() {
+    let test = "run_keeps_kernelspec_times_cells_and_injects_parameters";
+    let env = Env::new();
+    let spec = json!({"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"});
+    std::fs::write(
+        env.work().join("nb.ipynb"),
+        tagged_ipynb(
+            spec.clone(),
+            &[
+                ("import sys", &[]),
+                (
+                    "alpha = 0.1\nn = 1\nname = 'default'\nflag = None",
+                    &["parameters"],
+                ),
+                ("print(alpha, n, name, flag, type(big).__name__)", &[]),
+                ("raise KeyError('expected')", &["raises-exception"]),
+                ("print('after')", &[]),
+            ],
+        ),
+    )
+    .expect("write notebook");
+    std::fs::write(env.work().join("p.yaml"), "n: 5\nname: from-file\n").expect("write parameters");
+    let r = env.run(
+        "run",
+        &[
+            "nb.ipynb",
+            "--parameters-file",
+            "p.yaml",
+            "-p",
+            "alpha",
+            "0.6",
+            "-p",
+            "name",
+            "cli",
+            "-p",
+            "flag",
+            "True",
+            "-p",
+            "big",
+            "12345678901234567890123",
+        ],
+        None,
+        LONG,
+    );
+    r.expect_code("run with parameters", 0);
+    let out = env.work().join("nb.executed.ipynb");
+    let nb = read_json(&out);
+    assert_eq!(nb["metadata"]["kernelspec"], spec, "kernelspec replaced");
+    assert_eq!(nb["metadata"]["language_info"]["name"], "python");
+    assert_eq!(
+        nb["metadata"]["papermill"]["parameters"]["alpha"], 0.6,
+        "{}",
+        nb["metadata"]
+    );
+    let cells = code_cells(&nb);
+    assert_eq!(cells.len(), 6);
+    assert_eq!(cells[2]["metadata"]["tags"], json!(["injected-parameters"]));
+    assert_eq!(
+        joined(&cells[2]["source"]),
+        "# Parameters\nn = 5\nname = \"cli\"\nalpha = 0.6\nflag = True\nbig = 12345678901234567890123\n"
+    );
+    assert_eq!(stream_text(cells[3], "stdout"), "0.6 5 cli True int\n");
+    // `raises-exception` lets the run go on, as under nbclient.
+    assert!(
+        outputs(cells[4]).iter().any(|o| o["ename"] == "KeyError"),
+        "{}",
+        cells[4]
+    );
+    assert_eq!(stream_text(cells[5], "stdout"), "after\n");
+    for c in &cells {
+        let ex = &c["metadata"]["execution"];
+        let keys = [
+            "iopub.status.busy",
+            "iopub.execute_input",
+            "shell.execute_reply",
+            "iopub.status.idle",
+        ];
+        let stamps: Vec<&str> = keys.iter().map(|k| ex[k].as_str().unwrap_or_default()).collect();
+        assert!(stamps.iter().all(|s| is_nbclient_stamp(s)), "{ex}");
+        // Fixed-width UTC stamps order as text: busy <= input <= reply <= idle.
+        assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "{ex}");
+    }
+    validate_notebook(test, &out);
+}
+
+#[test]
+fn run_refuses_a_language_without_a_runtime() {
+    let env = Env::new();
+    let spec = json!({"name": "ir", "display_name": "R", "language": "R"});
+    std::fs::write(
+        env.work().join("r.ipynb"),
+        tagged_ipynb(spec, &[("print(1)", &[])]),
+    )
+    .expect("write");
+    let r = env.run("run", &["r.ipynb"], None, Duration::from_secs(60));
+    r.expect_code("run an R notebook", 2);
+    assert!(r.stderr.contains("language is \"r\""), "{}", r.stderr);
+    assert!(r.stderr.contains("python"), "{}", r.stderr);
+    assert!(
+        !env.work().join("r.executed.ipynb").exists(),
+        "an R notebook was run"
+    );
+}
+
+#[test]
+fn run_parameter_mistakes_are_usage_errors() {
+    let env = Env::new();
+    std::fs::write(env.work().join("a.py"), "# %%\nprint(1)\n").expect("write");
+    std::fs::write(env.work().join("list.yaml"), "- 1\n").expect("write");
+    for (args, needle) in [
+        (&["a.py", "-p", "1bad", "x"][..], "not a Python identifier"),
+        (&["a.py", "--parameters-file", "missing.yaml"][..], "missing.yaml"),
+        (&["a.py", "--parameters-file", "list.yaml"][..], "not a mapping"),
+    ] {
+        let r = env.run("run", args, None, Duration::from_secs(60));
+        r.expect_code(&format!("run {args:?}"), 2);
+        assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
+    }
+    assert!(!env.work().join("a.executed.ipynb").exists());
+}
+
 #[test]
 fn run_penguins_example() {
     let test = "run_penguins_example";
@@ -1363,6 +1540,93 @@ fn repl_under_pty_ctrl_c_and_ctrl_d() {
     run.write("\x04");
     let r = run.finish("repl under script", Duration::from_secs(20));
     r.expect_code("repl, Ctrl-D", 0);
+}
+
+/// `repl` under a pty (util-linux `script`) with `cmd` before the REPL.
+fn spawn_repl(env: &Env) -> Running {
+    let inner = format!(
+        "exec '{}' repl --python '{}'",
+        env!("CARGO_BIN_EXE_cellhost"),
+        python().display()
+    );
+    let mut c = Command::new("script");
+    c.args(["-qfec", &inner, "/dev/null"])
+        .env("TERM", "xterm")
+        .env("SHELL", "/bin/sh");
+    env.prepare(&mut c);
+    Running::spawn(c)
+}
+
+/// Lines pasted without bracketed paste, or typed while a cell runs, all
+/// run (none is dropped); a pasted block ends at a dedented line; history
+/// is on disk as soon as a cell is entered and recalled by the next REPL.
+#[test]
+fn repl_under_pty_keeps_pasted_and_typed_ahead_lines_and_history() {
+    let test = "repl_under_pty_keeps_pasted_and_typed_ahead_lines_and_history";
+    let has_script = Command::new("script")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_script {
+        skip(test, "everything (util-linux `script` is not installed)");
+        return;
+    }
+    let env = Env::new();
+    let wait = Duration::from_secs(60);
+    let mut run = spawn_repl(&env);
+    let out = run.stdout.clone();
+    let expect = |needle: &str, from: usize| -> usize {
+        out.wait_for(needle, from, wait)
+            .unwrap_or_else(|| panic!("{test}: no {needle:?} after byte {from}; output:\n{}", out.text()))
+    };
+    let mut at = expect("In [1]: ", 0);
+    // One write: a paste without bracketed-paste mode.
+    run.write("x1 = 1\rx2 = 2\rprint('sum', x1 + x2)\r");
+    at = expect("sum 3\r\n", at);
+    at = expect("In [4]: ", at);
+    run.write("def f():\r    return 'from f'\rf()\r");
+    at = expect("'from f'", at);
+    at = expect("In [5]: ", at);
+    // A line typed while a cell runs: the cell waits for a file the test
+    // creates only after the line was typed.
+    run.write("import os, time\rprint('wai' + 'ting', flush=True)\rwhile not os.path.exists('go'): time.sleep(0.01)\r");
+    at = expect("waiting\r\n", at);
+    run.write("print('typed' + ' ahead')\r");
+    // The entered lines are in the history file before the REPL ends.
+    let history = env.state().join("repl_history");
+    let deadline = Instant::now() + wait;
+    while !std::fs::read_to_string(&history)
+        .unwrap_or_default()
+        .contains("os.path.exists('go')")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{test}: no history in {}",
+            history.display()
+        );
+        std::thread::yield_now();
+    }
+    std::fs::write(env.work().join("go"), "").expect("go");
+    at = expect("typed ahead\r\n", at);
+    expect("In [", at);
+    run.write("\x04");
+    run.finish("repl, Ctrl-D", Duration::from_secs(20))
+        .expect_code("repl, Ctrl-D", 0);
+
+    // A new REPL recalls the last entry with the Up arrow.
+    let mut run = spawn_repl(&env);
+    let out = run.stdout.clone();
+    let at = out
+        .wait_for("In [1]: ", 0, wait)
+        .unwrap_or_else(|| panic!("{test}: second repl: {}", out.text()));
+    run.write("\x1b[A\r");
+    out.wait_for("typed ahead\r\n", at, wait)
+        .unwrap_or_else(|| panic!("{test}: history not recalled: {}", out.text()));
+    run.write("\x04");
+    run.finish("second repl", Duration::from_secs(20))
+        .expect_code("second repl, Ctrl-D", 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 //!
 //! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
 //! `write_file`, `read_file`, `list_files`, `submit_code`, `get_cell`, `cancel_cell`,
-//! `read_output`, `list_sessions`. One MCP connection (stdio) or one MCP
+//! `read_output`, `list_sessions`, `run_notebook` (a whole notebook, see
+//! `notebook.rs`). One MCP connection (stdio) or one MCP
 //! session (streamable HTTP) is one *owner* of the [`Registry`],
 //! `mcp:<connection id>` ([`new_owner_id`]): it sees only its own sessions,
 //! and its kernels are disposed when it ends.
@@ -28,6 +29,7 @@
 
 mod cells;
 mod files;
+mod notebook;
 pub mod render;
 
 use std::borrow::Cow;
@@ -91,7 +93,8 @@ figures come back as images. Output is cut to 50,000 bytes of stdout and 10,000 
 (40% head, 60% tail); the full output can be paged with read_output. A cell stops at its \
 deadline (timeout_s, default 300 s): it is interrupted and, when the code can be stopped, \
 the variables survive. Use interrupt to stop a running cell, restart for a fresh kernel, \
-list_variables to see what a session holds, list_sessions to see your sessions.";
+list_variables to see what a session holds, list_sessions to see your sessions, \
+run_notebook to run a whole .ipynb or percent-format script with papermill-style parameters.";
 
 /// Size limits of the MCP tools (the config's `mcp_file_max_kb` and
 /// `mcp_image_max_kb`).
@@ -296,8 +299,16 @@ impl CellhostMcp {
                 turns: Mutex::new(HashMap::new()),
                 caller: Mutex::new(None),
             }),
-            tool_router: Self::tool_router() + Self::files_router() + Self::cells_router(),
+            tool_router: Self::tool_router()
+                + Self::files_router()
+                + Self::cells_router()
+                + Self::notebook_router(),
         }
+    }
+
+    /// The registry this server runs kernels in.
+    pub(crate) fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
     }
 
     /// The owner this server acts for.
@@ -336,7 +347,7 @@ impl CellhostMcp {
     }
 
     /// The request layer's view of one of this owner's sessions.
-    fn spec(&self, session: &str) -> SessionSpec {
+    pub(crate) fn spec(&self, session: &str) -> SessionSpec {
         SessionSpec::new(self.inner.owner.as_str(), session)
     }
 

@@ -38,7 +38,7 @@ async def run(command, args):
     async with Client(server, read_timeout_seconds=120) as client:
         tools = await client.list_tools()
         names = {t.name for t in tools.tools}
-        want = {"execute_code", "interrupt", "restart", "list_variables", "read_output", "list_sessions"}
+        want = {"execute_code", "interrupt", "restart", "list_variables", "read_output", "list_sessions", "run_notebook"}
         check("tools listed", want <= names, f"got {sorted(names)}")
         ex = next(t for t in tools.tools if t.name == "execute_code")
         check(
@@ -166,6 +166,39 @@ async def run(command, args):
         r = await client.call_tool("list_sessions", {})
         sessions = {s["session"] for s in (r.structured_content or {}).get("sessions", [])}
         check("list_sessions", sessions == {"default", "other"}, sessions)
+        # --- run_notebook: parameters, a failed cell, a language without a runtime
+        r = await client.call_tool(
+            "run_notebook",
+            {"script": "# %% tags=[\"parameters\"]\nn = 1\n# %%\nprint(n * 2)", "parameters": {"n": 21}},
+        )
+        sc = r.structured_content or {}
+        cells = (sc.get("notebook") or {}).get("cells", [])
+        check(
+            "run_notebook injects parameters and runs every cell",
+            not r.is_error and sc.get("ran") == 3 and "42" in text_of(r)
+            and cells[1]["metadata"]["tags"] == ["injected-parameters"],
+            text_of(r),
+        )
+        r = await client.call_tool("run_notebook", {"script": "print(y)", "session": "other"})
+        check("run_notebook in a named session sees its state", "1" in text_of(r) and not r.is_error, text_of(r))
+        r = await client.call_tool("run_notebook", {"script": "# %%\n1/0\n# %%\nprint('no')"})
+        sc = r.structured_content or {}
+        check(
+            "run_notebook stops at a failed cell",
+            r.is_error and (sc.get("stop") or {}).get("reason") == "cell_failed" and "ZeroDivisionError" in text_of(r),
+            text_of(r),
+        )
+        r_nb = {"cells": [], "metadata": {"kernelspec": {"name": "ir", "language": "R", "display_name": "R"}},
+                "nbformat": 4, "nbformat_minor": 5}
+        r = await client.call_tool("run_notebook", {"notebook": r_nb})
+        check(
+            "run_notebook refuses a language without a runtime",
+            r.is_error and ((r.structured_content or {}).get("error") or {}).get("code") == "unsupported_language",
+            text_of(r),
+        )
+        r = await client.call_tool("list_sessions", {})
+        sessions = {s["session"] for s in (r.structured_content or {}).get("sessions", [])}
+        check("run_notebook leaves no session of its own", sessions == {"default", "other"}, sessions)
         r = await client.call_tool("interrupt", {"session": "default"})
         check("interrupt an idle session", "not delivered" in text_of(r) or "delivered" in text_of(r), text_of(r))
         r = await client.call_tool("restart", {"session": "default"})

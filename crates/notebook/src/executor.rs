@@ -9,13 +9,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
 use cellhost_kernel::{CellResult, CellStatus};
 use serde_json::{Map, Value};
 
-use crate::{Notebook, Output, merge_streams};
+use crate::{ExecutionTiming, Notebook, Output, merge_streams};
 
 /// One cell run by a [`CellRunner`].
 #[derive(Debug, Clone)]
@@ -63,8 +63,9 @@ impl Observer for Quiet {}
 /// How to run a notebook.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// Where figures are saved (`cell<N>-<M>.<ext>`).
-    pub files_dir: PathBuf,
+    /// Where figures are saved as files (`cell<N>-<M>.<ext>`) besides
+    /// being embedded; `None`: embedded only (HTTP, MCP).
+    pub files_dir: Option<PathBuf>,
     /// Keep going after a cell fails.
     pub allow_errors: bool,
     /// The effective per-cell deadline (for the timeout message only).
@@ -117,6 +118,50 @@ pub enum Stop {
 }
 
 impl Stop {
+    /// A stable name of the reason: `interrupted`, `cell_failed`,
+    /// `runner_failed`, `journal_failed`, `notebook_failed`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Stop::Interrupted { .. } => "interrupted",
+            Stop::CellFailed { .. } => "cell_failed",
+            Stop::RunnerFailed { .. } => "runner_failed",
+            Stop::JournalFailed { .. } => "journal_failed",
+            Stop::NotebookFailed { .. } => "notebook_failed",
+        }
+    }
+
+    /// The 1-based number of the code cell the run stopped at.
+    pub fn cell(&self) -> usize {
+        match self {
+            Stop::Interrupted { cell, .. }
+            | Stop::CellFailed { cell, .. }
+            | Stop::RunnerFailed { cell, .. }
+            | Stop::JournalFailed { cell, .. }
+            | Stop::NotebookFailed { cell, .. } => *cell,
+        }
+    }
+
+    /// One line saying why.
+    pub fn message(&self) -> String {
+        match self {
+            Stop::Interrupted { cell, before: true } => format!("interrupted before cell {cell}"),
+            Stop::Interrupted { cell, before: false } => format!("interrupted at cell {cell}"),
+            Stop::CellFailed {
+                cell,
+                status,
+                traceback,
+            } => match traceback.last() {
+                Some(last) => format!("cell {cell} ended {}: {last}", status.as_str()),
+                None => format!("cell {cell} ended {}", status.as_str()),
+            },
+            Stop::RunnerFailed { cell, message } => format!("cell {cell} could not run: {message}"),
+            Stop::JournalFailed { cell, message } => {
+                format!("cell {cell} ran but was not journaled: {message}")
+            }
+            Stop::NotebookFailed { cell, message } => format!("cell {cell}: {message}"),
+        }
+    }
+
     /// The exit code a CLI gives for this stop: 130 interrupted, the
     /// cell's status code for a failed cell, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
@@ -149,9 +194,12 @@ impl RunSummary {
 }
 
 /// Runs `nb`'s code cells in order through `runner`, replacing their
-/// outputs (and the notebook's kernel and sandbox metadata). Blank cells
-/// are skipped. Stops at the first failed cell unless
-/// [`RunOptions::allow_errors`].
+/// outputs, execution counts and `metadata.execution` timestamps (see
+/// [`ExecutionTiming`]), and recording the kernel and sandbox in the
+/// notebook's metadata. Blank cells are skipped (and keep their metadata,
+/// as under nbclient). Stops at the first failed cell unless
+/// [`RunOptions::allow_errors`] or the cell is tagged `raises-exception`
+/// (nbclient's rule).
 pub async fn execute_notebook<R: CellRunner, O: Observer>(
     nb: &mut Notebook,
     runner: &mut R,
@@ -181,6 +229,7 @@ pub async fn execute_notebook<R: CellRunner, O: Observer>(
         }
         observer.cell_started(n, total);
         let t0 = Instant::now();
+        let submitted = SystemTime::now();
         let run = match runner.run(&cell.source).await {
             Ok(r) => r,
             Err(message) => {
@@ -196,13 +245,14 @@ pub async fn execute_notebook<R: CellRunner, O: Observer>(
         }
         let outputs = to_outputs(
             r,
-            &opts.files_dir,
+            opts.files_dir.as_deref(),
             n,
             &mut summary.figures,
             opts.timeout,
             observer,
         );
         let count = (r.execution_count > 0).then_some(r.execution_count);
+        nb.set_execution_timing(cell.index, &timing_of(r, submitted));
         if let Err(e) = nb.set_outputs(cell.index, count, merge_streams(outputs)) {
             summary.stop = Some(Stop::NotebookFailed {
                 cell: n,
@@ -223,7 +273,11 @@ pub async fn execute_notebook<R: CellRunner, O: Observer>(
             });
             break;
         }
-        if r.status != CellStatus::Ok && !opts.allow_errors {
+        // nbclient's rule: a cell tagged `raises-exception` may fail.
+        if r.status != CellStatus::Ok
+            && !opts.allow_errors
+            && !nb.cell_has_tag(cell.index, "raises-exception")
+        {
             summary.stop = Some(Stop::CellFailed {
                 cell: n,
                 status: r.status,
@@ -235,11 +289,23 @@ pub async fn execute_notebook<R: CellRunner, O: Observer>(
     summary
 }
 
+/// When the cell ran: it started `duration_ms` before it settled (its
+/// queueing, `queued_ms`, is not part of its run), never before it was
+/// submitted; a result without a settle stamp settled now.
+fn timing_of(r: &CellResult, submitted: SystemTime) -> ExecutionTiming {
+    let settled = r.settled_at.unwrap_or_else(SystemTime::now).max(submitted);
+    let started = settled
+        .checked_sub(Duration::from_millis(r.duration_ms))
+        .unwrap_or(submitted)
+        .max(submitted);
+    ExecutionTiming { started, settled }
+}
+
 /// Jupyter outputs for one result; images are read back from the session
-/// directory, embedded as base64, and copied to `files_dir`.
+/// directory, embedded as base64, and copied to `files_dir` when given.
 pub fn to_outputs(
     r: &CellResult,
-    files_dir: &Path,
+    files_dir: Option<&Path>,
     cell_no: usize,
     figures: &mut usize,
     timeout: Option<Duration>,
@@ -383,7 +449,7 @@ pub fn stop_message(r: &CellResult, timeout: Option<Duration>) -> String {
 
 fn embed(
     bundle: &Map<String, Value>,
-    files_dir: &Path,
+    files_dir: Option<&Path>,
     stem: &str,
     figures: &mut usize,
     observer: &mut impl Observer,
@@ -408,7 +474,9 @@ fn embed(
                         .extension()
                         .and_then(|e| e.to_str())
                         .unwrap_or("bin");
-                    if let (Some(parent), Some(dir_name)) = (files_dir.parent(), files_dir.file_name()) {
+                    if let Some((parent, dir_name)) =
+                        files_dir.and_then(|d| Some((d.parent()?, d.file_name()?)))
+                    {
                         let rel = Path::new(dir_name).join(format!("{stem}.{ext}"));
                         let parent = if parent.as_os_str().is_empty() {
                             Path::new(".")

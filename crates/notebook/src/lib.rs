@@ -39,7 +39,9 @@ mod error;
 pub mod executor;
 mod lines;
 mod output;
+mod params;
 mod percent;
+mod timing;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -49,8 +51,10 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 pub use error::NotebookError;
-pub use executor::{CellRun, CellRunner, Observer, RunOptions, RunSummary, Stop, execute_notebook};
+pub use executor::{CellRun, CellRunner, Observer, Quiet, RunOptions, RunSummary, Stop, execute_notebook};
 pub use output::{Output, merge_streams};
+pub use params::{PARAMETERS_COMMENT, ParamError, ParamValue, Parameters, is_identifier, parameters_source};
+pub use timing::ExecutionTiming;
 
 /// `metadata.kernelspec.name` of notebooks cellhost writes.
 const KERNEL_NAME: &str = "python3";
@@ -144,6 +148,8 @@ impl Notebook {
     ///   after the marker is the cell's title, kept as `metadata.title`.
     /// * `# %% [markdown]` (or `[md]`) starts a markdown cell and
     ///   `# %% [raw]` a raw cell; their lines lose the leading `# ` (or `#`).
+    /// * jupytext's `tags=["parameters"]` on a marker line becomes the
+    ///   cell's `metadata.tags` (so parameters are injected after it).
     /// * Text before the first marker is a code cell unless it is blank; a
     ///   jupytext YAML header (`# ---` … `# ---` at the top) is dropped.
     /// * Blank lines at the start and end of each cell are trimmed; `\r\n`
@@ -157,6 +163,9 @@ impl Notebook {
                 let mut metadata = Map::new();
                 if let Some(title) = cell.title {
                     metadata.insert("title".into(), Value::String(title));
+                }
+                if !cell.tags.is_empty() {
+                    metadata.insert("tags".into(), json!(cell.tags));
                 }
                 match cell.kind {
                     percent::CellKind::Code => json!({
@@ -268,26 +277,37 @@ impl Notebook {
         }
     }
 
-    /// Records the kernel that ran the notebook: `metadata.kernelspec`
-    /// becomes `{name: "python3", display_name: "Python 3 (cellhost)",
-    /// language: "python"}`, `metadata.language_info` becomes
-    /// `{name: "python", version, file_extension: ".py", mimetype:
-    /// "text/x-python"}` (both replaced whole, as they describe the previous
-    /// kernel), and `metadata.cellhost.python` the interpreter's path.
+    /// Records the Python kernel that ran the notebook, keeping what the
+    /// notebook says of itself: `metadata.kernelspec` is kept as it is
+    /// (`{name: "python3", display_name: "Python 3 (cellhost)", language:
+    /// "python"}` when there is none); `metadata.language_info` keeps its
+    /// fields, gets the interpreter's `version` (as nbclient writes the
+    /// kernel's) and, where missing, `name: "python"`, `file_extension:
+    /// ".py"`, `mimetype: "text/x-python"`; `metadata.cellhost.python` is
+    /// the interpreter's path.
     pub fn set_kernel_info(&mut self, python_version: &str, executable: &str) {
         let Some(metadata) = self.metadata_mut() else {
             return;
         };
-        metadata.insert("kernelspec".into(), kernelspec());
-        metadata.insert(
-            "language_info".into(),
-            json!({
-                "name": "python",
-                "version": python_version,
-                "file_extension": ".py",
-                "mimetype": "text/x-python",
-            }),
-        );
+        if !metadata.get("kernelspec").is_some_and(Value::is_object) {
+            metadata.insert("kernelspec".into(), kernelspec());
+        }
+        let info = metadata
+            .entry("language_info")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !info.is_object() {
+            *info = Value::Object(Map::new());
+        }
+        if let Some(info) = info.as_object_mut() {
+            for (k, v) in [
+                ("name", "python"),
+                ("file_extension", ".py"),
+                ("mimetype", "text/x-python"),
+            ] {
+                info.entry(k).or_insert_with(|| Value::String(v.into()));
+            }
+            info.insert("version".into(), Value::String(python_version.into()));
+        }
         let cellhost = metadata
             .entry("cellhost")
             .or_insert_with(|| Value::Object(Map::new()));
@@ -296,6 +316,115 @@ impl Notebook {
         }
         if let Some(obj) = cellhost.as_object_mut() {
             obj.insert("python".into(), Value::String(executable.to_string()));
+        }
+    }
+
+    /// The notebook's language as Jupyter reads it:
+    /// `metadata.kernelspec.language`, else `metadata.language_info.name`
+    /// (trimmed, lower-cased); `None` when the notebook names neither.
+    pub fn language(&self) -> Option<String> {
+        let meta = self.root.get("metadata")?;
+        [
+            meta.get("kernelspec").and_then(|k| k.get("language")),
+            meta.get("language_info").and_then(|l| l.get("name")),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|s| s.trim().to_ascii_lowercase())
+        .find(|s| !s.is_empty())
+    }
+
+    /// Index of the first cell (any type) whose `metadata.tags` has `tag`.
+    pub fn find_tagged(&self, tag: &str) -> Option<usize> {
+        (0..self.cells().len()).find(|&i| self.cell_has_tag(i, tag))
+    }
+
+    /// Whether the cell at `index` has `tag` in its `metadata.tags`.
+    pub fn cell_has_tag(&self, index: usize, tag: &str) -> bool {
+        self.cells()
+            .get(index)
+            .and_then(|cell| cell.get("metadata"))
+            .and_then(|m| m.get("tags"))
+            .and_then(Value::as_array)
+            .is_some_and(|tags| tags.iter().any(|t| t.as_str() == Some(tag)))
+    }
+
+    /// Injects `params` as papermill does: a new code cell tagged
+    /// `injected-parameters` whose source is `source` (papermill's
+    /// `# Parameters` comment and one assignment per parameter, see
+    /// [`Parameters::python_source`]) replaces an earlier injected cell,
+    /// else goes right after the first cell tagged `parameters`, else
+    /// first; `metadata.papermill.parameters` records the values. Returns
+    /// the new cell's index. Nothing is injected for no parameters.
+    pub fn inject_parameters(&mut self, params: &Parameters, source: &str) -> Option<usize> {
+        if params.is_empty() {
+            return None;
+        }
+        let injected = self.find_tagged("injected-parameters");
+        let tagged = self.find_tagged("parameters");
+        let used: HashSet<String> = self
+            .cells()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != injected)
+            .filter_map(|(_, c)| c.get("id").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        let mut id = "injected-parameters".to_string();
+        let mut n = 1;
+        while used.contains(&id) {
+            id = format!("injected-parameters-{n}");
+            n += 1;
+        }
+        let cell = json!({
+            "cell_type": "code",
+            "execution_count": null,
+            "id": id,
+            "metadata": {"tags": ["injected-parameters"]},
+            "outputs": [],
+            "source": source,
+        });
+        let cells = self.cells_mut()?;
+        let index = match (injected, tagged) {
+            (Some(i), _) => {
+                cells[i] = cell;
+                i
+            }
+            (None, Some(p)) => {
+                cells.insert(p + 1, cell);
+                p + 1
+            }
+            (None, None) => {
+                cells.insert(0, cell);
+                0
+            }
+        };
+        if let Some(metadata) = self.metadata_mut() {
+            let pm = metadata
+                .entry("papermill")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !pm.is_object() {
+                *pm = Value::Object(Map::new());
+            }
+            if let Some(pm) = pm.as_object_mut() {
+                pm.insert("parameters".into(), params.to_json());
+            }
+        }
+        Some(index)
+    }
+
+    /// Sets the code cell at `index`'s `metadata.execution` to `timing`
+    /// (nbclient's `record_timing` keys), replacing what a previous run
+    /// left there.
+    pub fn set_execution_timing(&mut self, index: usize, timing: &ExecutionTiming) {
+        if let Some(meta) = self
+            .cells_mut()
+            .and_then(|cells| cells.get_mut(index))
+            .and_then(Value::as_object_mut)
+            .map(|c| c.entry("metadata").or_insert_with(|| Value::Object(Map::new())))
+            .and_then(Value::as_object_mut)
+        {
+            meta.insert("execution".into(), timing.to_json());
         }
     }
 

@@ -24,8 +24,10 @@ impl CellKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PercentCell {
     pub(crate) kind: CellKind,
-    /// Text after the marker (less the cell type), if any.
+    /// Text after the marker (less the cell type and tags), if any.
     pub(crate) title: Option<String>,
+    /// jupytext's `tags=["parameters", ...]` on the marker line.
+    pub(crate) tags: Vec<String>,
     /// The cell's text, without the marker line, with no leading or
     /// trailing blank lines and no final newline.
     pub(crate) source: String,
@@ -56,6 +58,7 @@ pub(crate) fn parse(text: &str) -> Vec<PercentCell> {
         cells.push(PercentCell {
             kind: CellKind::Code,
             title: None,
+            tags: Vec::new(),
             source,
         });
     }
@@ -63,7 +66,8 @@ pub(crate) fn parse(text: &str) -> Vec<PercentCell> {
     let mut i = first_marker;
     while i < lines.len() {
         let rest = marker_rest(lines[i]).unwrap_or_default();
-        let (kind, title) = parse_header(rest);
+        let (rest, tags) = split_tags(rest);
+        let (kind, title) = parse_header(&rest);
         let end = lines[i + 1..]
             .iter()
             .position(|l| marker_rest(l).is_some())
@@ -75,6 +79,7 @@ pub(crate) fn parse(text: &str) -> Vec<PercentCell> {
         cells.push(PercentCell {
             kind,
             title,
+            tags,
             source: trimmed_source(body).unwrap_or_default(),
         });
         i = end;
@@ -91,6 +96,24 @@ fn marker_rest(line: &str) -> Option<&str> {
         Some(rest)
     } else {
         None
+    }
+}
+
+/// Takes jupytext's cell metadata `tags=[...]` (a JSON list of strings)
+/// out of the text after `%%`: the rest, and the tags. Text that is not a
+/// well-formed list stays in the title.
+fn split_tags(rest: &str) -> (String, Vec<String>) {
+    let Some(at) = rest.find("tags=[") else {
+        return (rest.to_string(), Vec::new());
+    };
+    let list = &rest[at + "tags=".len()..];
+    let mut stream = serde_json::Deserializer::from_str(list).into_iter::<Vec<String>>();
+    match stream.next() {
+        Some(Ok(tags)) => {
+            let end = at + "tags=".len() + stream.byte_offset();
+            (format!("{}{}", &rest[..at], &rest[end..]), tags)
+        }
+        _ => (rest.to_string(), Vec::new()),
     }
 }
 
@@ -161,6 +184,7 @@ mod tests {
         PercentCell {
             kind: CellKind::Code,
             title: None,
+            tags: Vec::new(),
             source: source.into(),
         }
     }
@@ -195,6 +219,20 @@ mod tests {
         );
         assert_eq!(parse_header(" [raw]"), (CellKind::Raw, None));
         assert_eq!(parse_header(" [sql]"), (CellKind::Code, Some("[sql]".into())));
+    }
+
+    #[test]
+    fn jupytext_tags_are_read_from_the_marker() {
+        let cells = parse(
+            "# %% tags=[\"parameters\"]\nx = 1\n# %% Load [markdown] tags=[\"a\", \"b\"]\n# hi\n# %% tags=[1\n",
+        );
+        assert_eq!(cells[0].tags, vec!["parameters".to_string()]);
+        assert_eq!(cells[0].title, None);
+        assert_eq!(cells[1].kind, CellKind::Markdown);
+        assert_eq!(cells[1].title.as_deref(), Some("Load"));
+        assert_eq!(cells[1].tags, vec!["a".to_string(), "b".to_string()]);
+        assert!(cells[2].tags.is_empty());
+        assert_eq!(cells[2].title.as_deref(), Some("tags=[1"));
     }
 
     #[test]

@@ -224,15 +224,24 @@ fn set_outputs_clear_outputs_and_kernel_info() {
     let err = nb.set_outputs(99, Some(1), vec![]).expect_err("no such cell");
     assert!(matches!(err, NotebookError::NoSuchCell { index: 99, len: 5 }));
 
-    nb.set_kernel_info("3.11.4", "/opt/venv/bin/python3");
+    nb.set_kernel_info("3.12.1", "/opt/venv/bin/python3");
     let meta = &nb.as_json()["metadata"];
+    // The notebook's own kernelspec and language_info are kept; the
+    // version becomes the interpreter's, missing fields are filled in.
     assert_eq!(
         meta["kernelspec"],
-        json!({"name": "python3", "display_name": "Python 3 (cellhost)", "language": "python"})
+        json!({"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"})
     );
-    assert_eq!(meta["language_info"]["name"], "python");
-    assert_eq!(meta["language_info"]["version"], "3.11.4");
-    assert!(meta["language_info"].get("codemirror_mode").is_none());
+    assert_eq!(
+        meta["language_info"],
+        json!({
+            "codemirror_mode": {"name": "ipython", "version": 3},
+            "name": "python",
+            "version": "3.12.1",
+            "file_extension": ".py",
+            "mimetype": "text/x-python",
+        })
+    );
     assert_eq!(meta["cellhost"]["python"], "/opt/venv/bin/python3");
     // Other metadata is untouched.
     assert_eq!(meta["custom_tool"], json!({"setting": [1, 2.5, null, true]}));
@@ -396,4 +405,40 @@ fn byte_order_mark_is_ignored() {
     let text = format!("\u{feff}{}", fixture_text("v4_4_no_ids.ipynb"));
     let nb = Notebook::from_ipynb_str(&text).expect("parses");
     assert_eq!(nb.cell_count(), 3);
+}
+
+#[test]
+fn language_comes_from_kernelspec_then_language_info() {
+    let nb = |meta: Value| {
+        Notebook::from_ipynb_str(
+            &json!({"cells": [], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}).to_string(),
+        )
+        .expect("notebook")
+    };
+    let r = nb(
+        json!({"kernelspec": {"name": "ir", "display_name": "R", "language": "R"},
+                      "language_info": {"name": "R", "version": "4.3.1"}}),
+    );
+    assert_eq!(r.language().as_deref(), Some("r"));
+    assert_eq!(
+        nb(json!({"language_info": {"name": "julia"}}))
+            .language()
+            .as_deref(),
+        Some("julia")
+    );
+    assert_eq!(
+        nb(json!({"kernelspec": {"language": " "}, "language_info": {"name": "python"}}))
+            .language()
+            .as_deref(),
+        Some("python")
+    );
+    assert_eq!(nb(json!({})).language(), None);
+    // A notebook without a kernelspec gets cellhost's.
+    let mut bare = nb(json!({}));
+    bare.set_kernel_info("3.11.4", "/usr/bin/python3");
+    assert_eq!(
+        bare.as_json()["metadata"]["kernelspec"],
+        json!({"name": "python3", "display_name": "Python 3 (cellhost)", "language": "python"})
+    );
+    assert_eq!(bare.as_json()["metadata"]["language_info"]["name"], "python");
 }

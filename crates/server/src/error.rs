@@ -86,6 +86,8 @@ pub enum ErrorCode {
     /// 502: the kernel could not be started or failed (spawn, handshake,
     /// protocol, death).
     KernelFailed,
+    /// 422: a notebook's language has no runtime here.
+    UnsupportedLanguage,
     /// 500: a restore could not be done.
     RestoreFailed,
     /// 500: the journal could not be read or written.
@@ -100,7 +102,7 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             BadRequest => StatusCode::BAD_REQUEST,
-            InvalidRequest => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidRequest | UnsupportedLanguage => StatusCode::UNPROCESSABLE_ENTITY,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             NotFound | SessionNotFound | OutputNotFound | FileNotFound | DisplayNotFound | CellNotFound => {
@@ -150,6 +152,7 @@ impl ErrorCode {
             ShutDown => "shut_down",
             StaleGeneration => "stale_generation",
             KernelFailed => "kernel_failed",
+            UnsupportedLanguage => "unsupported_language",
             RestoreFailed => "restore_failed",
             JournalFailed => "journal_failed",
             Internal => "internal",

@@ -197,6 +197,11 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
             "/v1/cells/{cell}/events",
             get(routes::cells::cell_events),
         ),
+        (
+            Method::POST,
+            "/v1/notebooks/run",
+            post(crate::http_notebook::run_notebook),
+        ),
     ]
 }
 

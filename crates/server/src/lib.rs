@@ -5,7 +5,8 @@
 //!   OpenAPI document generated from the types ([`openapi`]); error
 //!   answers with stable codes ([`error`]); bearer tokens mapped to owners
 //!   ([`auth`]); its connections served within [`ServeLimits`]
-//!   ([`listen`]: header, idle and body timeouts, a connection cap);
+//!   ([`listen`]: header, idle and body timeouts, a connection cap); a
+//!   whole notebook run in one request ([`http_notebook`]);
 //! - [`daemon`]: the per-user daemon behind `cellhost exec --session`, JSON
 //!   lines over a Unix socket (mode 0600), exiting after an idle period.
 //!
@@ -16,6 +17,7 @@ pub mod auth;
 pub mod daemon;
 pub mod error;
 pub mod http;
+pub mod http_notebook;
 pub mod listen;
 pub mod openapi;
 pub mod routes;

@@ -16,7 +16,7 @@ use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
-use crate::http;
+use crate::{http, http_notebook};
 
 const DESCRIPTION: &str = "Persistent Python sessions for agents. Every /v1 route needs \
 `Authorization: Bearer TOKEN`; a token stands for an owner, and owners never see each other's \
@@ -55,6 +55,7 @@ HTTP status follows from the code. A second execute on a busy session is refused
         crate::routes::cells::get_cell,
         crate::routes::cells::cancel_cell,
         crate::routes::cells::cell_events,
+        http_notebook::run_notebook,
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
     modifiers(&Shared),

@@ -247,6 +247,156 @@ fn openapi_document_matches_the_router() {
     assert_eq!(doc["openapi"], "3.1.0");
 }
 
+/// `POST /v1/notebooks/run`: parameters injected, outputs filled in, a
+/// language without a runtime refused with its code, a failed cell in
+/// `stop`, a named session's state seen, a temporary session gone after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_notebook_route() {
+    let srv = start().await;
+    let a = srv.addr;
+    let run = |body: Value| call(a, "POST", "/v1/notebooks/run", Some(ALICE), Some(body));
+    let r = run(json!({
+        "script": "# %% tags=[\"parameters\"]\nx = 1\n# %%\nprint(x * 2)\nx",
+        "parameters": {"x": 21},
+    }))
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(
+        (v["total"].as_u64(), v["ran"].as_u64()),
+        (Some(3), Some(3)),
+        "{v}"
+    );
+    assert!(v.get("stop").is_none(), "{v}");
+    let cells = v["notebook"]["cells"].as_array().expect("cells").clone();
+    assert_eq!(cells[1]["metadata"]["tags"], json!(["injected-parameters"]));
+    assert_eq!(cells[1]["source"], json!(["# Parameters\n", "x = 21\n"]));
+    let outs = cells[2]["outputs"].as_array().expect("outputs");
+    assert_eq!(outs[0]["text"], json!(["42\n"]), "{}", cells[2]);
+    assert_eq!(outs[1]["data"]["text/plain"], json!(["21"]), "{}", cells[2]);
+    assert!(cells[2]["metadata"]["execution"]["shell.execute_reply"].is_string());
+    assert_eq!(
+        v["notebook"]["metadata"]["papermill"]["parameters"],
+        json!({"x": 21})
+    );
+    // The run's own session is gone.
+    assert!(
+        srv.registry
+            .sessions_of("http:alice")
+            .iter()
+            .all(|(k, _)| !k.session.starts_with("notebook run")),
+        "a temporary session was left"
+    );
+
+    let r_nb = json!({"cells": [{"cell_type": "code", "source": "1", "metadata": {}, "outputs": [], "execution_count": null}],
+                      "metadata": {"kernelspec": {"name": "ir", "language": "R", "display_name": "R"}},
+                      "nbformat": 4, "nbformat_minor": 5});
+    let r = run(json!({"notebook": r_nb})).await;
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "unsupported_language");
+    assert_eq!(r.json()["error"]["language"], "r");
+    assert_eq!(r.json()["error"]["supported"], json!(["python"]));
+
+    let r = run(json!({"script": "# %%\n1", "notebook": {}})).await;
+    assert_eq!(
+        (r.status, code_of(&r)),
+        (422, "invalid_request".to_string()),
+        "{}",
+        r.body
+    );
+    let r = run(json!({"script": "# %%\n1", "parameters": {"not an identifier": 1}})).await;
+    assert_eq!(
+        (r.status, code_of(&r)),
+        (400, "bad_request".to_string()),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.json()["error"]["field"], "parameters");
+    let r = run(json!({"notebook": {"nbformat": 3, "cells": []}})).await;
+    assert_eq!(
+        (r.status, code_of(&r)),
+        (400, "bad_request".to_string()),
+        "{}",
+        r.body
+    );
+
+    let r = run(json!({"script": "# %%\nraise ValueError('no')\n# %%\nprint('not reached')"})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["stop"]["reason"], "cell_failed", "{v}");
+    assert_eq!(v["stop"]["cell"], 1);
+    assert_eq!(v["stop"]["status"], "error");
+    assert_eq!(v["ran"], 1);
+
+    // In a named session: its variables are there, and stay.
+    assert_eq!(create(a, ALICE, "nbs").await.status, 201);
+    assert_eq!(exec(a, ALICE, "nbs", "y = 5").await.status, 200);
+    let r = run(json!({"script": "print(y)\ny += 1", "session": "nbs"})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json()["notebook"]["cells"][0]["outputs"][0]["text"],
+        json!(["5\n"])
+    );
+    let e = exec(a, ALICE, "nbs", "y").await;
+    assert_eq!(e.json()["result"]["text/plain"], "6", "{}", e.body);
+    // A session running a cell refuses the run (409), as it refuses an execute.
+    // The gate file is in the kernels' working directory (a sandboxed
+    // kernel has a /tmp of its own).
+    let go = srv._dir.path().join("nb-go");
+    let waiting = format!(
+        "import os, time\nwhile not os.path.exists({:?}): time.sleep(0.01)",
+        go.display().to_string()
+    );
+    let runner = tokio::spawn(async move { exec(a, ALICE, "nbs", &waiting).await });
+    loop {
+        let l = call(a, "GET", "/v1/sessions", Some(ALICE), None).await.json();
+        let busy = l["sessions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["name"] == "nbs" && s["busy"] == true);
+        if busy {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let r = run(json!({"script": "print('never')", "session": "nbs"})).await;
+    assert_eq!(
+        (r.status, code_of(&r)),
+        (409, "session_busy".to_string()),
+        "{}",
+        r.body
+    );
+    std::fs::write(&go, "").expect("go");
+    let done = runner.await.expect("task");
+    assert_eq!(done.json()["status"], "ok", "{}", done.body);
+    // Another owner's session is not found; a read-only token may not run.
+    let r = call(
+        a,
+        "POST",
+        "/v1/notebooks/run",
+        Some(BOB),
+        Some(json!({"script": "1", "session": "nbs"})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, code_of(&r)),
+        (404, "session_not_found".to_string()),
+        "{}",
+        r.body
+    );
+    let r = call(
+        a,
+        "POST",
+        "/v1/notebooks/run",
+        Some(READER),
+        Some(json!({"script": "1"})),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    srv.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sessions_execute_variables_history_restart_delete() {
     let srv = start().await;

@@ -19,6 +19,9 @@ pub mod session_env;
 pub mod templates;
 pub mod tools;
 
+/// The notebook crate the `run_notebook` request works on, for surfaces
+/// that depend on this crate only.
+pub use cellhost_notebook as notebook;
 pub use config::{Config, ConfigError, Source};
 pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};

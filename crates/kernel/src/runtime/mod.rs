@@ -36,7 +36,9 @@ pub fn default_runtime() -> Arc<dyn WorkerRuntime> {
 /// before anything else and answer with `ready` (protocol v1); the host
 /// never puts configuration in its arguments or environment.
 pub trait WorkerRuntime: Send + Sync + 'static {
-    /// Short name of the language (`python`), for logs and errors.
+    /// Short name of the language, lower case, as notebooks name it in
+    /// `kernelspec.language` / `language_info.name` (`python`): the key of
+    /// [`runtime_for_language`], and used in logs and errors.
     fn name(&self) -> &'static str;
 
     /// The directory of the worker's boot files, written on first use.
@@ -105,8 +107,44 @@ pub trait WorkerRuntime: Send + Sync + 'static {
     }
 }
 
+/// Every runtime this build has, one per language: the list a notebook's
+/// language is looked up in ([`runtime_for_language`]). A new language's
+/// runtime is added here.
+pub fn known_runtimes() -> Vec<Arc<dyn WorkerRuntime>> {
+    vec![Arc::new(python::PythonRuntime)]
+}
+
+/// The runtime whose [`WorkerRuntime::name`] is `language` (a notebook's
+/// `kernelspec.language` or `language_info.name`; ASCII case and
+/// surrounding blanks ignored), or `None` when this build has none.
+pub fn runtime_for_language(language: &str) -> Option<Arc<dyn WorkerRuntime>> {
+    let language = language.trim();
+    known_runtimes()
+        .into_iter()
+        .find(|r| r.name().eq_ignore_ascii_case(language))
+}
+
 impl fmt::Debug for dyn WorkerRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn languages_are_looked_up_by_runtime_name() {
+        assert_eq!(runtime_for_language("python").map(|r| r.name()), Some("python"));
+        assert_eq!(runtime_for_language(" Python ").map(|r| r.name()), Some("python"));
+        assert!(runtime_for_language("julia").is_none());
+        assert!(runtime_for_language("").is_none());
+        let names: Vec<&str> = known_runtimes().iter().map(|r| r.name()).collect();
+        assert!(names.contains(&"python"));
+        // Every known runtime is found under its own name.
+        for r in known_runtimes() {
+            assert_eq!(runtime_for_language(r.name()).map(|x| x.name()), Some(r.name()));
+        }
     }
 }

@@ -50,7 +50,9 @@ pub use read_display::ReadDisplayRequest;
 pub use read_output::{OutputPage, ReadOutputRequest};
 pub use restart::{RestartReport, RestartRequest};
 pub use restore::RestoreRequest;
-pub use run_notebook::{RegistryRunner, RunNotebookRequest};
+pub use run_notebook::{
+    MAX_NOTEBOOK_CELLS, NotebookInput, RegistryRunner, RunNotebookRequest, parameters_from_json, summary_json,
+};
 pub use submit::{CancelCellRequest, CellCancelled, SubmitRequest, Submitted};
 pub use variables::VariablesRequest;
 
@@ -274,6 +276,21 @@ pub enum RequestError {
         /// Why.
         message: String,
     },
+    /// A notebook's language has no runtime here (`kernelspec.language` /
+    /// `language_info.name`), or not the one the host's kernels run.
+    #[error(
+        "the notebook's language is {language:?}; cellhost runs {} notebooks here (runtimes: {})",
+        runtime,
+        supported.join(", ")
+    )]
+    UnsupportedLanguage {
+        /// The notebook's language, lower-cased.
+        language: String,
+        /// The languages this build has runtimes for.
+        supported: Vec<String>,
+        /// The language of the runtime the host's kernels run.
+        runtime: String,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -288,7 +305,7 @@ impl RequestError {
     }
 
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
-    /// `journal_failed`, `kernel_failed`, `stale_generation` (a request
+    /// `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
     /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
@@ -309,6 +326,7 @@ impl RequestError {
             RequestError::FileIo { .. } => "file_io_failed",
             RequestError::DisplayNotFound { .. } => "display_not_found",
             RequestError::CellNotFound { .. } => "cell_not_found",
+            RequestError::UnsupportedLanguage { .. } => "unsupported_language",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -336,6 +354,7 @@ impl RequestError {
                 | "range_not_satisfiable"
                 | "display_not_found"
                 | "cell_not_found"
+                | "unsupported_language"
         )
     }
 
@@ -392,6 +411,15 @@ impl RequestError {
             RequestError::Registry(RegistryError::SandboxBelowFloor(b)) => {
                 v["requested"] = b.requested.as_str().into();
                 v["floor"] = b.floor.as_str().into();
+            }
+            RequestError::UnsupportedLanguage {
+                language,
+                supported,
+                runtime,
+            } => {
+                v["language"] = language.clone().into();
+                v["supported"] = supported.clone().into();
+                v["runtime"] = runtime.clone().into();
             }
             RequestError::Registry(RegistryError::Full { max }) => {
                 v["max_live_kernels"] = (*max as u64).into()
