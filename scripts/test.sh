@@ -54,6 +54,12 @@ LOCKED=()
 status=0
 CELLHOST_TEST_PYTHON="$PY" cargo test "${LOCKED[@]}" --workspace --all-targets "$@" || status=$?
 
+# The Python package: the wheel installed into a fresh venv, pytest against it.
+if [[ "$status" == 0 && $# == 0 ]]; then
+    say "cellhost wheel in a fresh venv (scripts/test-wheel.sh)"
+    CELLHOST_TEST_PYTHON="$PY" bash "$ROOT/scripts/test-wheel.sh" || status=$?
+fi
+
 # The escape suite again as an unprivileged user: every sandbox guarantee
 # must hold for root and non-root alike (root only: it switches users).
 if [[ "$status" == 0 && "$(id -u)" == 0 && $# == 0 ]]; then

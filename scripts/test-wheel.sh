@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the wheel (scripts/build-wheel.sh, dev profile unless
+# CELLHOST_WHEEL_PROFILE says otherwise), installs it into a fresh venv
+# under /var/tmp with pytest, and runs python/cellhost_sdk/tests against it.
+# CELLHOST_TEST_PYTHON is the kernels' interpreter. Extra arguments go to pytest.
+set -euo pipefail
+ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
+export CELLHOST_WHEEL_PROFILE="${CELLHOST_WHEEL_PROFILE:-dev}"
+OUT="$(mktemp -d "${TMPDIR:-/var/tmp}/cellhost-wheel.XXXXXX")"
+VENV="$OUT/venv"
+trap 'rm -rf -- "$OUT"' EXIT
+WHEEL="$(bash "$ROOT/scripts/build-wheel.sh" "$OUT")"
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --no-deps --no-index "$WHEEL"
+"$VENV/bin/pip" install -q "pytest==9.2.0"
+# Run from outside the source tree: the tests import the installed package.
+cd "$OUT"
+unset CELLHOST_BIN
+"$VENV/bin/python" -m pytest -q -s "$ROOT/python/cellhost_sdk/tests" "$@"
