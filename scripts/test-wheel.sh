@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the wheel (scripts/build-wheel.sh, dev profile unless
 # CELLHOST_WHEEL_PROFILE says otherwise), installs it into a fresh venv
-# under /var/tmp with pytest, and runs python/cellhost_sdk/tests against it.
+# under /var/tmp with pytest and the frameworks of
+# python/cellhost_sdk/tests/requirements.txt, and runs python/cellhost_sdk/tests against it.
 # CELLHOST_TEST_PYTHON is the kernels' interpreter. Extra arguments go to pytest.
 set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -12,7 +13,8 @@ trap 'rm -rf -- "$OUT"' EXIT
 WHEEL="$(bash "$ROOT/scripts/build-wheel.sh" "$OUT")"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --no-deps --no-index "$WHEEL"
-"$VENV/bin/pip" install -q "pytest==9.2.0"
+# pytest and the agent frameworks the adapters are tested against (pinned).
+"$VENV/bin/pip" install -q -r "$ROOT/python/cellhost_sdk/tests/requirements.txt"
 # Run from outside the source tree: the tests import the installed package.
 cd "$OUT"
 unset CELLHOST_BIN
