@@ -18,4 +18,13 @@ python3 -m venv "$VENV"
 # Run from outside the source tree: the tests import the installed package.
 cd "$OUT"
 unset CELLHOST_BIN
-"$VENV/bin/python" -m pytest -q -s "$ROOT/python/cellhost_sdk/tests" "$@"
+status=0
+"$VENV/bin/python" -m pytest -q -s "$ROOT/python/cellhost_sdk/tests" "$@" || status=$?
+# LangChain's MCP adapter needs mcp < 2 (pydantic-ai's toolset needs 2): its own venv.
+if [[ $# == 0 ]]; then
+    python3 -m venv "$OUT/venv-lc"
+    "$OUT/venv-lc/bin/pip" install -q --no-deps --no-index "$WHEEL"
+    "$OUT/venv-lc/bin/pip" install -q -r "$ROOT/python/cellhost_sdk/tests/requirements-langchain-mcp.txt"
+    "$OUT/venv-lc/bin/python" -m pytest -q "$ROOT/python/cellhost_sdk/tests/test_mcp_clients.py" -k langchain || status=$?
+fi
+exit "$status"

@@ -112,7 +112,10 @@ class Host:
         limits: Optional[Mapping[str, Any]] = None,
         tools: Optional[Mapping[str, Callable[..., Any]]] = None,
         env: Optional[Mapping[str, str]] = None,
+        serve_args: Optional[List[str]] = None,
     ):
+        """``serve_args`` are more arguments of ``cellhost serve`` (e.g.
+        ``["--mcp-sessions", "caller"]`` for MCP clients at ``base + "/mcp"``)."""
         self.dir = tempfile.mkdtemp(prefix="cellhost-")
         os.chmod(self.dir, 0o700)
         self.token = secrets.token_hex(32)
@@ -145,6 +148,7 @@ class Host:
             args += ["--python", str(python)]
         if sandbox:
             args += ["--sandbox", sandbox]
+        args += list(serve_args or [])
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
