@@ -35,11 +35,30 @@ if ! command -v Xvfb >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]] && command -v apt-
         || echo "test: xvfb could not be installed; hk29 runs its DISPLAY half against an unreachable display" >&2
 fi
 
+# The MCP Inspector's CLI (npm) as a client of `cellhost mcp`
+# (crates/mcp/tests/inspector_cli.rs): installed once under /var/tmp.
+if command -v npm >/dev/null 2>&1 && [[ -z "${CELLHOST_TEST_NPM_DIR:-}" ]]; then
+    NPM_DIR="${TMPDIR:-/var/tmp}/cellhost-test-npm"
+    if [[ ! -d "$NPM_DIR/node_modules/@modelcontextprotocol/inspector" ]]; then
+        say "npm install @modelcontextprotocol/inspector@2.12.0 ($NPM_DIR)"
+        mkdir -p "$NPM_DIR"
+        (cd "$NPM_DIR" && npm install --no-audit --no-fund --silent @modelcontextprotocol/inspector@2.12.0) \
+            || echo "test: the MCP Inspector could not be installed; its test is skipped" >&2
+    fi
+    export CELLHOST_TEST_NPM_DIR="$NPM_DIR"
+fi
+
 say "cargo test --workspace --all-targets (CELLHOST_TEST_PYTHON=$PY)"
 LOCKED=()
 [[ -f "$ROOT/Cargo.lock" ]] && LOCKED=(--locked)
 status=0
 CELLHOST_TEST_PYTHON="$PY" cargo test "${LOCKED[@]}" --workspace --all-targets "$@" || status=$?
+
+# The Python package: the wheel installed into a fresh venv, pytest against it.
+if [[ "$status" == 0 && $# == 0 ]]; then
+    say "cellhost wheel in a fresh venv (scripts/test-wheel.sh)"
+    CELLHOST_TEST_PYTHON="$PY" bash "$ROOT/scripts/test-wheel.sh" || status=$?
+fi
 
 # The escape suite again as an unprivileged user: every sandbox guarantee
 # must hold for root and non-root alike (root only: it switches users).

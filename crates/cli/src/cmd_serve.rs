@@ -1,4 +1,4 @@
-//! `cellhost serve [--listen ADDR] [--token-file PATH] [--workdir DIR]`: the HTTP API
+//! `cellhost serve [--listen ADDR] [--token-file PATH] [--workdir DIR] [--mcp-sessions connection|caller]`: the HTTP API
 //! (REST + server-sent events, `/openapi.json`) and the MCP endpoint
 //! (streamable HTTP at `/mcp`), both behind bearer tokens, every
 //! connection within the `serve_*` limits of the config (header, idle and
@@ -35,6 +35,12 @@ pub struct ServeArgs {
     /// across its kernels, so owners and sessions share no files.
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
+    /// Whose sessions an MCP session at `/mcp` uses: `connection` (its
+    /// own, ended with it) or `caller` (the token owner's, shared by all
+    /// of that owner's MCP sessions and kept across them, for clients
+    /// that open one connection per call).
+    #[arg(long, value_name = "SCOPE", default_value = "connection", value_parser = ["connection", "caller"])]
+    mcp_sessions: String,
 }
 
 /// Runs `serve`.
@@ -117,7 +123,12 @@ pub fn run(args: ServeArgs) -> u8 {
         };
         let addr = listener.local_addr().unwrap_or(args.listen);
         let state = AppState::with_max_file_bytes(reg.clone(), tokens, max_file_bytes);
-        let mcp = axum_router_mcp(reg.clone());
+        let scope = if args.mcp_sessions == "caller" {
+            cellhost_mcp::SessionScope::Caller
+        } else {
+            cellhost_mcp::SessionScope::Connection
+        };
+        let mcp = axum_router_mcp(reg.clone(), scope);
         let app = http::router(state.clone()).merge(http::protect(state, mcp));
         eprintln!(
             "cellhost: serving http://{addr}/v1 (OpenAPI at /openapi.json, MCP at /mcp); tokens in {}",
@@ -172,7 +183,10 @@ pub fn run(args: ServeArgs) -> u8 {
 /// records the caller; this hands its owner to the MCP router, which binds
 /// each MCP session to the caller that opened it (a leaked `Mcp-Session-Id`
 /// is useless to anyone else: every method answers 404 for it).
-fn axum_router_mcp(reg: Arc<cellhost_sessions::Registry>) -> cellhost_server::axum::Router {
+fn axum_router_mcp(
+    reg: Arc<cellhost_sessions::Registry>,
+    scope: cellhost_mcp::SessionScope,
+) -> cellhost_server::axum::Router {
     use cellhost_server::axum::extract::Request;
     use cellhost_server::axum::middleware::map_request;
     async fn tag_caller(mut req: Request) -> Request {
@@ -185,5 +199,5 @@ fn axum_router_mcp(reg: Arc<cellhost_sessions::Registry>) -> cellhost_server::ax
         }
         req
     }
-    cellhost_mcp::http_router(reg).layer(map_request(tag_caller))
+    cellhost_mcp::http_router_scoped(reg, Default::default(), scope).layer(map_request(tag_caller))
 }

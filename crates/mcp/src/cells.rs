@@ -96,7 +96,7 @@ output so far, and its full result once done. `wait_s` (at most 60) waits for it
         if !wait.is_finite() || !(0.0..=MAX_WAIT_S).contains(&wait) {
             return Err(params_error(format!("wait_s must be 0 to {MAX_WAIT_S}")));
         }
-        let Some(t) = self.inner.registry.detached().get(&self.inner.owner, &p.cell) else {
+        let Some(t) = self.inner.registry.detached().get(&self.owner(), &p.cell) else {
             let e = cellhost_sessions::RequestError::CellNotFound { cell: p.cell };
             return Ok(request_tool_error("get_cell failed", &e));
         };
@@ -157,7 +157,7 @@ one is interrupted (like the interrupt tool)."
         Parameters(p): Parameters<CancelCellParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let req = CancelCellRequest {
-            owner: self.inner.owner.clone(),
+            owner: self.owner(),
             cell: p.cell,
         };
         match req.execute(&self.inner.registry).await {

@@ -29,6 +29,7 @@
 
 mod cells;
 mod files;
+pub mod fit;
 mod notebook;
 pub mod render;
 
@@ -119,7 +120,11 @@ impl Default for McpLimits {
 
 struct Inner {
     registry: Arc<Registry>,
-    owner: String,
+    /// The registry owner of this connection's sessions: its own
+    /// (`mcp:<id>`), or over HTTP with [`SessionScope::Caller`] the
+    /// caller's, set when the session is bound to it.
+    owner: Mutex<String>,
+    scope: SessionScope,
     limits: McpLimits,
     /// One `execute_code` at a time per session: a cancellation then always
     /// names the cell that is running (a queued call just stops waiting).
@@ -147,12 +152,39 @@ struct Turn {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpCaller(pub String);
 
+/// Whose sessions an MCP session of the HTTP endpoint uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionScope {
+    /// Its own: the kernels end with the MCP session (`DELETE`, idle
+    /// expiry), and no other MCP session sees them.
+    #[default]
+    Connection,
+    /// The authenticated caller's ([`HttpCaller`]): every MCP session of
+    /// one caller shares its sessions, and they outlive the MCP session,
+    /// for clients that open one connection per call (LangChain's MCP
+    /// adapter, CLI clients). The kernels end when the registry's idle
+    /// limit reaps them or the server stops. `read_output` still pages
+    /// only cells run through the same MCP session.
+    Caller,
+}
+
+/// The registry owner of every MCP session of `caller` under
+/// [`SessionScope::Caller`], `mcp:@<caller>` (`@` never occurs in
+/// [`new_owner_id`]'s ids).
+pub fn caller_owner_id(caller: &str) -> String {
+    Surface::Mcp.owner(&format!("@{caller}"))
+}
+
 impl Drop for Inner {
-    /// The connection (or HTTP session) is gone: end its kernels.
+    /// The connection (or HTTP session) is gone: end its kernels, unless
+    /// they are the caller's ([`SessionScope::Caller`]).
     fn drop(&mut self) {
+        if self.scope == SessionScope::Caller {
+            return;
+        }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let registry = self.registry.clone();
-            let owner = std::mem::take(&mut self.owner);
+            let owner = std::mem::take(self.owner.get_mut().unwrap_or_else(|e| e.into_inner()));
             rt.spawn(async move { registry.dispose_owner(&owner).await });
         }
     }
@@ -168,7 +200,7 @@ pub struct CellhostMcp {
 impl std::fmt::Debug for CellhostMcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CellhostMcp")
-            .field("owner", &self.inner.owner)
+            .field("owner", &self.owner())
             .finish_non_exhaustive()
     }
 }
@@ -286,23 +318,42 @@ fn session_name(s: Option<String>) -> Result<String, ErrorData> {
 impl CellhostMcp {
     /// A server for `owner` over `registry`.
     pub fn new(registry: Arc<Registry>, owner: impl Into<String>) -> Self {
-        Self::with_limits(registry, owner, McpLimits::default())
+        Self::with_scope_and_limits(registry, owner, SessionScope::Connection, McpLimits::default())
     }
 
     /// A server for `owner` over `registry` within `limits`.
     pub fn with_limits(registry: Arc<Registry>, owner: impl Into<String>, limits: McpLimits) -> Self {
+        Self::with_scope_and_limits(registry, owner, SessionScope::Connection, limits)
+    }
+
+    /// A server for `owner` over `registry`; with [`SessionScope::Caller`]
+    /// the owner becomes the HTTP caller's at the first request that names
+    /// one ([`caller_owner_id`]), and the kernels outlive the server.
+    pub fn with_scope(registry: Arc<Registry>, owner: impl Into<String>, scope: SessionScope) -> Self {
+        Self::with_scope_and_limits(registry, owner, scope, McpLimits::default())
+    }
+
+    /// [`CellhostMcp::with_scope`] within `limits`.
+    pub fn with_scope_and_limits(
+        registry: Arc<Registry>,
+        owner: impl Into<String>,
+        scope: SessionScope,
+        limits: McpLimits,
+    ) -> Self {
+        // Every tool, whichever module adds it, made to fit its clients.
+        let mut tool_router =
+            Self::tool_router() + Self::files_router() + Self::cells_router() + Self::notebook_router();
+        fit::fit_router(&mut tool_router);
         CellhostMcp {
             inner: Arc::new(Inner {
                 registry,
-                owner: owner.into(),
+                owner: Mutex::new(owner.into()),
+                scope,
                 limits,
                 turns: Mutex::new(HashMap::new()),
                 caller: Mutex::new(None),
             }),
-            tool_router: Self::tool_router()
-                + Self::files_router()
-                + Self::cells_router()
-                + Self::notebook_router(),
+            tool_router,
         }
     }
 
@@ -312,8 +363,13 @@ impl CellhostMcp {
     }
 
     /// The owner this server acts for.
-    pub fn owner(&self) -> &str {
-        &self.inner.owner
+    pub fn owner(&self) -> String {
+        self.inner.owner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Every tool as listed to clients (schemas, annotations).
+    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
+        self.tool_router.list_all()
     }
 
     /// Binds the MCP session to its first HTTP caller (the one of its
@@ -331,6 +387,9 @@ impl CellhostMcp {
         match bound.as_deref() {
             None => {
                 *bound = Some(caller.clone());
+                if self.inner.scope == SessionScope::Caller {
+                    *self.inner.owner.lock().unwrap_or_else(|e| e.into_inner()) = caller_owner_id(caller);
+                }
                 Ok(())
             }
             Some(b) if b == caller => Ok(()),
@@ -348,14 +407,14 @@ impl CellhostMcp {
 
     /// The request layer's view of one of this owner's sessions.
     pub(crate) fn spec(&self, session: &str) -> SessionSpec {
-        SessionSpec::new(self.inner.owner.as_str(), session)
+        SessionSpec::new(self.owner(), session)
     }
 
     /// Interrupts the session's running cell for an MCP cancellation;
     /// true when the signal was delivered.
     async fn interrupt_for_cancel(&self, session: &str) -> bool {
         let asked = InterruptRequest {
-            owner: self.inner.owner.clone(),
+            owner: self.owner(),
             session: session.to_string(),
             cwd: CwdScope::Any,
         };
@@ -514,7 +573,7 @@ status interrupted."
     async fn interrupt(&self, Parameters(p): Parameters<SessionParams>) -> Result<CallToolResult, ErrorData> {
         let session = session_name(p.session)?;
         let asked = InterruptRequest {
-            owner: self.inner.owner.clone(),
+            owner: self.owner(),
             session: session.clone(),
             cwd: CwdScope::Any,
         };
@@ -632,10 +691,7 @@ says the byte range returned and the next offset; only cells run through this co
         if p.stream != "stdout" && p.stream != "stderr" {
             return Err(params_error("stream must be stdout or stderr"));
         }
-        let path = self
-            .inner
-            .registry
-            .spill_of(&self.inner.owner, &p.cell, &p.stream);
+        let path = self.inner.registry.spill_of(&self.owner(), &p.cell, &p.stream);
         let Some(path) = path else {
             return Ok(tool_error(
                 "output_not_found",
@@ -678,10 +734,7 @@ says the byte range returned and the next offset; only cells run through this co
 generation, pid and whether a cell is running."
     )]
     async fn list_sessions(&self, Parameters(_p): Parameters<NoParams>) -> Result<CallToolResult, ErrorData> {
-        let listed = ListRequest {
-            owner: self.inner.owner.clone(),
-        }
-        .execute(&self.inner.registry);
+        let listed = ListRequest { owner: self.owner() }.execute(&self.inner.registry);
         let mut rows = Vec::new();
         let mut text = String::new();
         for l in listed {
@@ -734,8 +787,21 @@ impl ServerHandler for CellhostMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
         self.check_caller(&context)?;
+        let schema = self
+            .tool_router
+            .get(&request.name)
+            .and_then(|t| t.output_schema.clone());
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        self.tool_router.call(tcc).await
+        let mut response = self.tool_router.call(tcc).await?;
+        // Structured content matches the tool's portable outputSchema:
+        // "none" is an absent member, never `null`.
+        if let rmcp::model::CallToolResponse::Complete(r) = &mut response
+            && r.is_error != Some(true)
+            && let (Some(sc), Some(schema)) = (r.structured_content.as_mut(), schema)
+        {
+            fit::conform(sc, &serde_json::Value::Object((*schema).clone()));
+        }
+        Ok(response)
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
@@ -883,9 +949,21 @@ pub fn http_router(registry: Arc<Registry>) -> axum::Router {
 /// [`http_router`] with an explicit transport configuration (allowed
 /// hosts, keep-alive, cancellation token, body limit).
 pub fn http_router_with(registry: Arc<Registry>, config: StreamableHttpServerConfig) -> axum::Router {
+    http_router_scoped(registry, config, SessionScope::Connection)
+}
+
+/// [`http_router_with`] whose MCP sessions use the sessions of `scope`:
+/// with [`SessionScope::Caller`], every MCP session of one authenticated
+/// caller shares that caller's sessions, kept across MCP sessions
+/// (`cellhost serve --mcp-sessions caller`).
+pub fn http_router_scoped(
+    registry: Arc<Registry>,
+    config: StreamableHttpServerConfig,
+    scope: SessionScope,
+) -> axum::Router {
     let sessions: Arc<LocalSessionManager> = Arc::new(LocalSessionManager::default());
     let service = StreamableHttpService::new(
-        move || Ok(CellhostMcp::new(registry.clone(), new_owner_id())),
+        move || Ok(CellhostMcp::with_scope(registry.clone(), new_owner_id(), scope)),
         sessions.clone(),
         config.with_legacy_session_mode(true),
     );
@@ -969,6 +1047,38 @@ mod tests {
     fn owner_ids_differ() {
         assert_ne!(new_owner_id(), new_owner_id());
         assert!(new_owner_id().starts_with("mcp:"));
+    }
+
+    /// Every tool, whichever module adds it: an outputSchema (each returns
+    /// structured content), annotations, and no `null` anywhere in its
+    /// schemas.
+    #[test]
+    fn every_tool_fits() {
+        let mut router = CellhostMcp::tool_router();
+        fit::fit_router(&mut router);
+        let tools = router.list_all();
+        assert!(tools.len() >= 6);
+        for t in tools {
+            let input = serde_json::Value::Object((*t.input_schema).clone());
+            let output = t
+                .output_schema
+                .as_ref()
+                .map(|o| serde_json::Value::Object((**o).clone()));
+            let a = t.annotations.as_ref();
+            assert!(output.is_some(), "{} has no outputSchema", t.name);
+            assert!(a.is_some(), "{} has no annotations", t.name);
+            for s in [Some(input), output].into_iter().flatten() {
+                let text = s.to_string();
+                assert!(!text.contains("\"null\""), "{}: null in a schema: {text}", t.name);
+                assert!(!text.contains("nullable"), "{}: {text}", t.name);
+                assert_eq!(s["type"], "object", "{}: {text}", t.name);
+            }
+            let ro = ["list_variables", "list_sessions", "read_output"].contains(&t.name.as_ref());
+            assert_eq!(a.and_then(|a| a.read_only_hint), Some(ro), "{}", t.name);
+            if t.name == "restart" {
+                assert_eq!(a.and_then(|a| a.destructive_hint), Some(true));
+            }
+        }
     }
 
     #[test]

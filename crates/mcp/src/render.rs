@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use base64::Engine;
-use cellhost_sessions::cell::{CellResult, CellStatus, MimeBundle};
+use cellhost_sessions::cell::{CellResult, MimeBundle};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::Value;
 
@@ -23,6 +23,14 @@ const IMAGE_TYPES: [&str; 2] = ["image/png", "image/jpeg"];
 pub const DEFAULT_IMAGE_BUDGET: u64 = 256 * 1024;
 
 /// The whole tool result of one cell, images within [`DEFAULT_IMAGE_BUDGET`].
+///
+/// A cell that ran is a *successful* tool call whatever its status — an
+/// exception in the user's code, a timeout, an interrupt or a crash is
+/// the cell's outcome, said by `status` (first line of the text and in
+/// the structured content), not a failure of the tool: clients treat
+/// `isError` as "the tool did not work" (pydantic-ai spends a model retry
+/// on it). Tool failures (bad arguments, a busy session, a kernel that
+/// cannot start) stay `isError` with their code.
 pub fn cell_result(r: &CellResult) -> CallToolResult {
     cell_result_with(r, DEFAULT_IMAGE_BUDGET)
 }
@@ -41,11 +49,7 @@ pub fn cell_result_with(r: &CellResult, image_budget: u64) -> CallToolResult {
     }
     let mut content = vec![ContentBlock::text(text(r, &image_notes))];
     content.extend(images);
-    let mut out = if r.status == CellStatus::Ok {
-        CallToolResult::success(content)
-    } else {
-        CallToolResult::error(content)
-    };
+    let mut out = CallToolResult::success(content);
     out.structured_content = serde_json::to_value(r).ok();
     out
 }
@@ -285,7 +289,7 @@ fn section(s: &mut String, name: &str, body: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cellhost_sessions::cell::{CellError, KernelRef, Truncation};
+    use cellhost_sessions::cell::{CellError, CellStatus, KernelRef, Truncation};
 
     fn result() -> CellResult {
         CellResult {
@@ -374,7 +378,8 @@ mod tests {
             "{t}"
         );
         let call = cell_result(&r);
-        assert_eq!(call.is_error, Some(true));
+        // An exception in the cell is the cell's outcome, not a tool failure.
+        assert_ne!(call.is_error, Some(true));
         let sc = call.structured_content.expect("structured");
         assert_eq!(sc["status"], "error");
         assert_eq!(sc["truncated"]["stdout"]["total_bytes"], 200_000);

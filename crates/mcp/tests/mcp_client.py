@@ -30,6 +30,47 @@ def text_of(result):
     return "\n".join(c.text for c in result.content if c.type == "text")
 
 
+def has_null(schema):
+    if isinstance(schema, dict):
+        t = schema.get("type")
+        if t == "null" or (isinstance(t, list) and "null" in t) or "nullable" in schema:
+            return True
+        return any(has_null(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(has_null(v) for v in schema)
+    return False
+
+
+def fit_tools(tools):
+    """Every tool: an outputSchema, annotations, no null unions."""
+    by = {t.name: t for t in tools}
+    check("every tool has an outputSchema", all(t.output_schema for t in tools),
+          [t.name for t in tools if not t.output_schema])
+    check("every tool has annotations", all(t.annotations for t in tools),
+          [t.name for t in tools if not t.annotations])
+    check("no null unions in schemas",
+          not any(has_null(t.input_schema) or has_null(t.output_schema) for t in tools),
+          [t.name for t in tools if has_null(t.input_schema) or has_null(t.output_schema)])
+    ro = {n: by[n].annotations.read_only_hint for n in ("list_variables", "list_sessions", "read_output")}
+    check("read-only hints", all(ro.values()), ro)
+    check("restart is destructive", by["restart"].annotations.destructive_hint is True, by["restart"].annotations)
+    check("execute_code is not read-only", by["execute_code"].annotations.read_only_hint is False,
+          by["execute_code"].annotations)
+
+
+async def persist(url):
+    """--persist URL: two MCP connections one after the other (the way
+    LangChain's adapter and CLI clients call tools) share the caller's sessions."""
+    async with Client(url, read_timeout_seconds=120) as client:
+        r = await client.call_tool("execute_code", {"code": "kept = 'across connections'"})
+        check("persist: first connection ran", text_of(r).startswith("status: ok"), text_of(r))
+    async with Client(url, read_timeout_seconds=120) as client:
+        r = await client.call_tool("execute_code", {"code": "kept"})
+        check("persist: a second connection sees the state", "'across connections'" in text_of(r), text_of(r))
+        s = await client.call_tool("list_sessions", {})
+        check("persist: the session is listed", "default" in text_of(s), text_of(s))
+
+
 async def run(command, args):
     if command.startswith("http://") or command.startswith("https://"):
         server = command
@@ -40,6 +81,7 @@ async def run(command, args):
         names = {t.name for t in tools.tools}
         want = {"execute_code", "interrupt", "restart", "list_variables", "read_output", "list_sessions", "run_notebook"}
         check("tools listed", want <= names, f"got {sorted(names)}")
+        fit_tools(tools.tools)
         ex = next(t for t in tools.tools if t.name == "execute_code")
         check(
             "execute_code description states limits",
@@ -100,7 +142,12 @@ async def run(command, args):
         # --- an error -------------------------------------------------------------
         r = await run_cell("df['no_such_column']")
         t = text_of(r)
-        check("error reported", r.is_error and t.startswith("status: error") and "KeyError" in t, t)
+        # An exception in the cell is a successful tool call saying status: error
+        # (the SDK validated its structured content against the outputSchema).
+        check("error reported", not r.is_error and t.startswith("status: error") and "KeyError" in t, t)
+        err = (r.structured_content or {}).get("error") or {}
+        check("error structured", r.structured_content.get("status") == "error" and err.get("ename") == "KeyError",
+              r.structured_content)
 
         # --- cancellation interrupts a sleeping cell; variables survive ---------
         await run_cell("survivor = 42")
@@ -326,6 +373,13 @@ async def matrix(command, args):
 
 
 def main():
+    if sys.argv[1] == "--persist":
+        anyio.run(persist, sys.argv[2])
+        if FAILURES:
+            print(f"{len(FAILURES)} checks failed: {FAILURES}", flush=True)
+            sys.exit(1)
+        print("all checks passed", flush=True)
+        return
     if sys.argv[1] == "--matrix":
         anyio.run(matrix, sys.argv[2], sys.argv[3:])
         if FAILURES:

@@ -14,10 +14,12 @@
 //! and passes without running.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cellhost_mcp::SessionScope;
 use cellhost_sessions::cell::KernelConfig;
 use cellhost_sessions::{Registry, RegistryConfig};
 
@@ -118,39 +120,8 @@ fn python_sdk_client_over_streamable_http() {
         return;
     }
     let state = tempfile::tempdir().expect("tempdir");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (registry, url) = rt.block_on(async {
-        let mut cfg = KernelConfig::new(py.clone(), state.path().join("sessions"));
-        // The kernel init is a hidden subcommand of a binary that handles it.
-        cfg.launcher = Some(PathBuf::from(env!("CARGO_BIN_EXE_cellhost-mcp-test")));
-        let mut rc = RegistryConfig::new(state.path(), cfg);
-        rc.pool_size = 1;
-        let registry = Registry::start(rc, None).await.expect("registry");
-        // Stands in for the HTTP layer's authentication: the caller comes
-        // from a header here, from a bearer token in `cellhost serve`.
-        let app = cellhost_mcp::http_router(registry.clone()).layer(axum::middleware::from_fn(
-            |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
-                let caller = req
-                    .headers()
-                    .get("x-test-caller")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("anonymous")
-                    .to_string();
-                req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
-                next.run(req).await
-            },
-        ));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        (registry, format!("http://127.0.0.1:{}/mcp", addr.port()))
-    });
+    let rt = runtime();
+    let (registry, url) = rt.block_on(serve_http(&py, state.path(), SessionScope::Connection));
     let client = std::thread::spawn({
         let py = py.clone();
         move || {
@@ -173,6 +144,76 @@ fn python_sdk_client_over_streamable_http() {
         std::panic::resume_unwind(panic);
     }
     assert_eq!(live, 0, "kernels of a closed MCP session are still alive");
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A registry and the MCP endpoint over it on a loopback port, the
+/// caller taken from an `x-test-caller` header (standing in for the HTTP
+/// layer's bearer tokens); returns the registry and the endpoint's URL.
+async fn serve_http(py: &Path, state: &Path, scope: SessionScope) -> (Arc<Registry>, String) {
+    let mut cfg = KernelConfig::new(py.to_path_buf(), state.join("sessions"));
+    // The kernel init is a hidden subcommand of a binary that handles it.
+    cfg.launcher = Some(PathBuf::from(env!("CARGO_BIN_EXE_cellhost-mcp-test")));
+    let mut rc = RegistryConfig::new(state, cfg);
+    rc.pool_size = 1;
+    let registry = Registry::start(rc, None).await.expect("registry");
+    let app = cellhost_mcp::http_router_scoped(registry.clone(), Default::default(), scope).layer(
+        axum::middleware::from_fn(
+            |mut req: axum::extract::Request, next: axum::middleware::Next| async move {
+                let caller = req
+                    .headers()
+                    .get("x-test-caller")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("anonymous")
+                    .to_string();
+                req.extensions_mut().insert(cellhost_mcp::HttpCaller(caller));
+                next.run(req).await
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (registry, format!("http://127.0.0.1:{}/mcp", addr.port()))
+}
+
+/// `SessionScope::Caller`: two MCP connections of one caller, one after
+/// the other, share its sessions (the state of the first is there in the
+/// second), and closing a connection does not end them.
+#[test]
+fn python_sdk_sessions_kept_across_connections_for_a_caller() {
+    let py = python();
+    if !have_packages(&py) {
+        return;
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let rt = runtime();
+    let (registry, url) = rt.block_on(serve_http(&py, state.path(), SessionScope::Caller));
+    let client = std::thread::spawn({
+        let py = py.clone();
+        move || run_client(&py, &["--persist", &url])
+    });
+    let joined = client.join();
+    let live = registry.stats().live;
+    rt.block_on(registry.shutdown());
+    let out = match joined {
+        Ok(o) => o,
+        Err(panic) => std::panic::resume_unwind(panic),
+    };
+    assert!(
+        out.contains("ok persist: a second connection sees the state"),
+        "{out}"
+    );
+    assert_eq!(live, 1, "the caller's kernel ended with its MCP connection");
 }
 
 /// Runs tests/mcp_client.py with `args` and fails with its output unless

@@ -1,0 +1,32 @@
+"""cellhost: persistent Python kernels for agents, from Python.
+
+>>> from cellhost import Session
+>>> with Session() as s:
+...     s.run("x = 6 * 7")
+...     print(s.run("x").value)
+42
+
+:class:`Session` starts a private ``cellhost serve`` (the binary this
+wheel installed) on a loopback port with a random token and talks to it
+over the HTTP API; :class:`AsyncSession` is the asyncio form;
+:mod:`cellhost.e2b` an E2B-compatible facade.
+"""
+
+from .errors import (
+    CellhostError,
+    HostError,
+    InvalidRequest,
+    KernelFailed,
+    NotSupported,
+    SandboxError,
+    SessionBusy,
+    SessionNotFound,
+    Unavailable,
+)
+from .result import CellError, Image, Result
+from .session import AsyncSession, Session, Submitted
+
+__all__ = [
+    "AsyncSession", "CellError", "CellhostError", "HostError", "Image", "InvalidRequest", "KernelFailed",
+    "NotSupported", "Result", "SandboxError", "Session", "SessionBusy", "SessionNotFound", "Submitted", "Unavailable",
+]
