@@ -356,7 +356,30 @@ pub fn to_outputs(
             text: r.stderr.clone(),
         });
     }
+    // The result goes where it was shown: before the displays flushed at
+    // the cell's end (`result_index`, as with Jupyter's inline backend),
+    // else after every display.
+    let result_at = r.result_index.unwrap_or(r.displays.len()).min(r.displays.len());
+    let mut result = r.result.as_ref().map(|res| {
+        let data = embed(
+            res,
+            files_dir,
+            &format!("cell{cell_no}-result"),
+            figures,
+            observer,
+        );
+        Output::ExecuteResult {
+            execution_count: r.execution_count,
+            data,
+            metadata: Map::new(),
+        }
+    });
     for (n, d) in r.displays.iter().enumerate() {
+        if n == result_at
+            && let Some(res) = result.take()
+        {
+            out.push(res);
+        }
         let data = embed(
             &d.data,
             files_dir,
@@ -369,19 +392,8 @@ pub fn to_outputs(
             metadata: d.metadata.clone(),
         });
     }
-    if let Some(res) = &r.result {
-        let data = embed(
-            res,
-            files_dir,
-            &format!("cell{cell_no}-result"),
-            figures,
-            observer,
-        );
-        out.push(Output::ExecuteResult {
-            execution_count: r.execution_count,
-            data,
-            metadata: Map::new(),
-        });
+    if let Some(res) = result {
+        out.push(res);
     }
     if matches!(r.status, CellStatus::Timeout | CellStatus::Interrupted) {
         // Say why the cell stopped (not just the KeyboardInterrupt the
