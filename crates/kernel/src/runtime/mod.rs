@@ -5,8 +5,9 @@
 //! prepares once per interpreter, its hints for errors, and whether
 //! templates (fork servers) apply. The worker it starts speaks protocol v1
 //! on its control socket and renders its own results (MIME bundles), so
-//! the host side needs nothing else. [`python::PythonRuntime`] is the first
-//! implementation; another language is another file here.
+//! the host side needs nothing else. [`python::PythonRuntime`] and
+//! [`r::RRuntime`] are the implementations; another language is another
+//! file here plus a line in [`for_language`].
 
 use std::ffi::OsString;
 use std::fmt;
@@ -14,15 +15,32 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::error::KernelError;
 use crate::result::{CellError, CellResult};
 
 pub mod python;
+pub mod r;
 
 /// The runtime of a [`KernelConfig`](crate::KernelConfig) that names none:
 /// [`python::PythonRuntime`].
 pub fn default_runtime() -> Arc<dyn WorkerRuntime> {
     Arc::new(python::PythonRuntime)
 }
+
+/// The runtime of the language named `name` (case-insensitive: `python`,
+/// `py`, `python3`; `r`), or `None` when no runtime speaks it. Surfaces
+/// look a language up here and nowhere else, so a language is added in
+/// this module only.
+pub fn for_language(name: &str) -> Option<Arc<dyn WorkerRuntime>> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "python" | "py" | "python3" | "ipython" => Some(Arc::new(python::PythonRuntime)),
+        "r" => Some(Arc::new(r::RRuntime)),
+        _ => None,
+    }
+}
+
+/// The canonical names [`for_language`] knows, for error messages.
+pub const LANGUAGES: &[&str] = &["python", "r"];
 
 /// What a language needs from the host.
 ///
@@ -35,8 +53,17 @@ pub fn default_runtime() -> Arc<dyn WorkerRuntime> {
 /// before anything else and answer with `ready` (protocol v1); the host
 /// never puts configuration in its arguments or environment.
 pub trait WorkerRuntime: Send + Sync + 'static {
-    /// Short name of the language (`python`), for logs and errors.
+    /// Short name of the language (`python`, `r`), for logs, errors and
+    /// session keys; [`for_language`] of it gives this runtime back.
     fn name(&self) -> &'static str;
+
+    /// The interpreter to run: `explicit` (a path, or a bare name looked
+    /// up on `PATH`) made absolute, or the language's default found on
+    /// `PATH` when `None`.
+    ///
+    /// # Errors
+    /// [`KernelError::Spawn`] when no interpreter can be found.
+    fn resolve_interpreter(&self, explicit: Option<&Path>) -> Result<PathBuf, KernelError>;
 
     /// The directory of the worker's boot files, written on first use.
     ///
@@ -90,5 +117,21 @@ pub trait WorkerRuntime: Send + Sync + 'static {
 impl fmt::Debug for dyn WorkerRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn languages_are_looked_up_by_name() {
+        assert_eq!(for_language("Python").map(|r| r.name()), Some("python"));
+        assert_eq!(for_language("R").map(|r| r.name()), Some("r"));
+        assert_eq!(for_language(" r ").map(|r| r.name()), Some("r"));
+        assert!(for_language("julia").is_none());
+        for name in LANGUAGES {
+            assert_eq!(for_language(name).map(|r| r.name()), Some(*name));
+        }
     }
 }
