@@ -488,6 +488,12 @@ local({
     }
   }
 
+  # Fontconfig (under the PNG device) needs a writable cache directory; a
+  # sandboxed kernel's home is not writable: then R's session temp dir.
+  cache <- Sys.getenv("XDG_CACHE_HOME", file.path(Sys.getenv("HOME", "/nonexistent"), ".cache"))
+  if (!nzchar(cache) || !isTRUE(file.access(if (dir.exists(cache)) cache else dirname(cache), 2L) == 0L)) {
+    Sys.setenv(XDG_CACHE_HOME = file.path(tempdir(), "cache"))
+  }
   config <- read_config()
   tool_names <- vapply(config$tools, as.character, "")
   register_api()

@@ -100,8 +100,8 @@ pub struct Notebook {
 
 impl Notebook {
     /// Loads a notebook, choosing the format by extension (case-insensitive):
-    /// `.ipynb` is a Jupyter notebook, which must be nbformat 4; `.py` is a
-    /// percent-format script. Every error names the file.
+    /// `.ipynb` is a Jupyter notebook, which must be nbformat 4; `.py` and
+    /// `.R` are percent-format scripts. Every error names the file.
     pub fn load(path: &Path) -> Result<(Notebook, InputKind), NotebookError> {
         let ext = path
             .extension()
@@ -109,7 +109,7 @@ impl Notebook {
             .map(str::to_ascii_lowercase);
         let kind = match ext.as_deref() {
             Some("ipynb") => InputKind::Ipynb,
-            Some("py") => InputKind::Percent,
+            Some("py" | "r") => InputKind::Percent,
             _ => {
                 return Err(NotebookError::UnsupportedExtension {
                     path: path.to_path_buf(),
@@ -357,6 +357,21 @@ impl Notebook {
 
     fn cells_mut(&mut self) -> Option<&mut Vec<Value>> {
         self.root.get_mut("cells").and_then(Value::as_array_mut)
+    }
+
+    /// The language the notebook names: `metadata.kernelspec.language`,
+    /// else `metadata.language_info.name`, else the kernelspec's `name`
+    /// (`ir` is R's kernel), as written (e.g. `R`, `python`); `None` when it
+    /// names none.
+    pub fn language(&self) -> Option<String> {
+        let md = self.root.get("metadata")?;
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+        text(md.pointer("/kernelspec/language"))
+            .or_else(|| text(md.pointer("/language_info/name")))
+            .or_else(|| match md.pointer("/kernelspec/name").and_then(Value::as_str) {
+                Some("ir") => Some("R".to_string()),
+                other => other.map(str::to_string),
+            })
     }
 
     fn metadata_mut(&mut self) -> Option<&mut Map<String, Value>> {
