@@ -319,7 +319,7 @@ async fn r_children_are_captured_and_killed_with_the_tree() {
         .iter()
         .map(|p| p.pid)
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0300"))
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x00300"))
         })
         .collect();
     assert_eq!(sleeps.len(), 1, "the background sleep runs under the kernel");
