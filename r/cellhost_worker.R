@@ -439,7 +439,9 @@ local({
     }
     info$exports <- exports
     info$imports <- list(base = TRUE)
-    info$path <- tempdir()
+    # find.package() reads a DESCRIPTION under every loaded namespace's
+    # path: base's keeps help() and friends quiet.
+    info$path <- system.file(package = "base")
     info$dynlibs <- character(0)
     info$S3methods <- matrix(character(0), ncol = 4L)
     info$lazydata <- new.env(parent = baseenv())
@@ -503,6 +505,15 @@ local({
   replace_base("menu", no_input("menu()"),
                list(asNamespace("utils"), as.environment("package:utils")))
   options(device = open_device, warn = 0L)
+  # IRdisplay (display_html(), display_png(), ...) publishes through this
+  # option: its bundles become display frames.
+  options(jupyter.base_display_func = function(data, metadata = NULL) {
+    if (is.null(current) || !is.list(data) || length(data) == 0L) return(invisible(NULL))
+    data <- lapply(data, function(v) if (is.raw(v)) gsub("[\r\n]", "", jsonlite::base64_enc(v)) else paste(as.character(v), collapse = "\n"))
+    md <- if (is.list(metadata) && length(metadata) > 0L) metadata else structure(list(), names = character(0))
+    send(list(type = "display", id = current, data = data, metadata = md))
+    invisible(NULL)
+  })
   send(list(type = "ready", pid = Sys.getpid(), python = R.version.string,
             executable = file.path(R.home("bin"), "R"), protocol = PROTOCOL))
   repeat {

@@ -435,3 +435,16 @@ async fn r_sandboxed_kernel_runs_and_cannot_write_outside() {
     }
     k.kill().await;
 }
+
+#[tokio::test]
+async fn r_irdisplay_bundles_and_cellhost_display_become_displays() {
+    let Some(mut f) = fixture() else { return };
+    let r = f
+        .run("getOption('jupyter.base_display_func')(list('text/html' = '<b>x</b>', 'text/plain' = 'x'))\ncellhost::display(1:3)\ninvisible()")
+        .await;
+    assert_ok(&r);
+    assert_eq!(r.displays.len(), 2, "{:#?}", r.displays);
+    assert_eq!(r.displays[0].data["text/html"], "<b>x</b>");
+    assert_eq!(r.displays[1].data["text/plain"], "[1] 1 2 3");
+    f.session.shutdown().await;
+}
