@@ -48,6 +48,21 @@ if command -v npm >/dev/null 2>&1 && [[ -z "${CELLHOST_TEST_NPM_DIR:-}" ]]; then
     export CELLHOST_TEST_NPM_DIR="$NPM_DIR"
 fi
 
+# The R kernel tests (crates/kernel/tests/r_kernel.rs) need R with jsonlite,
+# plus lattice and ggplot2 for the plot cases; they skip, saying why, only
+# where R cannot be installed.
+if ! command -v R >/dev/null 2>&1 || ! R --no-echo -e 'quit(status = !requireNamespace("jsonlite", quietly = TRUE))' >/dev/null 2>&1; then
+    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        say "apt-get install r-base-core r-cran-jsonlite (for the R kernel tests)"
+        export DEBIAN_FRONTEND=noninteractive
+        R_PKGS=(r-base-core r-cran-jsonlite r-cran-lattice r-cran-ggplot2)
+        { apt-get install -y -qq "${R_PKGS[@]}" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "${R_PKGS[@]}" >/dev/null; }; } \
+            || echo "test: R could not be installed; the R kernel tests are skipped" >&2
+    else
+        echo "test: R (with jsonlite) is missing and cannot be installed here; the R kernel tests are skipped" >&2
+    fi
+fi
+
 say "cargo test --workspace --all-targets (CELLHOST_TEST_PYTHON=$PY)"
 LOCKED=()
 [[ -f "$ROOT/Cargo.lock" ]] && LOCKED=(--locked)

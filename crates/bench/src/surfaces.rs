@@ -82,6 +82,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 sandbox: None,
                 cwd: base.canonicalize().ok(),
                 env: Vec::new(),
+                language: None,
             })
             .await
             .map_err(s)?;

@@ -166,6 +166,8 @@ async fn self_test(args: &DoctorArgs) -> Result<Report, String> {
 async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Report, String> {
     let kargs = crate::KernelArgs {
         python: args.python.clone(),
+        language: None,
+        r: None,
         sandbox: None,
         env: Vec::new(),
         secret_env: Vec::new(),

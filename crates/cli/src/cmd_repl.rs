@@ -164,8 +164,14 @@ pub fn run(args: ReplArgs) -> u8 {
     {
         let k = &kernel;
         let v = k.info().python_version.lines().next().unwrap_or("").to_string();
+        // R's version string names the language itself ("R version 4.2.2 …").
+        let v = if v.starts_with("R ") {
+            v
+        } else {
+            format!("Python {v}")
+        };
         println!(
-            "cellhost repl — Python {v} ({}). Ctrl-C interrupts, Ctrl-D quits.",
+            "cellhost repl — {v} ({}). Ctrl-C interrupts, Ctrl-D quits.",
             k.info().python.display()
         );
     }

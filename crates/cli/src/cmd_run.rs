@@ -84,6 +84,22 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
+    let mut args = args;
+    // The language: --language, else R for a `.R` script, else the
+    // notebook's (kernelspec `ir`, language_info.name `R`).
+    if args.kernel.language.is_none() {
+        let is_r_script = args
+            .input
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("r"));
+        args.kernel.language = if is_r_script {
+            Some("r".to_string())
+        } else {
+            nb.language()
+                .filter(|l| cellhost_kernel::for_language(l).is_some())
+        };
+    }
     let deadline = match common::parse_timeout(args.timeout) {
         Ok(t) => t,
         Err(e) => {

@@ -61,9 +61,31 @@ pub fn exec(
 ) -> u8 {
     // An explicit interpreter is resolved here (the daemon may run in
     // another directory and with another PATH).
-    let python = match &kernel.python {
+    let language = kernel.language.clone();
+    let worker_runtime = match &language {
         None => None,
-        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
+        Some(name) => match cellhost_kernel::for_language(name) {
+            Some(r) => Some(r),
+            None => {
+                let known = cellhost_kernel::runtime::LANGUAGES.join(", ");
+                return error_code(
+                    &format!("--language {name}: unknown language (known: {known})"),
+                    true,
+                );
+            }
+        },
+    };
+    let explicit = match worker_runtime.as_ref().map(|r| r.name()) {
+        Some(lang) if lang != "python" => kernel.r.clone().filter(|_| lang == "r"),
+        _ => kernel.python.clone(),
+    };
+    let python = match (&explicit, &worker_runtime) {
+        (None, _) => None,
+        (Some(p), Some(rt)) if rt.name() != "python" => match rt.resolve_interpreter(Some(p)) {
+            Ok(p) => Some(p),
+            Err(e) => return error_code(&e.to_string(), true),
+        },
+        (Some(p), _) => match cellhost_kernel::resolve_python(Some(p)) {
             Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
             Err(e) => return error_code(&e.to_string(), true),
         },
@@ -91,6 +113,7 @@ pub fn exec(
             live: !json,
             queue,
             python,
+            language,
             sandbox: kernel.sandbox.map(|m| m.to_string()),
             cwd,
             env,

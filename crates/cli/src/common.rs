@@ -111,10 +111,36 @@ pub fn parse_timeout(secs: Option<f64>) -> Result<cellhost_sessions::Deadline, S
     cellhost_sessions::Deadline::from_secs(secs).map_err(|e| format!("--timeout: {e}"))
 }
 
+/// The interpreter a command names for `language` (other than Python's):
+/// `--r` or config `r` for R.
+pub fn interpreter_arg(
+    args: &KernelArgs,
+    config: &cellhost_sessions::Config,
+    language: &str,
+) -> Option<PathBuf> {
+    match language {
+        "r" => args.r.clone().or_else(|| config.r()),
+        _ => None,
+    }
+}
+
 /// The kernel configuration for a CLI session.
 pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<KernelConfig, KernelError> {
     let config = config().map_err(KernelError::InvalidRequest)?;
-    let python = resolve_python(args.python.as_deref().or(config.python().as_deref()))?;
+    let runtime = match &args.language {
+        Some(name) => cellhost_kernel::for_language(name).ok_or_else(|| {
+            KernelError::InvalidRequest(format!(
+                "--language {name}: unknown language (known: {})",
+                cellhost_kernel::runtime::LANGUAGES.join(", ")
+            ))
+        })?,
+        None => cellhost_kernel::runtime::default_runtime(),
+    };
+    let python = if runtime.name() == "python" {
+        resolve_python(args.python.as_deref().or(config.python().as_deref()))?
+    } else {
+        runtime.resolve_interpreter(interpreter_arg(args, &config, runtime.name()).as_deref())?
+    };
     if !python.exists() {
         return Err(KernelError::Spawn {
             python: python.display().to_string(),
@@ -122,6 +148,7 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
         });
     }
     let mut cfg = KernelConfig::new(python, dir);
+    cfg.runtime = runtime;
     config.apply_to_kernel(&mut cfg);
     // The host's control plane stays out of every kernel's view, even when
     // the kernel's workdir holds it: the state directory (journal, tokens,
@@ -220,6 +247,9 @@ async fn start_registry_with(
     };
     let mut rc = RegistryConfig::new(state_dir(), template);
     config.apply_to_registry(&mut rc);
+    if let Some(r) = config.r() {
+        rc.interpreters.insert("r".into(), r);
+    }
     if let Some(n) = pool_size {
         rc.pool_size = n;
     }

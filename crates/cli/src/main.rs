@@ -92,6 +92,14 @@ pub struct KernelArgs {
     /// resolved to its real executable.
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
+    /// Language of the kernel: `python` (default) or `r`. With
+    /// `--session`, the session keeps the language it was created with.
+    #[arg(long, value_name = "NAME")]
+    pub language: Option<String>,
+    /// R interpreter for `--language r` (default: config `r`, else `R` on
+    /// PATH).
+    #[arg(long = "r", value_name = "PATH")]
+    pub r: Option<PathBuf>,
     /// Sandbox mode: `off`, `auto` (default: apply what this machine
     /// supports, report the rest) or `enforce` (refuse to start a kernel
     /// when a layer is missing).

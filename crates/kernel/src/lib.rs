@@ -59,8 +59,9 @@ pub use kernel::{
 };
 pub use lineage::Lineage;
 pub use result::*;
-pub use runtime::WorkerRuntime;
 pub use runtime::python::{PythonRuntime, files as worker_files, resolve_python};
+pub use runtime::r::{RRuntime, resolve_r};
+pub use runtime::{WorkerRuntime, for_language};
 pub use session::Session;
 pub use template::{Template, TemplateInfo};
 pub use tools::{ToolCall, ToolCallRecord, ToolFuture, ToolHost};

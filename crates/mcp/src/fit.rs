@@ -272,12 +272,75 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
             },
             "required": ["sessions"]
         }),
+        "write_file" => schema_of::<cellhost_sessions::requests::FileWritten>(),
+        "list_files" => schema_of::<cellhost_sessions::requests::FileListing>(),
+        "submit_code" => schema_of::<cellhost_sessions::requests::Submitted>(),
+        "get_cell" => schema_of::<cellhost_sessions::detached::CellSnapshot>(),
+        "cancel_cell" => schema_of::<cellhost_sessions::requests::CellCancelled>(),
+        "read_file" => json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "Relative to the session's working directory."},
+                "size": {"type": "integer", "minimum": 0, "description": "The whole file's size in bytes."},
+                "offset": {"type": "integer", "minimum": 0},
+                "length": {"type": "integer", "minimum": 0, "description": "Bytes in this answer."},
+                "mtime_ms": {"type": "integer", "description": "Last modification, ms since the Unix epoch."},
+                "next_offset": {"type": "integer", "minimum": 0, "description": "Where the next part starts; absent at the end."},
+                "encoding": {"type": "string", "enum": ["text", "base64"]},
+                "text": {"type": "string", "description": "The bytes as UTF-8 text (encoding text)."},
+                "base64": {"type": "string", "description": "The bytes, base64 (encoding base64)."}
+            },
+            "required": ["path", "size", "offset", "length", "encoding"]
+        }),
+        "run_notebook" => json!({
+            "type": "object",
+            "properties": {
+                "total": {"type": "integer", "minimum": 0, "description": "Code cells in the notebook."},
+                "ran": {"type": "integer", "minimum": 0, "description": "Code cells that ran."},
+                "stop": {
+                    "type": "object",
+                    "description": "Why the run stopped early; absent when every cell ran.",
+                    "properties": {
+                        "reason": {"type": "string"},
+                        "cell": {"type": "integer", "minimum": 0},
+                        "message": {"type": "string"},
+                        "status": {"type": "string"}
+                    },
+                    "required": ["reason", "message"],
+                    "additionalProperties": true
+                },
+                "notebook": {"type": "object", "description": "The executed notebook (nbformat 4)."},
+                "output_path": {"type": "string", "description": "Where the executed notebook was written."}
+            },
+            "required": ["total", "ran", "notebook"]
+        }),
         _ => return None,
     };
     match schema {
         Value::Object(m) => Some(m),
         _ => None,
     }
+}
+
+/// The portable schema of a type with a `ToSchema` derive (the HTTP API's
+/// own), its components in `$defs`.
+fn schema_of<T: utoipa::ToSchema>() -> Value {
+    use utoipa::PartialSchema;
+    let mut parts = Vec::new();
+    <T as utoipa::ToSchema>::schemas(&mut parts);
+    let mut defs = Map::new();
+    for (name, s) in parts {
+        defs.insert(name, serde_json::to_value(s).unwrap_or(Value::Null));
+    }
+    let mut top = serde_json::to_value(<T as PartialSchema>::schema()).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut top
+        && !defs.is_empty()
+    {
+        m.insert("$defs".into(), Value::Object(defs));
+    }
+    rewrite_refs(&mut top);
+    portable(&mut top);
+    top
 }
 
 /// The JSON Schema of a cell's result, from the same `ToSchema` derive
@@ -289,21 +352,7 @@ fn cell_result_schema() -> Value {
 }
 
 fn build_cell_result_schema() -> Value {
-    use cellhost_sessions::cell::CellResult;
-    use utoipa::{PartialSchema, ToSchema};
-    let mut parts = Vec::new();
-    <CellResult as ToSchema>::schemas(&mut parts);
-    let mut defs = Map::new();
-    for (name, s) in parts {
-        defs.insert(name, serde_json::to_value(s).unwrap_or(Value::Null));
-    }
-    let mut top = serde_json::to_value(<CellResult as PartialSchema>::schema()).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut top {
-        m.insert("$defs".into(), Value::Object(defs));
-    }
-    rewrite_refs(&mut top);
-    portable(&mut top);
-    top
+    schema_of::<cellhost_sessions::cell::CellResult>()
 }
 
 fn rewrite_refs(v: &mut Value) {
@@ -333,6 +382,13 @@ pub fn annotations(tool: &str) -> Option<ToolAnnotations> {
         "list_variables" => ("List variables", true, false, true),
         "read_output" => ("Read a cell's full output", true, false, true),
         "list_sessions" => ("List sessions", true, false, true),
+        "write_file" => ("Write a file into the session", false, true, true),
+        "read_file" => ("Read a file of the session", true, false, true),
+        "list_files" => ("List the session's files", true, false, true),
+        "submit_code" => ("Run code in the background", false, false, false),
+        "get_cell" => ("Status of a submitted cell", true, false, true),
+        "cancel_cell" => ("Cancel a submitted cell", false, false, true),
+        "run_notebook" => ("Run a notebook", false, false, false),
         _ => return None,
     };
     let mut a = ToolAnnotations::with_title(title)

@@ -208,7 +208,7 @@ impl std::fmt::Debug for CellhostMcp {
 /// Parameters of `execute_code`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct ExecuteCodeParams {
-    /// Python source of one cell. Top-level `await` works; the value of the
+    /// Source of one cell (Python; R with `language: "r"`). Top-level `await` works in Python; the value of the
     /// last expression is returned (a trailing `;` hides it).
     pub code: String,
     /// Session name (default "default"). Each session is its own namespace
@@ -228,6 +228,11 @@ pub struct ExecuteCodeParams {
     /// before running the code.
     #[serde(default)]
     pub reset: Option<bool>,
+    /// Language of the code: "python" (default) or "r". A session keeps the
+    /// language it was created with; naming another is an error
+    /// (`bad_request`). Omitted: the session's language.
+    #[serde(default)]
+    pub language: Option<String>,
 }
 
 /// Parameters naming a session.
@@ -473,16 +478,20 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         // cancelled call (its handler is dropped at the cancellation): this
         // call then waits behind that cell instead of being refused.
         let after_cancel = _turn.is_some() && turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst);
+        let spec = SessionSpec {
+            language: p.language.clone(),
+            ..self.spec(&session)
+        };
         if p.reset == Some(true) {
             let fresh = RestartRequest {
-                session: self.spec(&session),
+                session: spec.clone(),
             };
             if let Err(e) = fresh.execute(&self.inner.registry).await {
                 return Ok(request_tool_error("status: failed to reset the kernel", &e));
             }
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut req = ExecuteRequest::new(self.spec(&session), p.code, Origin::new("mcp"));
+        let mut req = ExecuteRequest::new(spec, p.code, Origin::new("mcp"));
         req.deadline = deadline;
         req.queue = queue || after_cancel;
         req.live = Some(tx);

@@ -104,8 +104,8 @@ pub struct Notebook {
 
 impl Notebook {
     /// Loads a notebook, choosing the format by extension (case-insensitive):
-    /// `.ipynb` is a Jupyter notebook, which must be nbformat 4; `.py` is a
-    /// percent-format script. Every error names the file.
+    /// `.ipynb` is a Jupyter notebook, which must be nbformat 4; `.py` and
+    /// `.R` are percent-format scripts. Every error names the file.
     pub fn load(path: &Path) -> Result<(Notebook, InputKind), NotebookError> {
         let ext = path
             .extension()
@@ -113,7 +113,7 @@ impl Notebook {
             .map(str::to_ascii_lowercase);
         let kind = match ext.as_deref() {
             Some("ipynb") => InputKind::Ipynb,
-            Some("py") => InputKind::Percent,
+            Some("py" | "r") => InputKind::Percent,
             _ => {
                 return Err(NotebookError::UnsupportedExtension {
                     path: path.to_path_buf(),
@@ -320,18 +320,28 @@ impl Notebook {
     }
 
     /// The notebook's language as Jupyter reads it:
-    /// `metadata.kernelspec.language`, else `metadata.language_info.name`
-    /// (trimmed, lower-cased); `None` when the notebook names neither.
+    /// `metadata.kernelspec.language`, else `metadata.language_info.name`,
+    /// else what the kernelspec's `name` says (`ir` is IRkernel: `r`;
+    /// `python3`/`python2`: `python`) — trimmed, lower-cased; `None` when
+    /// the notebook names none of them.
     pub fn language(&self) -> Option<String> {
         let meta = self.root.get("metadata")?;
+        let by_kernel = meta
+            .pointer("/kernelspec/name")
+            .and_then(Value::as_str)
+            .and_then(|n| match n.trim().to_ascii_lowercase().as_str() {
+                "ir" => Some(Value::String("r".into())),
+                n if n.starts_with("python") => Some(Value::String("python".into())),
+                _ => None,
+            });
         [
-            meta.get("kernelspec").and_then(|k| k.get("language")),
-            meta.get("language_info").and_then(|l| l.get("name")),
+            meta.get("kernelspec").and_then(|k| k.get("language")).cloned(),
+            meta.get("language_info").and_then(|l| l.get("name")).cloned(),
+            by_kernel,
         ]
         .into_iter()
         .flatten()
-        .filter_map(Value::as_str)
-        .map(|s| s.trim().to_ascii_lowercase())
+        .filter_map(|v| v.as_str().map(|s| s.trim().to_ascii_lowercase()))
         .find(|s| !s.is_empty())
     }
 

@@ -80,6 +80,11 @@ pub enum Request {
         /// is keyed by it, as by the sandbox mode.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         python: Option<PathBuf>,
+        /// Language of the session (`python`, `r`; default: the live
+        /// session's, else the daemon's); a session keeps the language it
+        /// was created with (another one is refused with `bad_request`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        language: Option<String>,
         /// Sandbox mode of the session (`off`, `auto`, `enforce`; default:
         /// the daemon's). Never below the daemon's own mode: a weaker one is
         /// refused with code `sandbox_below_floor`.
@@ -581,6 +586,7 @@ async fn handle(
             live,
             queue,
             python,
+            language,
             sandbox,
             cwd,
             env,
@@ -610,6 +616,7 @@ async fn handle(
                 owner,
                 session,
                 python,
+                language,
                 sandbox: requested,
                 cwd,
                 env: session_env,

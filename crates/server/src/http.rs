@@ -51,10 +51,14 @@ pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 const SESSIONS_PER_OWNER: usize = 64;
 
 /// A session created through the API.
-struct SessionMeta {
+#[derive(Clone)]
+pub(crate) struct SessionMeta {
     /// The sandbox mode it was created with (every request on it asks for
     /// this mode).
-    sandbox: SandboxMode,
+    pub(crate) sandbox: SandboxMode,
+    /// The language it was created with (`python`, `r`), which every
+    /// kernel of it runs.
+    pub(crate) language: String,
 }
 
 /// Shared state of the API.
@@ -130,9 +134,10 @@ pub(crate) fn owner_of(caller: &Caller) -> String {
 }
 
 /// The request layer's view of one of the caller's API sessions.
-pub(crate) fn spec(owner: &str, name: &str, sandbox: SandboxMode) -> SessionSpec {
+pub(crate) fn spec(owner: &str, name: &str, meta: &SessionMeta) -> SessionSpec {
     SessionSpec {
-        sandbox: Some(sandbox),
+        sandbox: Some(meta.sandbox),
+        language: Some(meta.language.clone()),
         ..SessionSpec::new(owner, name)
     }
 }
@@ -298,6 +303,9 @@ pub struct CreateSession {
     /// The sandbox mode of the session's kernels (default: the server's,
     /// its floor; a weaker mode is refused with `sandbox_below_floor`).
     pub sandbox: Option<SandboxMode>,
+    /// The language of the session's kernels: `python` (default) or `r`;
+    /// another is refused with `bad_request`. The session keeps it.
+    pub language: Option<String>,
 }
 
 /// A session of the caller.
@@ -390,12 +398,17 @@ async fn create_session(
     check_name(&name)?;
     let owner = owner_of(&caller);
     // Validated once by the request layer: the mode never below the floor.
-    let sandbox = SessionSpec {
+    let key = SessionSpec {
         sandbox: body.sandbox,
+        language: body.language.clone(),
         ..SessionSpec::new(owner.as_str(), name.as_str())
     }
-    .key(&st.registry)?
-    .sandbox;
+    .key(&st.registry)?;
+    let meta = SessionMeta {
+        sandbox: key.sandbox,
+        language: key.language.clone(),
+    };
+    let sandbox = key.sandbox;
     {
         let mut s = st
             .sessions
@@ -415,11 +428,11 @@ async fn create_session(
             )
             .with("limit", SESSIONS_PER_OWNER as u64));
         }
-        s.insert(k, SessionMeta { sandbox });
+        s.insert(k, meta.clone());
     }
     // A new session has no kernel yet: a restart starts its first one.
     let started = RestartRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &meta),
     }
     .execute(&st.registry)
     .await;
@@ -596,8 +609,8 @@ async fn execute(
     headers: HeaderMap,
     ApiJson(body): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
-    let (owner, sandbox) = owned(&st, &caller, &name)?;
-    let mut req = RunCell::new(spec(&owner, &name, sandbox), body.code, Origin::new("http"));
+    let (owner, meta) = owned(&st, &caller, &name)?;
+    let mut req = RunCell::new(spec(&owner, &name, &meta), body.code, Origin::new("http"));
     req.deadline = deadline_of(body.timeout_s)?;
     req.queue = body.queue;
     let images = body.images;
@@ -705,16 +718,16 @@ fn not_found(name: &str) -> ApiError {
 /// The owner and sandbox mode of `name` when it is one of the caller's
 /// sessions; another owner's session answers 404, exactly like a missing
 /// one.
-pub(crate) fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SandboxMode), ApiError> {
+pub(crate) fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(String, SessionMeta), ApiError> {
     check_name(name)?;
     let owner = owner_of(caller);
-    let sandbox = st
+    let meta = st
         .sessions
         .lock()
         .ok()
-        .and_then(|s| s.get(&(owner.clone(), name.to_string())).map(|m| m.sandbox))
+        .and_then(|s| s.get(&(owner.clone(), name.to_string())).cloned())
         .ok_or_else(|| not_found(name))?;
-    Ok((owner, sandbox))
+    Ok((owner, meta))
 }
 
 /// What an interrupt did.
@@ -791,9 +804,10 @@ async fn restart(
     Extension(caller): Extension<Caller>,
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
 ) -> Result<Json<SessionInfo>, ApiError> {
-    let (owner, sandbox) = owned(&st, &caller, &name)?;
+    let (owner, meta) = owned(&st, &caller, &name)?;
+    let sandbox = meta.sandbox;
     RestartRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &meta),
     }
     .execute(&st.registry)
     .await?;
@@ -838,7 +852,7 @@ async fn variables(
     ApiPath(SessionPath { name }): ApiPath<SessionPath>,
     ApiQuery(q): ApiQuery<VariablesQuery>,
 ) -> Result<Json<VariablesAnswer>, ApiError> {
-    let (owner, sandbox) = owned(&st, &caller, &name)?;
+    let (owner, meta) = owned(&st, &caller, &name)?;
     let limit = q.limit.unwrap_or(100);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::new(
@@ -848,7 +862,7 @@ async fn variables(
         .with("field", "limit"));
     }
     let asked = VariablesRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &meta),
         limit,
     };
     match asked.execute(&st.registry).await {

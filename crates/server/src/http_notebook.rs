@@ -124,7 +124,7 @@ pub(crate) async fn run_notebook(
     let session = match &body.session {
         Some(name) => {
             let (owner, sandbox) = owned(&st, &caller, name)?;
-            spec(&owner, name, sandbox)
+            spec(&owner, name, &sandbox)
         }
         None => SessionSpec::new(owner, "notebook"),
     };

@@ -68,6 +68,12 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "interpreter (empty: python3 on PATH)",
     ),
     (
+        "r",
+        Kind::Str,
+        "\"\"",
+        "R interpreter for R sessions (empty: R on PATH)",
+    ),
+    (
         "stdout_inline_bytes",
         Kind::Int,
         "50000",
@@ -527,6 +533,13 @@ impl Config {
             .map(|l| l.trim().to_string())
             .filter(|l| !l.is_empty())
             .collect()
+    }
+
+    /// R's interpreter (`r = "/usr/bin/R"`), if one is configured.
+    pub fn r(&self) -> Option<PathBuf> {
+        Some(self.string("r"))
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
     }
 
     /// The interpreter, if one is configured.

@@ -83,6 +83,10 @@ pub struct Key {
     pub session: String,
     /// Interpreter.
     pub python: PathBuf,
+    /// The language (a [`WorkerRuntime`](cellhost_kernel::WorkerRuntime)
+    /// name, `python` or `r`): the session's kernels run that language's
+    /// worker, and a session keeps the language it was created with.
+    pub language: String,
     /// Working directory (`None`: the host's).
     pub cwd: Option<PathBuf>,
     /// Tools the session may call, sorted (`None`: every configured tool).
@@ -140,6 +144,10 @@ pub struct RegistryConfig {
     pub session_workdirs: Option<PathBuf>,
     /// Staging directories of dead hosts older than this are swept (7 days).
     pub staging_max_age: Duration,
+    /// Interpreters of languages other than the template's, by language
+    /// name (`r` → `/usr/bin/R`); a language not listed runs the
+    /// interpreter its runtime finds on `PATH`.
+    pub interpreters: std::collections::BTreeMap<String, PathBuf>,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -166,6 +174,30 @@ impl RegistryConfig {
             preload: Vec::new(),
             session_workdirs: None,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
+            interpreters: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// The interpreter of `language` (a runtime name): the template's for
+    /// the template's language, else the configured one, else the one its
+    /// runtime finds on `PATH`.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidRequest`] for a language no runtime speaks;
+    /// [`KernelError::Spawn`] when no interpreter can be found.
+    pub fn interpreter(&self, language: &str) -> Result<PathBuf, KernelError> {
+        let runtime = cellhost_kernel::for_language(language).ok_or_else(|| {
+            KernelError::InvalidRequest(format!(
+                "unknown language {language:?} (known: {})",
+                cellhost_kernel::runtime::LANGUAGES.join(", ")
+            ))
+        })?;
+        if runtime.name() == self.template.runtime.name() {
+            return Ok(self.template.python.clone());
+        }
+        match self.interpreters.get(runtime.name()) {
+            Some(p) => runtime.resolve_interpreter(Some(p)),
+            None => runtime.resolve_interpreter(None),
         }
     }
 }
@@ -460,6 +492,7 @@ impl Registry {
             owner: owner.to_string(),
             session: session.to_string(),
             python: self.cfg.template.python.clone(),
+            language: self.cfg.template.runtime.name().to_string(),
             cwd: self.cfg.template.cwd.clone(),
             tools: None,
             sandbox: self.sandbox_floor(),
@@ -608,6 +641,7 @@ impl Registry {
         let key = &slot.key;
         slot.lock().env.is_empty()
             && key.python == self.cfg.template.python
+            && key.language == self.cfg.template.runtime.name()
             && key.cwd == self.cfg.template.cwd
             && key.tools.is_none()
             && key.sandbox == self.cfg.template.sandbox.mode
@@ -662,6 +696,9 @@ impl Registry {
         let mut cfg = self.cfg.template.clone();
         slot.lock().env.apply(&mut cfg);
         cfg.python = key.python.clone();
+        if let Some(runtime) = cellhost_kernel::for_language(&key.language) {
+            cfg.runtime = runtime;
+        }
         cfg.cwd = key.cwd.clone();
         if let Some(w) = self.session_workdir(key)
             && std::fs::create_dir_all(&w).is_ok()

@@ -81,7 +81,12 @@ impl Templates {
     /// # Errors
     /// The errors of [`Kernel::spawn`].
     pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
+        // Templates apply only where the runtime has them (not R's).
         if !self.preload.is_empty()
+            && cfg
+                .runtime
+                .template_argv(&cfg.python, std::path::Path::new(""))
+                .is_some()
             && let Some(t) = self.template_for(&cfg).await
         {
             match t.fork(cfg.clone()).await {

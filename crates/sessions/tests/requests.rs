@@ -244,3 +244,57 @@ async fn a_cell_submitted_after_its_stop_flag_was_set_is_interrupted() {
         Some("42")
     );
 }
+
+/// A session keeps the language it was created with: an execute naming
+/// another is `bad_request`, one naming none runs in the session's
+/// language, and an unknown language is `bad_request`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_keeps_its_language_and_a_mismatch_is_a_clear_error() {
+    if cellhost_kernel::resolve_r(None).is_err() {
+        eprintln!("skipped: R is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start(dir.path(), None).await;
+    let _guard = Shutdown(reg.clone());
+    let owner = Surface::Library.owner("t");
+    let in_lang = |session: &str, language: Option<&str>, code: &str| {
+        let spec = SessionSpec {
+            language: language.map(str::to_string),
+            ..SessionSpec::new(owner.as_str(), session)
+        };
+        ExecuteRequest::new(spec, code, Origin::new("test"))
+    };
+    let r = in_lang("s", Some("r"), "x <- 41; x + 1")
+        .execute(&reg)
+        .await
+        .expect("R cell");
+    assert_eq!(r.result.status, CellStatus::Ok, "{:#?}", r.result);
+    let plain = |r: &cellhost_sessions::requests::Executed| {
+        r.result
+            .result
+            .as_ref()
+            .and_then(|b| b["text/plain"].as_str())
+            .map(str::to_string)
+    };
+    assert_eq!(plain(&r).as_deref(), Some("[1] 42"));
+    let r = in_lang("s", None, "x").execute(&reg).await.expect("same session");
+    assert_eq!(plain(&r).as_deref(), Some("[1] 41"));
+    let e = in_lang("s", Some("python"), "print(1)")
+        .execute(&reg)
+        .await
+        .expect_err("mismatch");
+    assert_eq!(e.code(), "bad_request");
+    assert!(e.to_string().contains("keeps the language"), "{e}");
+    let e = in_lang("t", Some("cobol"), "x")
+        .execute(&reg)
+        .await
+        .expect_err("unknown");
+    assert_eq!(e.code(), "bad_request");
+    // Python sessions beside it are unaffected.
+    let r = in_lang("p", None, "40 + 2")
+        .execute(&reg)
+        .await
+        .expect("python cell");
+    assert_eq!(plain(&r).as_deref(), Some("42"));
+}

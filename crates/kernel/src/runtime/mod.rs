@@ -5,8 +5,9 @@
 //! prepares once per interpreter, its hints for errors, and whether
 //! templates (fork servers) apply. The worker it starts speaks protocol v1
 //! on its control socket and renders its own results (MIME bundles), so
-//! the host side needs nothing else. [`python::PythonRuntime`] is the first
-//! implementation; another language is another file here.
+//! the host side needs nothing else. [`python::PythonRuntime`] and
+//! [`r::RRuntime`] are the implementations; another language is another
+//! file here plus a line in [`for_language`].
 
 use std::ffi::OsString;
 use std::fmt;
@@ -18,12 +19,28 @@ use crate::error::KernelError;
 use crate::result::{CellError, CellResult};
 
 pub mod python;
+pub mod r;
 
 /// The runtime of a [`KernelConfig`](crate::KernelConfig) that names none:
 /// [`python::PythonRuntime`].
 pub fn default_runtime() -> Arc<dyn WorkerRuntime> {
     Arc::new(python::PythonRuntime)
 }
+
+/// The runtime of the language named `name` (case-insensitive: `python`,
+/// `py`, `python3`; `r`), or `None` when no runtime speaks it. Surfaces
+/// look a language up here and nowhere else, so a language is added in
+/// this module only.
+pub fn for_language(name: &str) -> Option<Arc<dyn WorkerRuntime>> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "python" | "py" | "python3" | "ipython" => Some(Arc::new(python::PythonRuntime)),
+        "r" => Some(Arc::new(r::RRuntime)),
+        _ => None,
+    }
+}
+
+/// The canonical names [`for_language`] knows, for error messages.
+pub const LANGUAGES: &[&str] = &["python", "r"];
 
 /// What a language needs from the host.
 ///
@@ -36,10 +53,19 @@ pub fn default_runtime() -> Arc<dyn WorkerRuntime> {
 /// before anything else and answer with `ready` (protocol v1); the host
 /// never puts configuration in its arguments or environment.
 pub trait WorkerRuntime: Send + Sync + 'static {
-    /// Short name of the language, lower case, as notebooks name it in
-    /// `kernelspec.language` / `language_info.name` (`python`): the key of
-    /// [`runtime_for_language`], and used in logs and errors.
+    /// Short name of the language, lower case (`python`, `r`), as
+    /// notebooks name it in `kernelspec.language` / `language_info.name`:
+    /// [`for_language`] of it gives this runtime back; used in session
+    /// keys, logs and errors.
     fn name(&self) -> &'static str;
+
+    /// The interpreter to run: `explicit` (a path, or a bare name looked
+    /// up on `PATH`) made absolute, or the language's default found on
+    /// `PATH` when `None`.
+    ///
+    /// # Errors
+    /// [`KernelError::Spawn`] when no interpreter can be found.
+    fn resolve_interpreter(&self, explicit: Option<&Path>) -> Result<PathBuf, KernelError>;
 
     /// The directory of the worker's boot files, written on first use.
     ///
@@ -107,23 +133,6 @@ pub trait WorkerRuntime: Send + Sync + 'static {
     }
 }
 
-/// Every runtime this build has, one per language: the list a notebook's
-/// language is looked up in ([`runtime_for_language`]). A new language's
-/// runtime is added here.
-pub fn known_runtimes() -> Vec<Arc<dyn WorkerRuntime>> {
-    vec![Arc::new(python::PythonRuntime)]
-}
-
-/// The runtime whose [`WorkerRuntime::name`] is `language` (a notebook's
-/// `kernelspec.language` or `language_info.name`; ASCII case and
-/// surrounding blanks ignored), or `None` when this build has none.
-pub fn runtime_for_language(language: &str) -> Option<Arc<dyn WorkerRuntime>> {
-    let language = language.trim();
-    known_runtimes()
-        .into_iter()
-        .find(|r| r.name().eq_ignore_ascii_case(language))
-}
-
 impl fmt::Debug for dyn WorkerRuntime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -135,16 +144,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn languages_are_looked_up_by_runtime_name() {
-        assert_eq!(runtime_for_language("python").map(|r| r.name()), Some("python"));
-        assert_eq!(runtime_for_language(" Python ").map(|r| r.name()), Some("python"));
-        assert!(runtime_for_language("julia").is_none());
-        assert!(runtime_for_language("").is_none());
-        let names: Vec<&str> = known_runtimes().iter().map(|r| r.name()).collect();
-        assert!(names.contains(&"python"));
-        // Every known runtime is found under its own name.
-        for r in known_runtimes() {
-            assert_eq!(runtime_for_language(r.name()).map(|x| x.name()), Some(r.name()));
+    fn languages_are_looked_up_by_name() {
+        assert_eq!(for_language("Python").map(|r| r.name()), Some("python"));
+        assert_eq!(for_language("R").map(|r| r.name()), Some("r"));
+        assert_eq!(for_language(" r ").map(|r| r.name()), Some("r"));
+        assert!(for_language("julia").is_none());
+        for name in LANGUAGES {
+            assert_eq!(for_language(name).map(|r| r.name()), Some(*name));
         }
     }
 }

@@ -67,6 +67,10 @@ impl WorkerRuntime for PythonRuntime {
         "python"
     }
 
+    fn resolve_interpreter(&self, explicit: Option<&Path>) -> Result<PathBuf, KernelError> {
+        resolve_python(explicit)
+    }
+
     fn boot_dir(&self) -> io::Result<&'static Path> {
         files::worker_path()
     }

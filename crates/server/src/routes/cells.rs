@@ -93,7 +93,7 @@ pub(crate) async fn submit_cell(
     let (owner, sandbox) = owned(&st, &caller, &name)?;
     let deadline = crate::http::deadline_of(body.timeout_s)?;
     let req = SubmitRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &sandbox),
         code: body.code,
         deadline,
         origin: Origin::new("http"),

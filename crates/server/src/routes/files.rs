@@ -159,7 +159,7 @@ pub(crate) async fn write_file(
         .with("max_bytes", max_bytes));
     }
     let req = WriteFileRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &sandbox),
         path,
         max_bytes,
     };
@@ -297,7 +297,7 @@ pub(crate) async fn read_file(
 ) -> Result<Response, ApiError> {
     let (owner, sandbox) = owned(&st, &caller, &name)?;
     let mut opened = ReadFileRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &sandbox),
         path,
         offset: 0,
         length: None,
@@ -363,7 +363,7 @@ pub(crate) async fn list_files(
 ) -> Result<axum::Json<FileListingAnswer>, ApiError> {
     let (owner, sandbox) = owned(&st, &caller, &name)?;
     let listing = ListFilesRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &sandbox),
         path: q.path.unwrap_or_default(),
     }
     .execute(st.registry())
@@ -406,7 +406,7 @@ pub(crate) async fn delete_file(
 ) -> Result<axum::Json<FileDeleted>, ApiError> {
     let (owner, sandbox) = owned(&st, &caller, &name)?;
     let deleted = DeleteFileRequest {
-        session: spec(&owner, &name, sandbox),
+        session: spec(&owner, &name, &sandbox),
         path,
     }
     .execute(st.registry())

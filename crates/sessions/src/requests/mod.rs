@@ -458,8 +458,14 @@ pub struct SessionSpec {
     pub owner: String,
     /// The session name.
     pub session: String,
-    /// Interpreter (`None`: the registry's).
+    /// Interpreter (`None`: the registry's for the language).
     pub python: Option<PathBuf>,
+    /// Language (a name [`cellhost_kernel::for_language`] knows: `python`,
+    /// `r`). `None`: the language of the owner's live session of that name,
+    /// else the registry's. A language other than the live session's is a
+    /// [`RequestError::BadRequest`]: a session keeps the language it was
+    /// created with.
+    pub language: Option<String>,
     /// Sandbox mode (`None`: the registry's floor; never below it).
     pub sandbox: Option<SandboxMode>,
     /// Working directory (`None`: the registry's). Part of the key: the
@@ -480,6 +486,7 @@ impl SessionSpec {
             owner: owner.into(),
             session: session.into(),
             python: None,
+            language: None,
             sandbox: None,
             cwd: None,
             env: crate::SessionEnv::new(),
@@ -494,11 +501,48 @@ impl SessionSpec {
     pub fn key(&self, reg: &Registry) -> Result<Key, RequestError> {
         validate_session(&self.session)?;
         let mut key = reg.key_with_sandbox(&self.owner, &self.session, self.sandbox)?;
-        if let Some(p) = &self.python {
-            key.python = p.clone();
-        }
         if let Some(d) = &self.cwd {
             key.cwd = Some(validate_cwd(d)?);
+        }
+        // The live session of this name in this directory (a same-named
+        // session of another directory is another session).
+        let live = live_keys(
+            reg,
+            &self.owner,
+            &self.session,
+            &CwdScope::Exactly(key.cwd.clone()),
+        )
+        .unwrap_or_default();
+        let language = match &self.language {
+            Some(asked) => {
+                let runtime = cellhost_kernel::for_language(asked).ok_or_else(|| {
+                    RequestError::bad_request(format!(
+                        "unknown language {asked:?} (known: {})",
+                        cellhost_kernel::runtime::LANGUAGES.join(", ")
+                    ))
+                })?;
+                let name = runtime.name().to_string();
+                if let Some(other) = live.iter().find(|k| k.language != name) {
+                    return Err(RequestError::bad_request(format!(
+                        "session {:?} runs {}; a session keeps the language it was created with (use another session name for {name}, or kill this one first)",
+                        self.session, other.language
+                    )));
+                }
+                name
+            }
+            None => live
+                .first()
+                .map_or_else(|| key.language.clone(), |k| k.language.clone()),
+        };
+        if language != key.language {
+            key.python = reg
+                .config()
+                .interpreter(&language)
+                .map_err(|e| RequestError::Registry(RegistryError::Kernel(e)))?;
+            key.language = language;
+        }
+        if let Some(p) = &self.python {
+            key.python = p.clone();
         }
         Ok(key)
     }

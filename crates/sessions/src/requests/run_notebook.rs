@@ -14,7 +14,7 @@ use crate::registry::{Key, Origin, Registry};
 ///
 /// Before anything runs, the notebook's language (`kernelspec.language`,
 /// else `language_info.name`, else Python) must be one the kernel crate
-/// has a runtime for ([`cellhost_kernel::runtime::runtime_for_language`])
+/// has a runtime for ([`cellhost_kernel::for_language`])
 /// and the one the registry's kernels run; otherwise the request fails
 /// with `unsupported_language` and the notebook is not touched. Then the
 /// [`parameters`](RunNotebookRequest::parameters), if any, are injected as
@@ -130,16 +130,20 @@ impl RunNotebookRequest {
     /// notebook of a language without a parameters translator.
     pub fn prepare(&self, registry: &Registry, nb: &mut Notebook) -> Result<(), RequestError> {
         let language = nb.language().unwrap_or_else(|| "python".to_string());
-        let runs = registry.config().template.runtime.name();
-        let found = cellhost_kernel::runtime::runtime_for_language(&language);
+        // The session runs in the language it names, else the registry's.
+        let runs = match &self.session.language {
+            Some(l) => cellhost_kernel::for_language(l).map_or_else(|| l.clone(), |r| r.name().to_string()),
+            None => registry.config().template.runtime.name().to_string(),
+        };
+        let found = cellhost_kernel::for_language(&language);
         if found.is_none_or(|r| r.name() != runs) {
             return Err(RequestError::UnsupportedLanguage {
                 language,
-                supported: cellhost_kernel::runtime::known_runtimes()
+                supported: cellhost_kernel::runtime::LANGUAGES
                     .iter()
-                    .map(|r| r.name().to_string())
+                    .map(|l| l.to_string())
                     .collect(),
-                runtime: runs.to_string(),
+                runtime: runs,
             });
         }
         if !self.parameters.is_empty() {
