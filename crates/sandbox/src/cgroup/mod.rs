@@ -199,10 +199,19 @@ fn writable(p: &Path) -> bool {
     rustix::fs::access(p, rustix::fs::Access::WRITE_OK).is_ok()
 }
 
-/// A group this user can build in: the host's group is writable with its
-/// `cgroup.procs` and `cgroup.subtree_control` (delegated to the user).
+/// A group delegated to this user: writable with its `cgroup.procs` and
+/// `cgroup.subtree_control`, and marked as delegated by the manager that
+/// made it (systemd sets the `trusted.delegate` or `user.delegate` extended
+/// attribute on a `Delegate=yes` unit's group). A group that is merely
+/// writable (any unit inside the user manager's own subtree) stays the
+/// manager's: cellhost makes no groups in it.
 fn delegated(group: &Path) -> bool {
-    writable(group)
+    let marked = ["trusted.delegate", "user.delegate"].iter().any(|name| {
+        let mut buf = [0u8; 8];
+        rustix::fs::getxattr(group, *name, &mut buf).is_ok_and(|n| buf.get(..n) == Some(b"1".as_slice()))
+    });
+    marked
+        && writable(group)
         && writable(&group.join("cgroup.procs"))
         && writable(&group.join("cgroup.subtree_control"))
 }
@@ -237,7 +246,7 @@ fn make_subtree(u: &Mount) -> Result<Subtree, String> {
             .map(|m| m.own_group)
             .filter(|g| g.file_name().is_some_and(|n| n == unit.as_str()))
             .ok_or_else(|| format!("systemd started {unit} but this process is not in it"))?;
-        if !delegated(&own) {
+        if !writable(&own.join("cgroup.subtree_control")) {
             return Err(format!("{} is not delegated to uid {uid}", own.display()));
         }
         (own, format!("systemd user scope {unit}, Delegate=yes"))
