@@ -215,7 +215,7 @@ chmod a+rx "$SHARE"/*.sh
 
 say "boot the guest (KVM, ${MEM_MIB} MiB, 2 CPUs)"
 t="$(now)"
-qemu-system-x86_64 -enable-kvm -cpu host -smp 2 -m "$MEM_MIB" -nographic -no-reboot \
+qemu-system-x86_64 -enable-kvm -cpu "${CELLHOST_VM_CPU:-host,arch-capabilities=off,pmu=off}" -smp 2 -m "$MEM_MIB" -nographic -no-reboot \
     -kernel "$GUEST/vmlinuz" -initrd "$GUEST/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 loglevel=3" \
     -drive "file=$GUEST/rootfs.img,if=virtio,format=raw" -snapshot \
