@@ -19,7 +19,8 @@
 # (read-only), boots it with a throw-away overlay of the image (-snapshot), and
 # reads the results from a writable 9p share.
 #
-# The guest gets CELLHOST_VM_TIMEOUT seconds (default 3600) to finish.
+# The guest gets CELLHOST_VM_TIMEOUT seconds (default 3600) to finish;
+# CELLHOST_VM_ACCEL=tcg emulates the CPU where KVM cannot run the guest.
 # Usage: scripts/vm-test.sh [--image-only]
 # Exit: 0 when every suite passed as root and as the user; 1 when one failed;
 # 2 for a setup error (no root, no KVM, the guest could not be built or booted).
@@ -216,7 +217,13 @@ chmod a+rx "$SHARE"/*.sh
 
 say "boot the guest (KVM, ${MEM_MIB} MiB, 2 CPUs)"
 t="$(now)"
-timeout "${CELLHOST_VM_TIMEOUT:-3600}" qemu-system-x86_64 -enable-kvm -cpu "${CELLHOST_VM_CPU:-host,arch-capabilities=off,pmu=off}" -smp 2 -m "$MEM_MIB" -nographic -no-reboot \
+# CELLHOST_VM_ACCEL=tcg: software emulation, where nested KVM stalls the guest.
+if [[ "${CELLHOST_VM_ACCEL:-kvm}" == tcg ]]; then
+    ACCEL=(-accel tcg -cpu max)
+else
+    ACCEL=(-enable-kvm -cpu "${CELLHOST_VM_CPU:-host,arch-capabilities=off,pmu=off}")
+fi
+timeout "${CELLHOST_VM_TIMEOUT:-3600}" qemu-system-x86_64 "${ACCEL[@]}" -smp 2 -m "$MEM_MIB" -nographic -no-reboot \
     -kernel "$GUEST/vmlinuz" -initrd "$GUEST/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 loglevel=3" \
     -drive "file=$GUEST/rootfs.img,if=virtio,format=raw" -snapshot \
