@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cellhost_protocol::frame::RingOffer;
 use cellhost_protocol::{FrameReader, FrameWriter, HostFrame, ProtocolError, WorkerFrame};
-use cellhost_sandbox::cgroup::{CgroupLimits, KernelCgroup};
+use cellhost_sandbox::cgroup::{CgroupError, CgroupLimits, KernelCgroup};
 use cellhost_sandbox::profile::{InitSpec, LaunchSpec, LayerStatus, SandboxMode};
 use cellhost_sandbox::signal;
 use tokio::io::AsyncReadExt;
@@ -578,8 +578,20 @@ impl Prepared {
             );
             match KernelCgroup::create(&name, &limits) {
                 Ok(cg) => {
+                    let report = cg.report();
                     if sandboxed {
-                        host_layers.push(LayerStatus::on("cgroup", describe_limits(&limits)));
+                        host_layers.push(LayerStatus::on("cgroup", report.describe()));
+                    }
+                    for m in &report.missing {
+                        // A limit the caller asked for by name is never
+                        // silently dropped; the profile's defaults are a
+                        // named missing layer (refused under enforce).
+                        if !config.limits.is_empty() || mode == SandboxMode::Enforce {
+                            return Err(limit_unavailable(config, &label, m.layer, m.reason.clone()));
+                        }
+                        if sandboxed {
+                            host_layers.push(LayerStatus::missing(m.layer, m.reason.clone()));
+                        }
                     }
                     Some(cg)
                 }
@@ -592,6 +604,13 @@ impl Prepared {
                         });
                     }
                     host_layers.push(LayerStatus::missing("cgroup", e.to_string()));
+                    if let CgroupError::NotApplied { missing, .. } = &e {
+                        host_layers.extend(
+                            missing
+                                .iter()
+                                .map(|m| LayerStatus::missing(m.layer, m.reason.clone())),
+                        );
+                    }
                     None
                 }
                 Err(e) => {
@@ -672,18 +691,21 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
-fn describe_limits(l: &CgroupLimits) -> String {
-    let mut v = Vec::new();
-    if let Some(b) = l.memory_bytes {
-        v.push(format!("memory {} MiB", b >> 20));
+/// A limit that could not be set, for a kernel that must have it: the
+/// caller's own limits (`KernelError::Spawn`) or `enforce`.
+fn limit_unavailable(config: &KernelConfig, label: &str, layer: &str, reason: String) -> KernelError {
+    if config.limits.is_empty() {
+        KernelError::SandboxUnavailable {
+            kernel: label.to_string(),
+            layer: layer.into(),
+            reason,
+        }
+    } else {
+        KernelError::Spawn {
+            python: config.python.display().to_string(),
+            reason: format!("cannot set up the kernel's resource limits: {layer}: {reason}"),
+        }
     }
-    if let Some(n) = l.pids_max {
-        v.push(format!("{n} processes"));
-    }
-    if let Some(c) = l.cpu_cores {
-        v.push(format!("{c} CPU cores"));
-    }
-    v.join(", ")
 }
 
 /// What the kernel init must apply: read-only interpreter, boot files and
