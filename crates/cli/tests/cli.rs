@@ -1241,19 +1241,19 @@ fn run_keeps_kernelspec_times_cells_and_injects_parameters() {
 #[test]
 fn run_refuses_a_language_without_a_runtime() {
     let env = Env::new();
-    let spec = json!({"name": "ir", "display_name": "R", "language": "R"});
+    let spec = json!({"name": "julia-1.10", "display_name": "Julia 1.10", "language": "julia"});
     std::fs::write(
-        env.work().join("r.ipynb"),
-        tagged_ipynb(spec, &[("print(1)", &[])]),
+        env.work().join("j.ipynb"),
+        tagged_ipynb(spec, &[("println(1)", &[])]),
     )
     .expect("write");
-    let r = env.run("run", &["r.ipynb"], None, Duration::from_secs(60));
-    r.expect_code("run an R notebook", 2);
-    assert!(r.stderr.contains("language is \"r\""), "{}", r.stderr);
-    assert!(r.stderr.contains("python"), "{}", r.stderr);
+    let r = env.run("run", &["j.ipynb"], None, Duration::from_secs(60));
+    r.expect_code("run a Julia notebook", 2);
+    assert!(r.stderr.contains("language is \"julia\""), "{}", r.stderr);
+    assert!(r.stderr.contains("python, r"), "{}", r.stderr);
     assert!(
-        !env.work().join("r.executed.ipynb").exists(),
-        "an R notebook was run"
+        !env.work().join("j.executed.ipynb").exists(),
+        "a Julia notebook was run as another language"
     );
 }
 

@@ -275,7 +275,36 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
         "write_file" => schema_of::<cellhost_sessions::requests::FileWritten>(),
         "list_files" => schema_of::<cellhost_sessions::requests::FileListing>(),
         "submit_code" => schema_of::<cellhost_sessions::requests::Submitted>(),
-        "get_cell" => schema_of::<cellhost_sessions::detached::CellSnapshot>(),
+        // A done cell answers its result (the `execute_code` schema);
+        // otherwise its snapshot so far.
+        "get_cell" => {
+            let mut result = cell_result_schema();
+            let defs = result
+                .as_object_mut()
+                .and_then(|m| m.remove("$defs"))
+                .unwrap_or_else(|| json!({}));
+            json!({
+                "type": "object",
+                "$defs": defs,
+                "anyOf": [
+                    result,
+                    {
+                        "type": "object",
+                        "properties": {
+                            "cell": {"type": "string"},
+                            "session": {"type": "string"},
+                            "status": {"type": "string", "enum": ["queued", "running", "done", "failed", "cancelled"]},
+                            "stdout": {"type": "string", "description": "Output so far (live, rendered, redacted)."},
+                            "stderr": {"type": "string"},
+                            "events": {"type": "integer", "minimum": 0, "description": "Events so far (the next event's offset)."},
+                            "events_dropped": {"type": "integer", "minimum": 0},
+                            "error": {"type": "object", "description": "Why the cell failed to run (code, message)."}
+                        },
+                        "required": ["cell", "session", "status", "stdout", "stderr", "events", "events_dropped"]
+                    }
+                ]
+            })
+        }
         "cancel_cell" => schema_of::<cellhost_sessions::requests::CellCancelled>(),
         "read_file" => json!({
             "type": "object",

@@ -235,7 +235,7 @@ async def run(command, args):
             r.is_error and (sc.get("stop") or {}).get("reason") == "cell_failed" and "ZeroDivisionError" in text_of(r),
             text_of(r),
         )
-        r_nb = {"cells": [], "metadata": {"kernelspec": {"name": "ir", "language": "R", "display_name": "R"}},
+        r_nb = {"cells": [], "metadata": {"kernelspec": {"name": "julia-1.10", "language": "julia", "display_name": "Julia"}},
                 "nbformat": 4, "nbformat_minor": 5}
         r = await client.call_tool("run_notebook", {"notebook": r_nb})
         check(

@@ -288,14 +288,14 @@ async fn run_notebook_route() {
         "a temporary session was left"
     );
 
-    let r_nb = json!({"cells": [{"cell_type": "code", "source": "1", "metadata": {}, "outputs": [], "execution_count": null}],
-                      "metadata": {"kernelspec": {"name": "ir", "language": "R", "display_name": "R"}},
+    let j_nb = json!({"cells": [{"cell_type": "code", "source": "1", "metadata": {}, "outputs": [], "execution_count": null}],
+                      "metadata": {"kernelspec": {"name": "julia-1.10", "language": "julia", "display_name": "Julia"}},
                       "nbformat": 4, "nbformat_minor": 5});
-    let r = run(json!({"notebook": r_nb})).await;
+    let r = run(json!({"notebook": j_nb})).await;
     assert_eq!(r.status, 422, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "unsupported_language");
-    assert_eq!(r.json()["error"]["language"], "r");
-    assert_eq!(r.json()["error"]["supported"], json!(["python"]));
+    assert_eq!(r.json()["error"]["language"], "julia");
+    assert_eq!(r.json()["error"]["supported"], json!(["python", "r"]));
 
     let r = run(json!({"script": "# %%\n1", "notebook": {}})).await;
     assert_eq!(

@@ -171,10 +171,24 @@ impl RunNotebookRequest {
         nb: &mut Notebook,
         observer: &mut impl Observer,
     ) -> Result<RunSummary, RequestError> {
-        self.prepare(registry, nb)?;
+        // A session that names no language runs the notebook's (an R
+        // notebook over HTTP or MCP runs in R).
+        let mut session = self.session.clone();
+        if session.language.is_none() {
+            session.language = nb
+                .language()
+                .and_then(|l| cellhost_kernel::for_language(&l))
+                .map(|r| r.name().to_string());
+        }
+        let this = RunNotebookRequest {
+            session,
+            ..self.clone()
+        };
+        let this = &this;
+        this.prepare(registry, nb)?;
         let mut runner = RegistryRunner::new(
             registry.clone(),
-            self.session.clone(),
+            this.session.clone(),
             self.deadline,
             self.origin.clone(),
         )?
