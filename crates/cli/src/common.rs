@@ -262,30 +262,52 @@ async fn start_registry_with(
         .await
         .map_err(|e| format!("cannot start the session registry: {e}"))?;
     if let Some(template) = probe {
-        tokio::spawn(report_sandbox(template));
+        tokio::spawn(report_sandbox(template, registry.first_pooled_start()));
     }
     Ok(registry)
 }
 
 /// Says once on stderr, at the start of a long-running surface (`serve`,
 /// `mcp`, the daemon) and whatever the log level, what sandbox its kernels
-/// get: a probe kernel of the template is started in the background and
-/// its layers reported — the ones not in force with their reasons, or the
-/// refusal of mode `auto` without namespaces.
-async fn report_sandbox(mut template: KernelConfig) {
+/// get — the layers not in force with their reasons, or the refusal of
+/// mode `auto` without namespaces. Learnt from the warm pool's first
+/// kernel (`first_pool`) when there is a pool; otherwise a probe kernel of
+/// the template is started in the background for it.
+async fn report_sandbox(
+    mut template: KernelConfig,
+    first_pool: Option<tokio::sync::oneshot::Receiver<cellhost_sessions::pool::FirstOutcome>>,
+) {
     if template.sandbox.mode == cellhost_sandbox::profile::SandboxMode::Off {
         eprintln!("cellhost: sandbox off: kernels run unconfined (environment allowlist only)");
         return;
     }
-    let dir = new_session_dir("sandbox-probe");
-    template.session_dir = dir.clone();
-    template.session = "sandbox-probe".into();
-    template.cwd = None;
-    template.sandbox.workdir = None;
-    match cellhost_kernel::Kernel::spawn(template).await {
-        Ok(k) => {
-            let s = cellhost_kernel::result::SandboxRef::of(&k.info().sandbox);
-            k.kill().await;
+    let outcome = match first_pool {
+        // The pool closed before its first start (the surface shut down).
+        Some(rx) => match rx.await {
+            Ok(o) => o,
+            Err(_) => return,
+        },
+        None => {
+            let dir = new_session_dir("sandbox-probe");
+            template.session_dir = dir.clone();
+            template.session = "sandbox-probe".into();
+            template.cwd = None;
+            template.sandbox.workdir = None;
+            let o = match cellhost_kernel::Kernel::spawn(template).await {
+                Ok(k) => {
+                    let status = k.info().sandbox.clone();
+                    k.kill().await;
+                    Ok(status)
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = std::fs::remove_dir_all(&dir);
+            o
+        }
+    };
+    match outcome {
+        Ok(status) => {
+            let s = cellhost_kernel::result::SandboxRef::of(&status);
             match s.degradation() {
                 Some(line) => eprintln!("cellhost: {line} (in force: {})", s.enforced.join(", ")),
                 None => eprintln!(
@@ -297,7 +319,6 @@ async fn report_sandbox(mut template: KernelConfig) {
         }
         Err(e) => eprintln!("cellhost: sandbox check: {e}"),
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A directory the CLI may hand to a kernel as its read-write working

@@ -74,7 +74,16 @@ pub struct Pool {
     closed: std::sync::atomic::AtomicBool,
     templates: Arc<Templates>,
     own_workdirs: bool,
+    /// The first start's outcome (its kernel's sandbox, or why it could
+    /// not start), sent once to whoever took [`Pool::first_start`].
+    first: Mutex<Option<FirstStart>>,
+    first_rx: Mutex<Option<tokio::sync::oneshot::Receiver<FirstOutcome>>>,
 }
+
+/// What the pool's first kernel start gave: the kernel's sandbox status,
+/// or the start's error as text.
+pub type FirstOutcome = Result<cellhost_sandbox::profile::SandboxStatus, String>;
+type FirstStart = tokio::sync::oneshot::Sender<FirstOutcome>;
 
 impl Pool {
     /// A pool of `target` kernels of `template`, their files under `dir`,
@@ -89,6 +98,7 @@ impl Pool {
         templates: Arc<Templates>,
         own_workdirs: bool,
     ) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel();
         Pool {
             template,
             dir,
@@ -99,6 +109,21 @@ impl Pool {
             closed: std::sync::atomic::AtomicBool::new(false),
             templates,
             own_workdirs,
+            first: Mutex::new(Some(tx)),
+            first_rx: Mutex::new(Some(rx)),
+        }
+    }
+
+    /// The outcome of the pool's first kernel start, once (a second call
+    /// gets `None`): the sandbox its kernels get, learnt without a kernel
+    /// of its own.
+    pub fn first_start(&self) -> Option<tokio::sync::oneshot::Receiver<FirstOutcome>> {
+        self.first_rx.lock().ok()?.take()
+    }
+
+    fn tell_first(&self, outcome: impl FnOnce() -> FirstOutcome) {
+        if let Some(tx) = self.first.lock().ok().and_then(|mut f| f.take()) {
+            let _ = tx.send(outcome());
         }
     }
 
@@ -170,6 +195,7 @@ impl Pool {
                 let (cfg, tools, workdir) = self.config();
                 match self.templates.spawn(cfg).await {
                     Ok(k) => {
+                        self.tell_first(|| Ok(k.info().sandbox.clone()));
                         failures = 0;
                         if self.closed.load(Ordering::SeqCst) {
                             k.kill().await;
@@ -180,6 +206,7 @@ impl Pool {
                         }
                     }
                     Err(e) => {
+                        self.tell_first(|| Err(e.to_string()));
                         failures += 1;
                         tracing::warn!("warm pool: cannot start a kernel: {e}");
                         // Back off: a broken interpreter must not spin.

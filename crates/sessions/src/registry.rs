@@ -673,6 +673,13 @@ impl Registry {
             .or_else(|| self.session_workdir(key))
     }
 
+    /// The outcome of the warm pool's first kernel start, once: the sandbox
+    /// the registry's kernels get (or why they cannot start). `None`
+    /// without a pool, or when taken already.
+    pub fn first_pooled_start(&self) -> Option<tokio::sync::oneshot::Receiver<crate::pool::FirstOutcome>> {
+        self.pool.as_ref()?.first_start()
+    }
+
     /// The submitted cells ([`crate::requests::SubmitRequest`]).
     pub fn detached(&self) -> &crate::detached::DetachedCells {
         &self.detached
