@@ -361,10 +361,7 @@ impl DetachedCells {
             .iter()
             .filter_map(|id| tb.cells.get(id))
             .filter(|c| c.owner == owner && c.session == session && !c.status().is_final())
-            .filter(|c| match scope {
-                crate::requests::CwdScope::Any => true,
-                crate::requests::CwdScope::Exactly(d) => &c.cwd == d,
-            })
+            .filter(|c| scope.admits(&c.cwd))
             .cloned()
             .collect()
     }

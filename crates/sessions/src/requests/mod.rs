@@ -588,6 +588,16 @@ pub enum CwdScope {
     Exactly(Option<PathBuf>),
 }
 
+impl CwdScope {
+    /// Whether a session working in `cwd` is within the scope.
+    pub fn admits(&self, cwd: &Option<PathBuf>) -> bool {
+        match self {
+            CwdScope::Any => true,
+            CwdScope::Exactly(d) => d == cwd,
+        }
+    }
+}
+
 /// The owner's keys of session `name` with a live kernel (any interpreter
 /// or mode) within `scope`.
 ///
@@ -613,11 +623,8 @@ pub(crate) fn live_keys(
             live: true,
         });
     }
-    let CwdScope::Exactly(cwd) = scope else {
-        return Ok(all);
-    };
-    let (mine, other): (Vec<Key>, Vec<Key>) = all.into_iter().partition(|k| &k.cwd == cwd);
-    if mine.is_empty() {
+    let (mine, other): (Vec<Key>, Vec<Key>) = all.into_iter().partition(|k| scope.admits(&k.cwd));
+    if let (true, CwdScope::Exactly(cwd)) = (mine.is_empty(), scope) {
         let mut elsewhere: Vec<Option<PathBuf>> = other.into_iter().map(|k| k.cwd).collect();
         elsewhere.sort();
         elsewhere.dedup();
