@@ -28,6 +28,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub mod command;
+pub mod config;
+pub mod shell;
+pub mod slurm;
+
+pub use config::PlacementOptions;
+
 /// Stands for the on-node path of the credential file inside
 /// [`PlacementRequest::agent_argv`].
 pub const CREDENTIAL_PLACEHOLDER: &str = "{credential}";
@@ -167,8 +174,6 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// [`PlacementError::Unavailable`] when the scheduler cannot be asked.
-    fn cancel(
-        &self,
-        placed: &Placed,
-    ) -> impl std::future::Future<Output = Result<(), PlacementError>> + Send;
+    fn cancel(&self, placed: &Placed)
+    -> impl std::future::Future<Output = Result<(), PlacementError>> + Send;
 }

@@ -39,6 +39,45 @@ pub const ALLOWED_NAMES: &[&str] = &[
     "NO_COLOR",
 ];
 
+/// Where a remote kernel runs, as its scheduler tells it (a kernel placed
+/// by Slurm or Kubernetes sees its job or pod). Exact names, not a `SLURM_`
+/// prefix: Slurm also sets names that carry authentication (`SLURM_JWT`).
+/// The Kubernetes names are set by the Pod template's downward API.
+pub const SCHEDULER_NAMES: &[&str] = &[
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "SLURM_JOB_NUM_NODES",
+    "SLURM_NNODES",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_ACCOUNT",
+    "SLURM_JOB_QOS",
+    "SLURM_CLUSTER_NAME",
+    "SLURM_JOB_CPUS_PER_NODE",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_MEM_PER_NODE",
+    "SLURM_MEM_PER_CPU",
+    "SLURM_NTASKS",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_SUBMIT_HOST",
+    "SLURM_SUBMIT_DIR",
+    "SLURMD_NODENAME",
+    "SLURM_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_STEP_GPUS",
+    "GPU_DEVICE_ORDINAL",
+    "CELLHOST_POD_NAME",
+    "CELLHOST_POD_NAMESPACE",
+    "CELLHOST_NODE_NAME",
+];
+
 /// Name prefixes that pass.
 pub const ALLOWED_PREFIXES: &[&str] = &["LC_"];
 
@@ -99,6 +138,7 @@ where
         let allowed = !secret
             && !is_dangerous(&name)
             && (ALLOWED_NAMES.contains(&name.as_str())
+                || SCHEDULER_NAMES.contains(&name.as_str())
                 || ALLOWED_PREFIXES.iter().any(|p| name.starts_with(p)));
         if allowed {
             out.pass.push((k, v));
@@ -142,6 +182,27 @@ mod tests {
         assert_eq!(names, ["PATH", "LC_ALL", "RANDOM_THING"]);
         assert_eq!(f.withheld_secret_values, ["sk-xyz", "ghp_abc", "hunter22"]);
         assert!(f.withheld_names.contains(&"LD_PRELOAD".to_string()));
+    }
+
+    #[test]
+    fn scheduler_job_variables_pass_but_slurms_jwt_does_not() {
+        let f = filter_env(
+            vec![
+                os("SLURM_JOB_ID", "42"),
+                os("SLURM_JOB_NODELIST", "node[1-2]"),
+                os("CELLHOST_POD_NAME", "cellhost-ab"),
+                os("SLURM_JWT", "eyJ..."),
+                os("SLURM_CONF", "/etc/slurm/slurm.conf"),
+            ],
+            &[],
+        );
+        let names: Vec<_> = f
+            .pass
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["SLURM_JOB_ID", "SLURM_JOB_NODELIST", "CELLHOST_POD_NAME"]);
+        assert!(f.withheld_names.contains(&"SLURM_JWT".to_string()));
     }
 
     #[test]

@@ -1,0 +1,103 @@
+//! The `[placement.<name>]` tables of cellhost's config file: one
+//! [`PlacementOptions`] per name, its `kind` choosing the scheduler.
+//!
+//! ```toml
+//! [placement.cluster]
+//! kind = "slurm"
+//! partition = "gpu"
+//!
+//! [placement.box]
+//! kind = "ssh"
+//! host = "box.example.org"
+//! ```
+
+use crate::PlacementError;
+use crate::slurm::{SlurmOptions, SlurmPlacement};
+
+/// One `[placement.<name>]` table, by its `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum PlacementOptions {
+    /// `kind = "slurm"`: [`SlurmOptions`].
+    Slurm(SlurmOptions),
+}
+
+impl PlacementOptions {
+    /// Parses one table given as TOML text (the table's body, `kind` included).
+    ///
+    /// # Errors
+    /// [`PlacementError::Config`] with TOML's message (unknown kind, unknown
+    /// or mistyped field).
+    pub fn from_toml(name: &str, text: &str) -> Result<Self, PlacementError> {
+        toml::from_str(text).map_err(|e| PlacementError::Config {
+            name: name.to_owned(),
+            message: e.message().to_owned(),
+        })
+    }
+
+    /// Parses one table already read as a TOML value.
+    ///
+    /// # Errors
+    /// As [`PlacementOptions::from_toml`].
+    pub fn from_value(name: &str, value: toml::Value) -> Result<Self, PlacementError> {
+        value
+            .try_into()
+            .map_err(|e: toml::de::Error| PlacementError::Config {
+                name: name.to_owned(),
+                message: e.message().to_owned(),
+            })
+    }
+
+    /// The table's kind: `slurm`, `ssh`, `kubernetes`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PlacementOptions::Slurm(_) => crate::slurm::KIND,
+        }
+    }
+}
+
+/// A placement built from its table, ready to place.
+#[derive(Debug)]
+pub enum AnyPlacement {
+    /// A [`SlurmPlacement`].
+    Slurm(SlurmPlacement),
+}
+
+impl AnyPlacement {
+    /// Builds the placement of table `name`.
+    ///
+    /// # Errors
+    /// [`PlacementError::Config`] when the options are invalid.
+    pub fn new(name: &str, options: PlacementOptions) -> Result<Self, PlacementError> {
+        Ok(match options {
+            PlacementOptions::Slurm(o) => AnyPlacement::Slurm(SlurmPlacement::new(name, o)?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slurm_table_parses_and_unknown_fields_are_refused() {
+        let parsed = PlacementOptions::from_toml(
+            "c",
+            "kind = \"slurm\"\npartition = \"gpu\"\nextra_args = [\"--mem=1G\"]\n",
+        );
+        match parsed {
+            Ok(PlacementOptions::Slurm(o)) => {
+                assert_eq!(o.partition.as_deref(), Some("gpu"));
+                assert_eq!(o.extra_args, vec!["--mem=1G".to_owned()]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = PlacementOptions::from_toml("c", "kind = \"slurm\"\npartiton = \"gpu\"\n");
+        assert!(
+            matches!(&bad, Err(PlacementError::Config { message, .. }) if message.contains("partiton")),
+            "{bad:?}"
+        );
+        let unknown = PlacementOptions::from_toml("c", "kind = \"pbs\"\n");
+        assert!(matches!(unknown, Err(PlacementError::Config { .. })));
+    }
+}
