@@ -140,7 +140,8 @@ start_munge() {
 
 start_slurmctld() {
     pid_alive "$DIR/run/slurmctld.pid" && return 0
-    slurmctld -f "$CONF" </dev/null
+    # -c: no jobs of an earlier run come back (down cancelled them all).
+    slurmctld -c -f "$CONF" </dev/null
     wait_for 30 "slurmctld" scontrol ping
 }
 
@@ -195,18 +196,37 @@ leftovers() {
     pgrep -f -- "slurmstepd: \[" || true
 }
 
+# Every process still in a job cgroup of proctrack/cgroup (a job whose
+# slurmstepd is gone), killed; then the empty cgroups removed.
+kill_job_cgroups() {
+    local root="/sys/fs/cgroup/freezer/slurm_$(hostname -s)" f p
+    [[ -d "$root" ]] || return 0
+    while IFS= read -r f; do
+        echo THAWED >"$f" 2>/dev/null || true
+    done < <(find "$root" -name freezer.state)
+    while IFS= read -r f; do
+        for p in $(cat -- "$f" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    done < <(find "$root" -name cgroup.procs)
+    cgroups_empty() { [[ -z "$(find "$root" -name cgroup.procs -exec cat {} + 2>/dev/null)" ]]; }
+    wait_for 10 "job processes to die" cgroups_empty || true
+    find "$root" -depth -mindepth 1 -type d -exec rmdir {} + 2>/dev/null || true
+}
+
 down() {
     need_root
     if [[ -f "$CONF" ]] && pid_alive "$DIR/run/slurmctld.pid"; then
         # Every job of the test cluster ends with it (also on a half-up cluster).
-        scancel --full --quiet --state=PENDING 2>/dev/null || true
-        scancel --full --quiet 2>/dev/null || true
+        local ids
+        ids="$(squeue -h -t pending,running,suspended,completing -o %i 2>/dev/null | tr '\n' ' ')"
+        # shellcheck disable=SC2086
+        [[ -z "${ids// /}" ]] || scancel $ids 2>/dev/null || true
         wait_for 20 "jobs to end" bash -c '[[ -z "$(squeue -h -t running,completing -o %i 2>/dev/null)" ]]' || true
     fi
     stop_pidfile slurmd "$DIR/run/slurmd.pid"
     stop_pidfile slurmctld "$DIR/run/slurmctld.pid"
     local p
     for p in $(leftovers); do kill -KILL "$p" 2>/dev/null || true; done
+    kill_job_cgroups
     if pid_alive "$DIR/run/munged.pid"; then
         munged --stop --socket="$MUNGE_SOCKET" >/dev/null 2>&1 || true
         stop_pidfile munged "$DIR/run/munged.pid"

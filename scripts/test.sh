@@ -10,6 +10,16 @@ set -euo pipefail
 ROOT="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
+PYCACHE=""
+SLURM_UP=0
+cleanup() {
+    [[ -z "$PYCACHE" ]] || rm -rf -- "$PYCACHE"
+    if [[ "$SLURM_UP" == 1 ]]; then
+        bash "$ROOT/scripts/slurm-cluster.sh" down </dev/null || true
+    fi
+}
+trap cleanup EXIT
+
 say() { printf '\n==> %s\n' "$*" >&2; }
 
 say "Python environment (.venv)"
@@ -23,7 +33,6 @@ if ((${#WORKER_FILES[@]})); then
     say "py_compile python/cellhost_worker (${#WORKER_FILES[@]} files)"
     # Byte-code goes to a scratch dir, not into the source tree.
     PYCACHE="$(mktemp -d "${TMPDIR:-/tmp}/cellhost-pycache.XXXXXX")"
-    trap 'rm -rf -- "$PYCACHE"' EXIT
     PYTHONPYCACHEPREFIX="$PYCACHE" "$PY" -m py_compile "${WORKER_FILES[@]}"
 fi
 
@@ -60,6 +69,22 @@ if ! command -v R >/dev/null 2>&1 || ! R --no-echo -e 'quit(status = !requireNam
             || echo "test: R could not be installed; the R kernel tests are skipped" >&2
     else
         echo "test: R (with jsonlite) is missing and cannot be installed here; the R kernel tests are skipped" >&2
+    fi
+fi
+
+# The Slurm placement tests (crates/placement/tests/slurm.rs) run against a
+# one-node cluster on this machine (root only: slurmd starts jobs as their
+# users; about a second once the packages are installed); they skip, saying
+# why, without it. A cluster this script started goes down when it ends.
+if [[ "$(id -u)" == 0 ]] && [[ -z "${CELLHOST_TEST_NO_SLURM:-}" ]]; then
+    say "one-node Slurm cluster (scripts/slurm-cluster.sh up)"
+    if bash "$ROOT/scripts/slurm-cluster.sh" status >/dev/null 2>&1; then
+        echo "test: the Slurm test cluster was already up; it stays up" >&2
+    elif bash "$ROOT/scripts/slurm-cluster.sh" up </dev/null; then
+        SLURM_UP=1
+    else
+        echo "test: the Slurm test cluster did not come up; the Slurm placement tests are skipped" >&2
+        bash "$ROOT/scripts/slurm-cluster.sh" down </dev/null || true
     fi
 fi
 
