@@ -72,6 +72,16 @@ if ! command -v R >/dev/null 2>&1 || ! R --no-echo -e 'quit(status = !requireNam
     fi
 fi
 
+# The SSH placement tests (crates/placement/tests/ssh.rs) start a loopback
+# sshd of their own; they skip, saying why, without openssh-server.
+if [[ ! -x /usr/sbin/sshd ]] && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    say "apt-get install openssh-server openssh-client (for the SSH placement tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -qq --no-install-recommends openssh-server openssh-client </dev/null >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server openssh-client </dev/null >/dev/null; }; } \
+        || echo "test: openssh-server could not be installed; the SSH placement tests are skipped" >&2
+fi
+
 # The Slurm placement tests (crates/placement/tests/slurm.rs) run against a
 # one-node cluster on this machine (root only: slurmd starts jobs as their
 # users; about a second once the packages are installed); they skip, saying

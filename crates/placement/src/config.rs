@@ -13,6 +13,7 @@
 
 use crate::PlacementError;
 use crate::slurm::{SlurmOptions, SlurmPlacement};
+use crate::ssh::{SshOptions, SshPlacement};
 
 /// One `[placement.<name>]` table, by its `kind`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -20,6 +21,8 @@ use crate::slurm::{SlurmOptions, SlurmPlacement};
 pub enum PlacementOptions {
     /// `kind = "slurm"`: [`SlurmOptions`].
     Slurm(SlurmOptions),
+    /// `kind = "ssh"`: [`SshOptions`].
+    Ssh(SshOptions),
 }
 
 impl PlacementOptions {
@@ -52,6 +55,7 @@ impl PlacementOptions {
     pub fn kind(&self) -> &'static str {
         match self {
             PlacementOptions::Slurm(_) => crate::slurm::KIND,
+            PlacementOptions::Ssh(_) => crate::ssh::KIND,
         }
     }
 }
@@ -61,6 +65,8 @@ impl PlacementOptions {
 pub enum AnyPlacement {
     /// A [`SlurmPlacement`].
     Slurm(SlurmPlacement),
+    /// An [`SshPlacement`].
+    Ssh(SshPlacement),
 }
 
 impl AnyPlacement {
@@ -71,6 +77,7 @@ impl AnyPlacement {
     pub fn new(name: &str, options: PlacementOptions) -> Result<Self, PlacementError> {
         Ok(match options {
             PlacementOptions::Slurm(o) => AnyPlacement::Slurm(SlurmPlacement::new(name, o)?),
+            PlacementOptions::Ssh(o) => AnyPlacement::Ssh(SshPlacement::new(name, o)?),
         })
     }
 }
@@ -96,6 +103,11 @@ mod tests {
         assert!(
             matches!(&bad, Err(PlacementError::Config { message, .. }) if message.contains("partiton")),
             "{bad:?}"
+        );
+        let ssh = PlacementOptions::from_toml("b", "kind = \"ssh\"\nhost = \"box\"\nport = 2222\n");
+        assert!(
+            matches!(&ssh, Ok(PlacementOptions::Ssh(o)) if o.host == "box" && o.port == Some(2222)),
+            "{ssh:?}"
         );
         let unknown = PlacementOptions::from_toml("c", "kind = \"pbs\"\n");
         assert!(matches!(unknown, Err(PlacementError::Config { .. })));

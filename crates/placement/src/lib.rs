@@ -32,6 +32,7 @@ pub mod command;
 pub mod config;
 pub mod shell;
 pub mod slurm;
+pub mod ssh;
 
 pub use config::PlacementOptions;
 
