@@ -11,9 +11,9 @@
 //! host = "box.example.org"
 //! ```
 
-use crate::PlacementError;
 use crate::slurm::{SlurmOptions, SlurmPlacement};
 use crate::ssh::{SshOptions, SshPlacement};
+use crate::{Placed, PlacedState, Placement, PlacementError, PlacementRequest};
 
 /// One `[placement.<name>]` table, by its `kind`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -23,6 +23,10 @@ pub enum PlacementOptions {
     Slurm(SlurmOptions),
     /// `kind = "ssh"`: [`SshOptions`].
     Ssh(SshOptions),
+    /// `kind = "kubernetes"`:
+    /// [`KubernetesOptions`](crate::kubernetes::KubernetesOptions).
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(crate::kubernetes::KubernetesOptions),
 }
 
 impl PlacementOptions {
@@ -56,6 +60,8 @@ impl PlacementOptions {
         match self {
             PlacementOptions::Slurm(_) => crate::slurm::KIND,
             PlacementOptions::Ssh(_) => crate::ssh::KIND,
+            #[cfg(feature = "kubernetes")]
+            PlacementOptions::Kubernetes(_) => crate::kubernetes::KIND,
         }
     }
 }
@@ -67,6 +73,9 @@ pub enum AnyPlacement {
     Slurm(SlurmPlacement),
     /// An [`SshPlacement`].
     Ssh(SshPlacement),
+    /// A [`KubernetesPlacement`](crate::kubernetes::KubernetesPlacement).
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(crate::kubernetes::KubernetesPlacement),
 }
 
 impl AnyPlacement {
@@ -78,7 +87,50 @@ impl AnyPlacement {
         Ok(match options {
             PlacementOptions::Slurm(o) => AnyPlacement::Slurm(SlurmPlacement::new(name, o)?),
             PlacementOptions::Ssh(o) => AnyPlacement::Ssh(SshPlacement::new(name, o)?),
+            #[cfg(feature = "kubernetes")]
+            PlacementOptions::Kubernetes(o) => {
+                AnyPlacement::Kubernetes(crate::kubernetes::KubernetesPlacement::new(name, o)?)
+            }
         })
+    }
+}
+
+/// Dispatches to the placement inside.
+impl Placement for AnyPlacement {
+    fn kind(&self) -> &'static str {
+        match self {
+            AnyPlacement::Slurm(p) => p.kind(),
+            AnyPlacement::Ssh(p) => p.kind(),
+            #[cfg(feature = "kubernetes")]
+            AnyPlacement::Kubernetes(p) => p.kind(),
+        }
+    }
+
+    async fn place(&self, request: &PlacementRequest) -> Result<Placed, PlacementError> {
+        match self {
+            AnyPlacement::Slurm(p) => p.place(request).await,
+            AnyPlacement::Ssh(p) => p.place(request).await,
+            #[cfg(feature = "kubernetes")]
+            AnyPlacement::Kubernetes(p) => p.place(request).await,
+        }
+    }
+
+    async fn state(&self, placed: &Placed) -> Result<PlacedState, PlacementError> {
+        match self {
+            AnyPlacement::Slurm(p) => p.state(placed).await,
+            AnyPlacement::Ssh(p) => p.state(placed).await,
+            #[cfg(feature = "kubernetes")]
+            AnyPlacement::Kubernetes(p) => p.state(placed).await,
+        }
+    }
+
+    async fn cancel(&self, placed: &Placed) -> Result<(), PlacementError> {
+        match self {
+            AnyPlacement::Slurm(p) => p.cancel(placed).await,
+            AnyPlacement::Ssh(p) => p.cancel(placed).await,
+            #[cfg(feature = "kubernetes")]
+            AnyPlacement::Kubernetes(p) => p.cancel(placed).await,
+        }
     }
 }
 

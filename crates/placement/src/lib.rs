@@ -30,6 +30,8 @@ use std::time::Duration;
 
 pub mod command;
 pub mod config;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod shell;
 pub mod slurm;
 pub mod ssh;
