@@ -73,9 +73,10 @@ pub enum AnyPlacement {
     Slurm(SlurmPlacement),
     /// An [`SshPlacement`].
     Ssh(SshPlacement),
-    /// A [`KubernetesPlacement`](crate::kubernetes::KubernetesPlacement).
+    /// A [`KubernetesPlacement`](crate::kubernetes::KubernetesPlacement)
+    /// (boxed: its Pod template is large).
     #[cfg(feature = "kubernetes")]
-    Kubernetes(crate::kubernetes::KubernetesPlacement),
+    Kubernetes(Box<crate::kubernetes::KubernetesPlacement>),
 }
 
 impl AnyPlacement {
@@ -89,7 +90,7 @@ impl AnyPlacement {
             PlacementOptions::Ssh(o) => AnyPlacement::Ssh(SshPlacement::new(name, o)?),
             #[cfg(feature = "kubernetes")]
             PlacementOptions::Kubernetes(o) => {
-                AnyPlacement::Kubernetes(crate::kubernetes::KubernetesPlacement::new(name, o)?)
+                AnyPlacement::Kubernetes(Box::new(crate::kubernetes::KubernetesPlacement::new(name, o)?))
             }
         })
     }

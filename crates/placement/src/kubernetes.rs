@@ -639,3 +639,116 @@ impl Placement for KubernetesPlacement {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> PlacementRequest {
+        PlacementRequest {
+            token: "cellhost-0a".to_owned(),
+            session: "s p".to_owned(),
+            generation: 1,
+            agent_argv: vec![
+                "cellhost".to_owned(),
+                "agent".to_owned(),
+                format!("--credential={CREDENTIAL_PLACEHOLDER}"),
+            ],
+            credential: b"x".to_vec(),
+            env: BTreeMap::new(),
+            queue_timeout: Duration::from_secs(90),
+        }
+    }
+
+    fn template() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/pod-template.yaml")
+    }
+
+    #[test]
+    fn the_shipped_template_is_kept_and_its_agent_container_overridden() {
+        let options = KubernetesOptions {
+            pod_template: Some(template()),
+            requests: BTreeMap::from([("cpu".to_owned(), "2".to_owned())]),
+            ..KubernetesOptions::default()
+        };
+        let p = match KubernetesPlacement::new("k", options) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        };
+        let pod = match p.pod(&request(), "ns") {
+            Ok(pod) => pod,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(pod.metadata.name.as_deref(), Some("cellhost-0a"));
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("ns"));
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get("app.kubernetes.io/name").map(String::as_str),
+            Some("cellhost-kernel")
+        );
+        assert_eq!(labels.get("cellhost.io/session").map(String::as_str), Some("s_p"));
+        let spec = pod.spec.clone().unwrap_or_default();
+        assert_eq!(spec.enable_service_links, Some(false));
+        let c = &spec.containers[0];
+        // The template's image and security context stay; the command is the agent's.
+        assert_eq!(c.image.as_deref(), Some("registry.example.org/cellhost:0.1.0"));
+        assert!(c.security_context.is_some());
+        assert_eq!(
+            c.command.clone().unwrap_or_default(),
+            ["cellhost", "agent", "--credential=/var/run/cellhost/credential"]
+        );
+        let res = c.resources.clone().unwrap_or_default();
+        assert_eq!(
+            res.requests.unwrap_or_default().get("cpu"),
+            Some(&Quantity("2".to_owned()))
+        );
+        assert_eq!(
+            res.limits.unwrap_or_default().get("memory"),
+            Some(&Quantity("4Gi".to_owned()))
+        );
+        let env: Vec<_> = c
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert!(env.contains(&"CELLHOST_POD_NAME".to_owned()), "{env:?}");
+    }
+
+    #[test]
+    fn no_image_an_upper_case_token_or_a_template_of_another_kind_is_a_config_error() {
+        assert!(matches!(
+            KubernetesPlacement::new("k", KubernetesOptions::default()),
+            Err(PlacementError::Config { .. })
+        ));
+        let p = match KubernetesPlacement::new(
+            "k",
+            KubernetesOptions {
+                image: Some("i".to_owned()),
+                ..KubernetesOptions::default()
+            },
+        ) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        };
+        let mut r = request();
+        r.token = "Cellhost-0A".to_owned();
+        assert!(matches!(p.pod(&r, "ns"), Err(PlacementError::Config { .. })));
+        let dir = match tempfile::tempdir() {
+            Ok(d) => d,
+            Err(e) => panic!("{e}"),
+        };
+        let path = dir.path().join("t.yaml");
+        assert!(std::fs::write(&path, "apiVersion: v1\nkind: Secret\n").is_ok());
+        let r = KubernetesPlacement::new(
+            "k",
+            KubernetesOptions {
+                image: Some("i".to_owned()),
+                pod_template: Some(path),
+                ..KubernetesOptions::default()
+            },
+        );
+        assert!(matches!(r, Err(PlacementError::Config { .. })), "{r:?}");
+    }
+}

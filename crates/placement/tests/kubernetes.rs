@@ -165,6 +165,14 @@ async fn cluster(options: KubernetesOptions) -> (Shared, KubernetesPlacement) {
     }
 }
 
+/// Plays the scheduler or kubelet: edits the stored Pod `name`.
+fn edit_pod(store: &Shared, name: &str, edit: impl FnOnce(&mut Value)) {
+    match lock(store).pods.get_mut(name) {
+        Some(pod) => edit(pod),
+        None => panic!("no Pod {name}"),
+    }
+}
+
 fn options() -> KubernetesOptions {
     KubernetesOptions {
         image: Some("registry.example.org/cellhost:0.1.0".to_owned()),
@@ -268,7 +276,7 @@ async fn kubernetes_unschedulable_pod_is_queued_then_an_unschedulable_error_afte
         Err(e) => panic!("place: {e}"),
     };
     let why = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.";
-    lock(&store).pods.get_mut("cellhost-c3").map(|pod| {
+    edit_pod(&store, "cellhost-c3", |pod| {
         pod["status"] = json!({"phase": "Pending", "conditions": [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
         ]});
@@ -280,7 +288,7 @@ async fn kubernetes_unschedulable_pod_is_queued_then_an_unschedulable_error_afte
         })
     );
     // Its queue timeout (an annotation set at creation) is over.
-    lock(&store).pods.get_mut("cellhost-c3").map(|pod| {
+    edit_pod(&store, "cellhost-c3", |pod| {
         pod["metadata"]["annotations"]["cellhost.io/queue-timeout-secs"] = json!("0");
     });
     match p.state(&placed).await {
@@ -300,7 +308,7 @@ async fn kubernetes_state_follows_the_pod_phase_and_cancel_deletes_pod_and_secre
         Err(e) => panic!("place: {e}"),
     };
     assert_eq!(p.state(&placed).await, Ok(PlacedState::Queued { reason: None }));
-    lock(&store).pods.get_mut("cellhost-d4").map(|pod| {
+    edit_pod(&store, "cellhost-d4", |pod| {
         pod["spec"]["nodeName"] = json!("node-a");
         pod["status"] = json!({"phase": "Running"});
     });
@@ -310,7 +318,7 @@ async fn kubernetes_state_follows_the_pod_phase_and_cancel_deletes_pod_and_secre
             node: Some("node-a".to_owned())
         })
     );
-    lock(&store).pods.get_mut("cellhost-d4").map(|pod| {
+    edit_pod(&store, "cellhost-d4", |pod| {
         pod["status"] = json!({"phase": "Failed", "containerStatuses": [{
             "name": "agent", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
             "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
