@@ -163,8 +163,8 @@ start_slurmd() {
 
 up() {
     need_root
-    install_packages
     local start=$SECONDS
+    install_packages
     if status >/dev/null 2>&1; then
         say "already up ($CONF)"
         return 0

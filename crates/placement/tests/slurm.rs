@@ -161,7 +161,7 @@ async fn slurm_agent_reads_its_0600_credential_and_sees_the_job_variables_not_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slurm_cancel_kills_the_agent_its_child_and_its_setsid_grandchild() {
+async fn slurm_cancel_kills_the_agent_its_child_and_its_orphaned_setsid_grandchild_through_the_job_cgroup() {
     let spool = scratch();
     let markers = scratch();
     let Some(options) = cluster(spool.path()) else {
@@ -188,11 +188,23 @@ async fn slurm_cancel_kills_the_agent_its_child_and_its_setsid_grandchild() {
     assert_eq!(pids.len(), 3, "{marker:?}");
     let fds: Vec<_> = pids.iter().filter_map(|&pid| common::pidfd(pid)).collect();
     assert_eq!(fds.len(), 3, "the stand-in's processes must run before cancel");
+    // Only a job cgroup reaches the orphan; proctrack/linuxproc follows the
+    // process tree (the cluster script picks it where cgroup v1 is missing).
+    let cgroup = std::fs::read_to_string(slurm_conf())
+        .map(|c| c.lines().any(|l| l.trim() == "ProctrackType=proctrack/cgroup"))
+        .unwrap_or(false);
     if let Err(e) = p.cancel(&placed).await {
         panic!("cancel: {e}");
     }
     guard.0 = None;
-    for (fd, pid) in fds.iter().zip(&pids) {
+    for (i, (fd, pid)) in fds.iter().zip(&pids).enumerate() {
+        if i == 2 && !cgroup {
+            eprintln!("not checked: the orphaned grandchild (the cluster tracks jobs without cgroups)");
+            if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            continue;
+        }
         assert!(common::wait_gone(fd, WAIT), "process {pid} outlived scancel");
     }
     assert!(!p.credential_path(&request.token).exists());
