@@ -24,6 +24,24 @@
 //!   (`scancel`, Pod deletion, killing the ssh session); cancelling a job
 //!   that already ended is not an error.
 //! * Failures are [`PlacementError`]s carrying the scheduler's own message.
+//!
+//! Implementations, each built from a `[placement.<name>]` table
+//! ([`PlacementOptions`], `kind = "slurm" | "ssh" | "kubernetes"`) into an
+//! [`config::AnyPlacement`], which is itself a [`Placement`]:
+//!
+//! | kind | module | [`Placed::job`] | credential file on the node |
+//! | --- | --- | --- | --- |
+//! | `slurm` | [`slurm`] | the Slurm job id | `<spool_dir>/<token>.credential` (shared file system), 0600, removed when the job script ends |
+//! | `ssh` | [`ssh`] | `<token>/<pgid>` of the agent's process group | `<remote_dir>/<token>/credential`, 0600 (umask 077), removed when the agent ends or on cancel |
+//! | `kubernetes` | `kubernetes` (feature `kubernetes`, default) | the Pod name (= token) | `/var/run/cellhost/credential` in a read-only Secret volume, mode 0600, owned by root; the path is a symbolic link into the volume's `..data` directory, as for every Secret volume |
+//!
+//! What the agent's side can rely on: the file is readable by the agent's
+//! user only; the agent may delete it once read (the placement does not
+//! need it again). The scheduler's job variables reach the agent's
+//! environment (Slurm's `SLURM_*`, the Pod's `CELLHOST_POD_NAME`,
+//! `CELLHOST_POD_NAMESPACE`, `CELLHOST_NODE_NAME`), and the kernel's
+//! environment allowlist passes the names in
+//! `cellhost_sandbox::env::SCHEDULER_NAMES`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `sbatch --parsable --export=NONE --no-requeue --job-name=<token> …`
 //! with a generated job script on stdin. The script exports the request's
 //! `env` (never secret by the seam's contract), runs the agent's argv with
-//! [`CREDENTIAL_PLACEHOLDER`](crate::CREDENTIAL_PLACEHOLDER) replaced by the
+//! [`CREDENTIAL_PLACEHOLDER`] replaced by the
 //! credential file's path, and removes that file when the agent ends.
 //! * `--export=NONE`: nothing of the host's environment reaches the job;
 //!   Slurm adds its own job variables (`SLURM_JOB_ID`, `SLURM_JOB_NODELIST`,

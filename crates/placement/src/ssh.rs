@@ -16,7 +16,7 @@
 //! `<remote_dir>/<token>/credential`, so the file is 0600 from its first
 //! byte; it never appears on a command line (local or remote) or in an
 //! environment. The agent's argv names that path in place of
-//! [`CREDENTIAL_PLACEHOLDER`](crate::CREDENTIAL_PLACEHOLDER) (substituted on
+//! [`CREDENTIAL_PLACEHOLDER`] (substituted on
 //! the remote side, where the home directory is known). The file is removed
 //! when the agent ends and on cancel.
 //!
