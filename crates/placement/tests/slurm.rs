@@ -290,3 +290,35 @@ async fn slurm_job_that_ended_reports_its_state_and_cancel_is_not_an_error() {
     assert!(!p.credential_path(&request.token).exists());
     assert_eq!(p.cancel(&placed).await, Ok(()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_job_waiting_in_the_queue_is_queued_with_slurms_reason() {
+    let spool = scratch();
+    let markers = scratch();
+    let Some(mut options) = cluster(spool.path()) else {
+        return;
+    };
+    // Passed through: the job may not start for an hour.
+    options.extra_args = vec!["--begin=now+3600".to_owned()];
+    let p = placement(options);
+    let request = common::stand_in_request(markers.path(), b"c");
+    let placed = match p.place(&request).await {
+        Ok(placed) => placed,
+        Err(e) => panic!("place: {e}"),
+    };
+    let _guard = Cancel(Some(placed.job.clone()));
+    let state = wait_state(
+        &p,
+        &placed,
+        |s| matches!(s, PlacedState::Queued { reason: Some(r) } if r == "BeginTime"),
+    )
+    .await;
+    assert_eq!(
+        state,
+        PlacedState::Queued {
+            reason: Some("BeginTime".to_owned())
+        }
+    );
+    assert_eq!(p.cancel(&placed).await, Ok(()));
+    assert!(!p.credential_path(&request.token).exists());
+}

@@ -306,3 +306,38 @@ async fn ssh_refuses_a_host_whose_key_is_not_the_known_one() {
     }
     assert!(!Path::new(&p.remote_credential_path(&request.token)).exists());
 }
+
+#[tokio::test]
+async fn ssh_agent_that_exits_reports_its_exit_status_and_leaves_no_credential() {
+    let Some(sshd) = Sshd::start() else { return };
+    let p = placement(sshd.options());
+    let m = markers();
+    let mut request = common::stand_in_request(m.path(), b"c");
+    request.agent_argv = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        "test -s \"$0\" && exit 7".to_owned(),
+        "{credential}".to_owned(),
+    ];
+    let placed = match p.place(&request).await {
+        Ok(placed) => placed,
+        Err(e) => panic!("place: {e}"),
+    };
+    let start = std::time::Instant::now();
+    let state = loop {
+        match p.state(&placed).await {
+            Ok(PlacedState::Running { .. }) if start.elapsed() < WAIT => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(
+        state,
+        Ok(PlacedState::Ended {
+            detail: "exited with status 7".to_owned()
+        })
+    );
+    assert!(!Path::new(&p.remote_credential_path(&request.token)).exists());
+    assert_eq!(p.cancel(&placed).await, Ok(()));
+}
