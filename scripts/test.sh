@@ -110,6 +110,12 @@ if [[ "$status" == 0 && $# == 0 ]]; then
     CELLHOST_TEST_PYTHON="$PY" bash "$ROOT/scripts/test-wheel.sh" || status=$?
 fi
 
+# The TypeScript client against a real `serve` (skipped, saying why, without npm).
+if [[ "$status" == 0 && $# == 0 ]]; then
+    say "TypeScript client (scripts/test-ts.sh)"
+    CELLHOST_TEST_PYTHON="$PY" bash "$ROOT/scripts/test-ts.sh" || status=$?
+fi
+
 # The escape suite again as an unprivileged user: every sandbox guarantee
 # must hold for root and non-root alike (root only: it switches users).
 if [[ "$status" == 0 && "$(id -u)" == 0 && $# == 0 ]]; then

@@ -17,7 +17,8 @@
 //! DAEMON and HTTP round trip of a trivial cell through the daemon CLI, the
 //! daemon socket and `cellhost serve`; HTTP50 50 concurrent HTTP clients of
 //! 100 cells each (throughput, p99, lost or misattributed output); MCP and
-//! MCP50 the same through `cellhost mcp`.
+//! MCP50 the same through `cellhost mcp`; PYSDK a trivial cell through the
+//! Python API (`Session.run`) against a raw HTTP request to the same server.
 //!
 //! The library workloads run kernels in this process (it is their kernel
 //! init too); the surfaces (CLI, daemon, HTTP, MCP, `cellhost run`) run the
@@ -29,6 +30,7 @@
 
 mod as_user;
 mod limits;
+mod pysdk;
 mod sessions;
 mod stats;
 mod surfaces;
@@ -52,11 +54,11 @@ const EXIT_USAGE: u8 = 2;
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
     "W3", "W1", "W2", "W2S", "W2T", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5", "IDLE200",
-    "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50",
+    "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK",
 ];
 
 /// The workloads that run the `cellhost` binary.
-const NEED_CELLHOST: &[&str] = &["W7", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50"];
+const NEED_CELLHOST: &[&str] = &["W7", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK"];
 
 /// The command line: the bench, or its hidden helper.
 #[derive(Debug, Parser)]
@@ -109,12 +111,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// The `cellhost` binary the surface workloads (W7, DAEMON, HTTP,
-    /// HTTP50, MCP, MCP50) run; default: `cellhost` next to this
+    /// HTTP50, MCP, MCP50, PYSDK) run; default: `cellhost` next to this
     /// executable.
     #[arg(long, value_name = "PATH")]
     pub cellhost: Option<PathBuf>,
     /// Comma-separated workloads (W1, W2, W2S, W2T, W3, W4, KILL, HOSTKILL, W7, POOL,
-    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50), or `all`.
+    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50, PYSDK), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
     /// Also measure the peers: ipykernel + jupyter_client, `python -c`,

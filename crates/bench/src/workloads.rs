@@ -87,6 +87,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "HTTP50" => super::surfaces::http50(ctx).await,
         "MCP" => super::surfaces::mcp(ctx).await,
         "MCP50" => super::surfaces::mcp50(ctx).await,
+        "PYSDK" => super::pysdk::pysdk(ctx),
         _ => Err(format!("unknown workload {w}")),
     }
 }

@@ -344,8 +344,6 @@ const DENIED: &[(&str, libc::c_long)] = &[
     ("adjtimex", libc::SYS_adjtimex),
     ("quotactl", libc::SYS_quotactl),
     ("kcmp", libc::SYS_kcmp),
-    ("iopl", libc::SYS_iopl),
-    ("ioperm", libc::SYS_ioperm),
     ("vhangup", libc::SYS_vhangup),
     // io_uring runs file, socket and other operations that seccomp never
     // sees: with it, every argument filter here (set-ID modes, openat2,
@@ -354,6 +352,22 @@ const DENIED: &[(&str, libc::c_long)] = &[
     ("io_uring_enter", libc::SYS_io_uring_enter),
     ("io_uring_register", libc::SYS_io_uring_register),
 ];
+
+/// The denied syscalls that exist on this architecture only (port I/O:
+/// x86's `iopl` and `ioperm`; aarch64 has no such calls).
+#[cfg(target_arch = "x86_64")]
+const DENIED_ARCH: &[(&str, libc::c_long)] = &[("iopl", libc::SYS_iopl), ("ioperm", libc::SYS_ioperm)];
+#[cfg(not(target_arch = "x86_64"))]
+const DENIED_ARCH: &[(&str, libc::c_long)] = &[];
+
+/// Every denied syscall of this architecture: [`DENIED`] and [`DENIED_ARCH`].
+fn denied() -> impl Iterator<Item = &'static (&'static str, libc::c_long)> {
+    DENIED.iter().chain(DENIED_ARCH)
+}
+
+/// `fchmodat2` (Linux 6.6): 452 on every architecture (the unified syscall
+/// table); the libc crate names it for x86_64 only.
+const SYS_FCHMODAT2: libc::c_long = 452;
 
 const NEW_NS_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWUSER,
@@ -377,7 +391,7 @@ pub(crate) fn seccomp_filters()
     let arch: TargetArch = std::env::consts::ARCH
         .try_into()
         .map_err(seccompiler::Error::Backend)?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(_, n)| (*n, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied().map(|(_, n)| (*n, Vec::new())).collect();
     let mut clone_rules = Vec::new();
     for f in NEW_NS_FLAGS {
         clone_rules.push(
@@ -439,17 +453,21 @@ fn setid_mode_rules() -> Result<Vec<(i64, seccompiler::SeccompRule)>, seccompile
     let mut out = Vec::new();
     for id_bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
         // (syscall, mode argument, flags argument that must hold O_CREAT/O_TMPFILE)
-        let calls: [(i64, u8, Option<u8>); 9] = [
-            (libc::SYS_chmod, 1, None),
+        let mut calls: Vec<(i64, u8, Option<u8>)> = vec![
             (libc::SYS_fchmod, 1, None),
             (libc::SYS_fchmodat, 2, None),
-            (libc::SYS_fchmodat2, 2, None),
-            (libc::SYS_creat, 1, None),
-            (libc::SYS_mknod, 1, None),
+            (SYS_FCHMODAT2, 2, None),
             (libc::SYS_mknodat, 2, None),
-            (libc::SYS_open, 2, Some(1)),
             (libc::SYS_openat, 3, Some(2)),
         ];
+        // The legacy path calls of x86_64 (aarch64 has only the `*at` forms).
+        #[cfg(target_arch = "x86_64")]
+        calls.extend([
+            (libc::SYS_chmod, 1, None),
+            (libc::SYS_creat, 1, None),
+            (libc::SYS_mknod, 1, None),
+            (libc::SYS_open, 2, Some(1)),
+        ]);
         for (nr, mode_arg, flags_arg) in calls {
             match flags_arg {
                 None => out.push((
@@ -475,7 +493,7 @@ fn setid_mode_rules() -> Result<Vec<(i64, seccompiler::SeccompRule)>, seccompile
 pub(crate) fn seccomp_detail() -> String {
     format!(
         "EPERM for {} syscalls (ptrace, mount, bpf, kexec, keyctl, perf_event_open, unshare/setns, modules, …), namespace-creating clone and set-user/group-ID file modes",
-        DENIED.len()
+        denied().count()
     )
 }
 

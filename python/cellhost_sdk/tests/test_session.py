@@ -120,15 +120,96 @@ def test_figure_comes_back_as_image(session):
 def test_run_notebook_with_parameters(session, tmp_path):
     nb = {
         "cells": [
-            {"cell_type": "markdown", "source": ["# t"]},
-            {"cell_type": "code", "source": ["y = n * 2\n", "y"]},
+            {"cell_type": "markdown", "metadata": {}, "source": ["# t"]},
+            {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": ["n = 1"],
+             "outputs": [], "execution_count": None},
+            {"cell_type": "code", "metadata": {}, "source": ["y = n * 2\n", "y"], "outputs": [], "execution_count": None},
         ],
-        "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}},
+        "nbformat": 4, "nbformat_minor": 5,
     }
     p = tmp_path / "t.ipynb"
     p.write_text(json.dumps(nb))
-    results = session.run_notebook(str(p), parameters={"n": 21})
-    assert [r.status for r in results] == ["ok", "ok"] and results[-1].value == "42"
+    run = session.run_notebook(str(p), parameters={"n": 21})
+    assert run.ok and run.stop is None
+    # The two code cells and the injected-parameters cell after the `parameters` one.
+    assert (run.total, run.ran) == (3, 3)
+    assert run.notebook["cells"][2]["metadata"]["tags"] == ["injected-parameters"]
+    assert "".join(run.outputs()[-1][0]["data"]["text/plain"]) == "42"
+    # It ran in this session: its variables are the session's.
+    assert session.run("y").value == "42"
+    out = tmp_path / "t.executed.ipynb"
+    run.save(out)
+    assert json.loads(out.read_text()) == run.notebook
+
+
+def test_run_notebook_stops_at_a_failed_cell_and_runs_scripts(session, tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("# %%\nz = 1\n# %%\nraise ValueError('nb')\n# %%\nz = 2\n")
+    run = session.run_notebook(p)
+    assert not run.ok
+    assert run.stop["reason"] == "cell_failed" and run.stop["cell"] == 2 and run.stop["status"] == "error"
+    assert run.ran == 2 and session.run("z").value == "1"
+    run = session.run_notebook(p, allow_errors=True)
+    assert run.ok and session.run("z").value == "2"
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text("{not json")
+    with pytest.raises(cellhost.InvalidRequest):
+        session.run_notebook(bad)
+
+
+def test_files_round_trip(session, tmp_path):
+    data = bytes(range(256)) * 4
+    put = session.files.upload("in/data.bin", data)
+    assert put["path"] == "in/data.bin" and put["size"] == len(data) and put["replaced"] is False
+    assert session.files.upload("in/data.bin", data)["replaced"] is True
+    # A cell sees the file in its workdir, and what it writes is there at once.
+    r = session.run("d = open('in/data.bin', 'rb').read()\nopen('out.txt', 'w').write(d[:4].hex())\nlen(d)")
+    assert r.value == str(len(data))
+    assert session.files.download("out.txt") == b"00010203"
+    assert session.files.download("in/data.bin") == data
+    assert session.files.download("in/data.bin", range=(10, 13)) == data[10:14]
+    assert session.files.download("in/data.bin", range=(1020, None)) == data[1020:]
+    # Local files both ways, streamed.
+    src = tmp_path / "local.txt"
+    src.write_text("héllo\n", encoding="utf-8")
+    session.files.upload("notes/local.txt", src)
+    dst = tmp_path / "back.txt"
+    assert session.files.download("notes/local.txt", local=dst) == b""
+    assert dst.read_text(encoding="utf-8") == "héllo\n"
+    with open(src, "rb") as f:
+        session.files.upload("notes/stream.txt", f)
+    assert session.files.download("notes/stream.txt") == src.read_bytes()
+
+    top = {e.name: e for e in session.files.list()}
+    assert top["in"].type == "dir" and top["out.txt"].type == "file" and top["out.txt"].size == 8
+    assert [(e.name, e.size) for e in session.files.list("in")] == [("data.bin", len(data))]
+
+    assert session.files.delete("in/data.bin") == {"path": "in/data.bin", "type": "file"}
+    with pytest.raises(cellhost.FileNotFound) as e:
+        session.files.download("in/data.bin")
+    assert e.value.status == 404 and e.value.code == "file_not_found"
+    with pytest.raises(cellhost.FileError):
+        session.files.download("out.txt", range=(100, 200))
+    with pytest.raises(cellhost.PathRefused):
+        session.files.upload("/etc/cellhost-test", b"x")
+    with pytest.raises(cellhost.PathRefused):
+        session.files.download("in/../../outside.txt")
+
+
+def test_async_files_and_notebook(tmp_path):
+    async def main():
+        async with AsyncSession(python=PY) as s:
+            await s.files.upload("a.txt", "one")
+            assert await s.files.download("a.txt") == b"one"
+            assert [e.name for e in await s.files.list()] == ["a.txt"]
+            p = tmp_path / "n.py"
+            p.write_text("# %%\nk = open('a.txt').read()\n")
+            assert (await s.run_notebook(p)).ok
+            assert (await s.run("k")).value == "'one'"
+            await s.files.delete("a.txt")
+
+    asyncio.run(main())
 
 
 def test_submit_where_the_host_has_it(session):

@@ -14,19 +14,25 @@ over the HTTP API; :class:`AsyncSession` is the asyncio form;
 
 from .errors import (
     CellhostError,
+    FileError,
+    FileNotFound,
+    FileTooLarge,
     HostError,
     InvalidRequest,
     KernelFailed,
     NotSupported,
+    PathRefused,
     SandboxError,
     SessionBusy,
     SessionNotFound,
     Unavailable,
 )
+from .files import FileEntry, Files
 from .result import CellError, Image, Result
-from .session import AsyncSession, Session, Submitted
+from .session import AsyncSession, NotebookRun, Session, Submitted
 
 __all__ = [
-    "AsyncSession", "CellError", "CellhostError", "HostError", "Image", "InvalidRequest", "KernelFailed",
-    "NotSupported", "Result", "SandboxError", "Session", "SessionBusy", "SessionNotFound", "Submitted", "Unavailable",
+    "AsyncSession", "CellError", "CellhostError", "FileEntry", "FileError", "FileNotFound", "FileTooLarge", "Files",
+    "HostError", "Image", "InvalidRequest", "KernelFailed", "NotSupported", "NotebookRun", "PathRefused", "Result",
+    "SandboxError", "Session", "SessionBusy", "SessionNotFound", "Submitted", "Unavailable",
 ]

@@ -179,14 +179,29 @@ class Host:
             self.log.append(raw.decode("utf-8", "replace").rstrip("\n"))
             del self.log[:-200]
 
-    def _request(self, method: str, path: str, body: Any = None, timeout: Optional[float] = 60, stream: bool = False):
-        data = None if body is None else json.dumps(body).encode("utf-8")
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: Optional[float] = 60,
+        stream: bool = False,
+        data: Any = None,
+        headers: Optional[Mapping[str, str]] = None,
+    ):
+        """Sends one request: ``body`` as JSON, or ``data`` as it is (bytes
+        or a binary file object, streamed); an error answer raised as its
+        :class:`CellhostError`."""
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
-        if data is not None:
+        if body is not None:
             req.add_header("Content-Type", "application/json")
         if stream:
             req.add_header("Accept", "text/event-stream")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
         try:
             return urllib.request.urlopen(req, timeout=timeout)
         except urllib.error.HTTPError as e:
@@ -199,11 +214,25 @@ class Host:
         except (urllib.error.URLError, OSError) as e:
             raise HostError("host_unavailable", f"cannot reach the host: {e}") from None
 
+    def raw(self, method: str, path: str, data: Any, headers: Mapping[str, str], timeout: Optional[float] = 300):
+        """A request whose body (``data``) and answer are bytes, not JSON:
+        the open response (a context manager)."""
+        return self._request(method, path, None, timeout, data=data, headers=headers)
+
+    @staticmethod
+    def parse(raw: bytes) -> Any:
+        """An answer's JSON (``None`` when empty)."""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise CellhostError("internal", f"the host answered no JSON: {raw[:200]!r}") from None
+
     def call(self, method: str, path: str, body: Any = None, timeout: Optional[float] = 60) -> Any:
         """One JSON request; the parsed answer (``None`` for 204)."""
         with self._request(method, path, body, timeout) as resp:
-            raw = resp.read()
-        return json.loads(raw) if raw else None
+            return self.parse(resp.read())
 
     def events(self, path: str, body: Any, timeout: Optional[float]) -> Iterator[Tuple[str, Any]]:
         """A server-sent event stream: (event, parsed data) pairs."""

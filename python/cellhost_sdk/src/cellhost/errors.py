@@ -57,6 +57,24 @@ class NotSupported(CellhostError):
     """The host has no such route (``not_found`` for an API route)."""
 
 
+class FileError(CellhostError):
+    """A request on a session's files failed (``file_io_failed``,
+    ``range_not_satisfiable``, and the subclasses' codes)."""
+
+
+class PathRefused(FileError):
+    """``path_refused``: the path leaves the session's workdir (``..``, an
+    absolute path, a symlink out) or is not a plain path."""
+
+
+class FileNotFound(FileError):
+    """``file_not_found``: no such file or directory in the workdir."""
+
+
+class FileTooLarge(FileError):
+    """``file_too_large``: the upload is over the host's ``file_max_mb``."""
+
+
 _BY_CODE = {
     "session_busy": SessionBusy,
     "session_not_found": SessionNotFound,
@@ -70,6 +88,12 @@ _BY_CODE = {
     "too_many_sessions": Unavailable,
     "not_found": NotSupported,
     "host_unavailable": HostError,
+    "path_refused": PathRefused,
+    "file_not_found": FileNotFound,
+    "file_too_large": FileTooLarge,
+    "file_io_failed": FileError,
+    "range_not_satisfiable": FileError,
+    "unsupported_language": InvalidRequest,
 }
 
 

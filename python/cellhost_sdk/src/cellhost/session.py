@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import urllib.parse
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ._host import Host, raise_for_event
+from .files import Files
 from .errors import CellhostError, InvalidRequest, NotSupported
 from .result import Result
 
@@ -54,6 +57,9 @@ class Session:
         self.name = name
         self._host = Host(python=python, sandbox=sandbox, limits=limits, tools=tools)
         self._path = "/v1/sessions/" + urllib.parse.quote(name, safe="")
+        #: The session's files (:class:`~cellhost.files.Files`): upload,
+        #: download, list, delete, by paths relative to its workdir.
+        self.files = Files(self._host, self._path)
         try:
             body: Dict[str, Any] = {"name": name}
             if sandbox:
@@ -139,27 +145,78 @@ class Session:
             raise NotSupported("not_found", "this host has no /cells route: " + e.message, e.status) from None
 
     def run_notebook(
-        self, path: str, parameters: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None
-    ) -> List[Result]:
-        """Runs the code cells of an ``.ipynb`` in order in this session,
-        after a cell assigning ``parameters`` (``name = repr(value)``); stops
-        at the first cell whose status is not ``ok``. Returns the results."""
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        parameters: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
+        allow_errors: bool = False,
+    ) -> "NotebookRun":
+        """Runs a notebook in this session through the host's
+        ``POST /v1/notebooks/run``: an ``.ipynb`` (nbformat 4), or a
+        percent-format script (``# %%`` cells) for any other suffix.
+
+        ``parameters`` are injected as papermill does (a cell tagged
+        ``injected-parameters`` after the cell tagged ``parameters``, else
+        first; values JSON: ``None``, numbers, strings, lists, dicts).
+        ``timeout`` is each cell's deadline in seconds. The run stops at the
+        first failed cell unless ``allow_errors``; that is
+        :attr:`NotebookRun.stop`, not an exception. The session's variables
+        are seen by the notebook and kept after it."""
         with open(path, encoding="utf-8") as f:
-            nb = json.load(f)
-        cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-        results: List[Result] = []
+            text = f.read()
+        body: Dict[str, Any] = {"session": self.name}
+        if str(path).endswith(".ipynb"):
+            try:
+                body["notebook"] = json.loads(text)
+            except ValueError as e:
+                raise InvalidRequest("invalid_request", f"{path}: not a notebook (JSON): {e}") from None
+        else:
+            body["script"] = text
         if parameters:
-            for k in parameters:
-                if not str(k).isidentifier():
-                    raise InvalidRequest("invalid_request", f"parameter {k!r} is not an identifier")
-            results.append(self.run("\n".join(f"{k} = {v!r}" for k, v in parameters.items()), timeout=timeout))
-        for c in cells:
-            src = c.get("source", "")
-            r = self.run("".join(src) if isinstance(src, list) else str(src), timeout=timeout)
-            results.append(r)
-            if r.status != "ok":
-                break
-        return results
+            body["parameters"] = dict(parameters)
+        if timeout is not None:
+            body["timeout_s"] = timeout
+        if allow_errors:
+            body["allow_errors"] = True
+        return NotebookRun.from_json(self._host.call("POST", "/v1/notebooks/run", body, timeout=None))
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    """What :meth:`Session.run_notebook` did: ``notebook`` the executed
+    notebook (nbformat 4.5 JSON, outputs and figures embedded, as
+    ``cellhost run`` writes it), ``total`` its code cells, ``ran`` those
+    that ran, ``stop`` why it stopped early (``{"reason", "cell",
+    "message", "status"}``; ``None``: every cell ran)."""
+
+    notebook: Dict[str, Any]
+    total: int
+    ran: int
+    stop: Optional[Dict[str, Any]]
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "NotebookRun":
+        return cls(
+            notebook=dict(d.get("notebook") or {}),
+            total=int(d.get("total") or 0),
+            ran=int(d.get("ran") or 0),
+            stop=d.get("stop"),
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Every cell ran (no :attr:`stop`)."""
+        return self.stop is None
+
+    def outputs(self) -> List[List[Dict[str, Any]]]:
+        """Each code cell's outputs (nbformat output dicts), in order."""
+        return [c.get("outputs", []) for c in self.notebook.get("cells", []) if c.get("cell_type") == "code"]
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the executed notebook as an ``.ipynb`` file."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.notebook, f, indent=1, ensure_ascii=False)
+            f.write("\n")
 
 
 class AsyncSession:
@@ -205,6 +262,21 @@ class AsyncSession:
         """:meth:`Session.variables`."""
         return await asyncio.to_thread(self.sync.variables)
 
+    async def run_notebook(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        parameters: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[float] = None,
+        allow_errors: bool = False,
+    ) -> NotebookRun:
+        """:meth:`Session.run_notebook`."""
+        return await asyncio.to_thread(self.sync.run_notebook, path, parameters, timeout, allow_errors)
+
+    @property
+    def files(self) -> "AsyncFiles":
+        """:attr:`Session.files` with awaitable methods."""
+        return AsyncFiles(self.sync.files)
+
     async def stream(self, code: str, timeout: Optional[float] = None) -> AsyncIterator[Tuple[str, Any]]:
         """The cell's events as :meth:`Session.stream` gives them."""
         loop = asyncio.get_running_loop()
@@ -228,3 +300,26 @@ class AsyncSession:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+
+class AsyncFiles:
+    """:class:`~cellhost.files.Files` for asyncio: the same methods, as coroutines."""
+
+    def __init__(self, files: Files):
+        self._f = files
+
+    async def upload(self, path: str, data: Any) -> Dict[str, Any]:
+        """:meth:`Files.upload`."""
+        return await asyncio.to_thread(self._f.upload, path, data)
+
+    async def download(self, path: str, local: Any = None, range: Optional[Tuple[int, Optional[int]]] = None) -> bytes:
+        """:meth:`Files.download`."""
+        return await asyncio.to_thread(self._f.download, path, local, range)
+
+    async def list(self, path: str = "") -> List[Any]:
+        """:meth:`Files.list`."""
+        return await asyncio.to_thread(self._f.list, path)
+
+    async def delete(self, path: str) -> Dict[str, Any]:
+        """:meth:`Files.delete`."""
+        return await asyncio.to_thread(self._f.delete, path)
