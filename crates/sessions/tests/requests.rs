@@ -404,3 +404,35 @@ async fn restore_and_history_keep_an_r_sessions_language() {
         Some("r")
     );
 }
+
+/// A registry whose default language is R (`cellhost serve --language r`)
+/// keeps a warm pool of R kernels: a new session's first cell runs in a
+/// pooled kernel, not a cold one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r_registry_hands_out_pooled_r_kernels() {
+    let Some(r) = r_interpreter() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut t = KernelConfig::new(r, dir.path().join("unused"));
+    t.runtime = Arc::new(cellhost_kernel::RRuntime);
+    t.cwd = Some(dir.path().to_path_buf());
+    let mut c = RegistryConfig::new(dir.path().join("state"), t);
+    c.pool_size = 1;
+    let reg = Registry::start(c, None).await.expect("registry");
+    let _guard = Shutdown(reg.clone());
+    until("the pool holds an R kernel", async || reg.stats().pooled >= 1).await;
+    let x = exec("o", "pooled-r", "R.version$language")
+        .execute(&reg)
+        .await
+        .expect("cell")
+        .result;
+    assert_eq!(
+        x.result
+            .as_ref()
+            .and_then(|b| b.get("text/plain"))
+            .and_then(|v| v.as_str()),
+        Some("[1] \"R\""),
+        "{x:?}"
+    );
+    assert_eq!(reg.stats().from_pool, 1, "{:?}", reg.stats());
+    assert_eq!(reg.stats().spawned, 0);
+}
