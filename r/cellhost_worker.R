@@ -258,6 +258,25 @@ local({
     list(cpu_s = round(cpu - before, 6), peak_rss_kb = if (length(rss) == 1L) rss else NA)
   }
 
+  # What the process does with SIGINT now, from /proc/self/status: R's own
+  # handler ("worker"), or what native code of a package set in its place
+  # ("ignored", "default"). R code has no way to re-install R's handler.
+  sigint_handler <- function() {
+    s <- tryCatch(readLines("/proc/self/status", warn = FALSE), error = function(e) character(0))
+    bit <- function(field) {
+      line <- grep(paste0("^", field, ":"), s, value = TRUE)
+      if (length(line) != 1L) return(NA)
+      hex <- sub("^[^:]*:[[:space:]]*", "", line)
+      # SIGINT is signal 2: bit 1 of the mask's last hex digit.
+      digit <- strtoi(substr(hex, nchar(hex), nchar(hex)), 16L)
+      !is.na(digit) && bitwAnd(digit, 2L) != 0L
+    }
+    if (isTRUE(bit("SigIgn"))) "ignored"
+    else if (isTRUE(bit("SigCgt"))) "worker"
+    else if (identical(bit("SigCgt"), FALSE)) "default"
+    else "worker"
+  }
+
   cpu_now <- function() sum(proc.time()[c(1L, 2L, 4L, 5L)], na.rm = TRUE)
 
   run_cell <- function(frame) {
@@ -266,8 +285,6 @@ local({
     marker <- if (is.character(frame$marker)) frame$marker else ""
     silent <- isTRUE(frame$options$silent)
     current <<- id
-    send(list(type = "started", id = id))
-    write_marker(start_marker(marker))
     if (!silent) execution_count <<- execution_count + 1L
     cell_warnings <<- list()
     cpu_before <- cpu_now()
@@ -289,6 +306,14 @@ local({
     }
     on_error <- function(e) state$calls <- user_calls(sys.calls())
     tryCatch(withCallingHandlers({
+      # `started` tells the host its wake-up may come now: the handlers
+      # above are in place, and a SIGINT that lands while the frame and
+      # the start marker are written is held until both are out, then
+      # ends the cell as interrupted.
+      suspendInterrupts({
+        send(list(type = "started", id = id))
+        write_marker(start_marker(marker))
+      })
       exprs <- parse(text = code, keep.source = TRUE)
       srcref <- attr(exprs, "srcref")
       n <- length(exprs)
@@ -333,7 +358,7 @@ local({
         send(list(type = "response", id = id, status = status,
                   execution_count = execution_count, result = result, error = error,
                   usage = usage(cpu_before), cwd = tryCatch(getwd(), error = function(e) NULL),
-                  sigint_handler = "worker"))
+                  sigint_handler = sigint_handler()))
         TRUE
       }, interrupt = function(i) FALSE, error = function(e) {
         log_msg(paste("worker: the end of a cell failed:", conditionMessage(e)))
@@ -484,7 +509,7 @@ local({
     } else if (identical(kind, "interrupt")) {
       # Only read between cells: the cell it was meant for has ended.
       send(list(type = "interrupt_ack", id = frame$id, running = FALSE,
-                handler = "worker", raised = 0L))
+                handler = sigint_handler(), raised = 0L))
     } else if (identical(kind, "shutdown")) {
       exit_now()
     }

@@ -410,8 +410,15 @@ fn report(args: &BenchArgs, ctx: &workloads::Ctx<'_>, list: &[String]) -> String
         let _ = writeln!(doc, "- {n}");
     }
     doc.push_str(&limits::section(list));
+    // The R figures come from scripts outside this bench (IRkernel through
+    // jupyter_client and nbclient); a rewrite keeps them.
+    doc.push_str(R_RESULTS);
     doc
 }
+
+/// The R section of the report: `bench/r/RESULTS.md`, made by
+/// `scripts/corpus/r_corpus.py` and `bench/r/latency_vs_irkernel.py`.
+const R_RESULTS: &str = include_str!("../../../bench/r/RESULTS.md");
 
 #[cfg(test)]
 mod tests {

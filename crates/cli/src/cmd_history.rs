@@ -17,7 +17,7 @@ pub struct HistoryArgs {
     /// keyed by their token's owner).
     #[arg(long)]
     owner: Option<String>,
-    /// Print JSON: `{session, owner, kernels, cells}`.
+    /// Print JSON: `{session, owner, language, kernels, cells}`.
     #[arg(long)]
     json: bool,
 }
@@ -97,18 +97,21 @@ pub fn run(args: HistoryArgs) -> u8 {
             return 1;
         }
     };
+    let language = h.language.unwrap_or_else(|| "python".into());
     let (cells, kernels) = (h.cells, h.kernels);
     if args.json {
         let v = serde_json::json!({
-            "owner": owner, "session": args.session, "kernels": kernels, "cells": cells,
+            "owner": owner, "session": args.session, "language": language,
+            "kernels": kernels, "cells": cells,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return 0;
     }
     println!(
-        "session {} (owner {}): {} cells, {} kernels",
+        "session {} (owner {}, {}): {} cells, {} kernels",
         args.session,
         owner,
+        language,
         cells.len(),
         kernels.len()
     );

@@ -1826,3 +1826,106 @@ fn sandboxed_kernel_starts_under_a_strict_umask_and_keeps_it() {
     );
     assert_eq!(out.trim(), "umask 0o77", "the worker keeps the user's umask");
 }
+
+/// R on PATH with jsonlite (what `run` picks without `--r`), else `false`
+/// (said so).
+fn r_on_path(test: &str) -> bool {
+    let ok = Command::new("R")
+        .args([
+            "--no-echo",
+            "-e",
+            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        skip(test, "R runs (no R with jsonlite on PATH)");
+    }
+    ok
+}
+
+/// `cellhost run` of an R notebook (kernelspec `ir`) runs it in R: the
+/// console's printing, a plot as an image/png display, the value of the
+/// last expression as execute_result, the kernelspec kept; a `.R` script in
+/// percent format runs in R too; `history` of the run's session says R.
+#[test]
+fn run_executes_an_r_notebook_and_an_r_percent_script() {
+    let test = "run_executes_an_r_notebook_and_an_r_percent_script";
+    if !r_on_path(test) {
+        return;
+    }
+    let env = Env::new();
+    let spec = json!({"name": "ir", "display_name": "R", "language": "R"});
+    std::fs::write(
+        env.work().join("rnb.ipynb"),
+        tagged_ipynb(
+            spec.clone(),
+            &[
+                ("x <- c(1, 2, 3)", &[]),
+                ("print(mean(x))", &[]),
+                ("plot(x)", &[]),
+                ("stop('expected')", &["raises-exception"]),
+                ("summary(x)", &[]),
+            ],
+        ),
+    )
+    .expect("write notebook");
+    let r = env.run("run", &["rnb.ipynb"], None, LONG);
+    r.expect_code("run an R notebook", 0);
+    let out = env.work().join("rnb.executed.ipynb");
+    let nb = read_json(&out);
+    assert_eq!(nb["metadata"]["kernelspec"], spec, "kernelspec replaced");
+    let cells = code_cells(&nb);
+    assert_eq!(cells.len(), 5);
+    assert_eq!(stream_text(cells[1], "stdout"), "[1] 2\n");
+    assert!(
+        outputs(cells[2])
+            .iter()
+            .any(|o| o["output_type"] == "display_data" && o["data"]["image/png"].is_string()),
+        "{}",
+        cells[2]
+    );
+    assert!(
+        outputs(cells[3]).iter().any(|o| o["ename"] == "simpleError"),
+        "{}",
+        cells[3]
+    );
+    let last = outputs(cells[4])
+        .iter()
+        .find(|o| o["output_type"] == "execute_result")
+        .cloned()
+        .unwrap_or_default();
+    assert!(joined(&last["data"]["text/plain"]).contains("Median"), "{last}");
+    validate_notebook(test, &out);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cellhost"));
+    c.args(["history", "rnb", "--json"]);
+    env.prepare(&mut c);
+    let h = Running::spawn(c).finish("cellhost history rnb --json", Duration::from_secs(60));
+    h.expect_code("history of the run", 0);
+    let h: Value = serde_json::from_str(&h.stdout).expect("history JSON");
+    assert_eq!(h["language"], "r", "{h}");
+
+    std::fs::write(
+        env.work().join("script.R"),
+        "# %%\ny <- 2\n# %%\ncat(y * 21, '\\n')\n# %%\nrev(letters[1:3])\n",
+    )
+    .expect("write script");
+    let r = env.run("run", &["script.R", "--output", "script.ipynb"], None, LONG);
+    r.expect_code("run a .R percent script", 0);
+    let nb = read_json(&env.work().join("script.ipynb"));
+    let cells = code_cells(&nb);
+    assert_eq!(cells.len(), 3);
+    assert_eq!(stream_text(cells[1], "stdout"), "42 \n");
+    let last = outputs(cells[2])
+        .iter()
+        .find(|o| o["output_type"] == "execute_result")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        joined(&last["data"]["text/plain"]),
+        "[1] \"c\" \"b\" \"a\"",
+        "{last}"
+    );
+}

@@ -694,3 +694,42 @@ fn unusable_xdg_runtime_dir_falls_back_and_errors_name_the_path() {
         "names the directory: {err}"
     );
 }
+
+/// `cellhost restore` of an R session replays its cells in R (the journal
+/// recorded the session's language), and `history` names it; skipped, said
+/// so, without R and jsonlite on PATH.
+#[test]
+fn restore_replays_an_r_session_in_r() {
+    let r_ok = Command::new("R")
+        .args([
+            "--no-echo",
+            "-e",
+            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !r_ok {
+        eprintln!("skipped: no R with jsonlite on PATH");
+        return;
+    }
+    let env = Env::new("120");
+    for code in ["x <- 20", "y <- x + 1"] {
+        let o = env.run(&["exec", "--session", "rr", "--language", "r", code]);
+        assert_eq!(o.status.code(), Some(0), "{code}: {}", text(&o));
+    }
+    let o = env.run(&["kill", "rr"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.run(&["restore", "rr", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let rep: Value = serde_json::from_slice(&o.stdout).expect("restore JSON");
+    assert_eq!(rep["replayed"].as_array().map(Vec::len), Some(2), "{rep}");
+    let o = env.run(&["exec", "--session", "rr", "x + y"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "[1] 41\n", "{}", text(&o));
+    let o = env.run(&["history", "rr"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(", r):"),
+        "{}",
+        text(&o)
+    );
+}

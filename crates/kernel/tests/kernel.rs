@@ -2190,3 +2190,36 @@ async fn template_reports_modules_it_cannot_import() {
     assert_ok(&run(&k, "import json").await);
     k.kill().await;
 }
+
+/// An interrupt right after the submit usually reaches the host before the
+/// worker's `started`: the frame goes alone and the worker's reader thread
+/// cancels the cell (or signals its main thread); the session is kept and
+/// nothing escalates.
+#[tokio::test]
+async fn interrupt_before_started_keeps_the_session() {
+    let mut f = fixture();
+    let first = f.run("state = 'kept'").await;
+    assert_ok(&first);
+    for round in 0..5 {
+        let h = f
+            .session
+            .submit(
+                "import time\ntime.sleep(60)\nstate = 'late'",
+                ExecOptions::default(),
+            )
+            .await
+            .expect("submit");
+        let k = f.session.kernel().cloned().expect("kernel");
+        let out = k.interrupt().await;
+        assert!(out.delivered, "round {round}: {out:?}");
+        let r = f.session.finish(h).await.expect("result");
+        assert_eq!(r.status, CellStatus::Interrupted, "round {round}: {r:#?}");
+        let i = r.interrupt.expect("report");
+        assert!(!i.escalated && i.state_kept, "round {round}: {i:#?}");
+    }
+    let r = f.run("print(state)").await;
+    assert_eq!(r.stdout, "kept\n");
+    assert_eq!(r.kernel.pid, first.kernel.pid);
+    assert!(!r.kernel.state_reset);
+    f.session.shutdown().await;
+}

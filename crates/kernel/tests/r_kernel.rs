@@ -448,3 +448,266 @@ async fn r_irdisplay_bundles_and_cellhost_display_become_displays() {
     assert_eq!(r.displays[1].data["text/plain"], "[1] 1 2 3");
     f.session.shutdown().await;
 }
+
+/// An interrupt right after the submit reaches the host before the
+/// worker's `started` (the R worker reads control frames only between
+/// cells): it still stops the cell with the session kept, never escalates.
+#[tokio::test]
+async fn r_interrupt_before_started_keeps_the_session() {
+    let Some(mut f) = fixture() else { return };
+    let first = f.run("state <- 'kept'").await;
+    assert_ok(&first);
+    for round in 0..5 {
+        let h = f
+            .session
+            .submit("Sys.sleep(60); state <- 'late'", ExecOptions::default())
+            .await
+            .expect("submit");
+        let k = f.session.kernel().cloned().expect("kernel");
+        let out = k.interrupt().await;
+        assert!(out.delivered, "round {round}: {out:?}");
+        let r = f.session.finish(h).await.expect("result");
+        assert_eq!(r.status, CellStatus::Interrupted, "round {round}: {r:#?}");
+        let i = r.interrupt.expect("report");
+        assert!(
+            !i.escalated && i.state_kept,
+            "round {round}: an interrupt before `started` escalated: {i:#?}"
+        );
+    }
+    let r = f.run("state").await;
+    assert_eq!(plain(&r), Some("[1] \"kept\""));
+    assert_eq!(r.kernel.pid, first.kernel.pid, "the same process");
+    assert!(!r.kernel.state_reset);
+    f.session.shutdown().await;
+}
+
+/// A cell that catches the interrupt and goes on is killed with its tree
+/// after the grace; the report says so and the next cell says
+/// `state_reset`.
+#[tokio::test]
+async fn r_interrupt_the_cell_swallows_escalates_after_the_grace() {
+    let Some(mut f) = fixture_with(|cfg| cfg.interrupt_grace = Duration::from_millis(300)) else {
+        return;
+    };
+    assert_ok(&f.run("lost <- 1").await);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let opts = ExecOptions {
+        live: Some(tx),
+        ..Default::default()
+    };
+    let h = f
+        .session
+        .submit(
+            // `go` is printed once the cell's own handler is in place.
+            "repeat tryCatch({ cat('go\\n'); Sys.sleep(60) }, interrupt = function(i) cat('caught\\n'))",
+            opts,
+        )
+        .await
+        .expect("submit");
+    let k = f.session.kernel().cloned().expect("kernel");
+    let ev = rx.recv().await;
+    assert_eq!(ev, Some(cellhost_kernel::LiveEvent::Stdout("go\n".into())));
+    assert!(k.interrupt().await.delivered);
+    let r = f.session.finish(h).await.expect("result");
+    assert_eq!(r.status, CellStatus::Interrupted, "{r:#?}");
+    assert!(r.stdout.contains("caught"), "{:?}", r.stdout);
+    let i = r.interrupt.expect("report");
+    assert!(i.delivered && i.escalated && !i.state_kept, "{i:#?}");
+    assert!(i.reason.is_some(), "{i:#?}");
+    let r = f.run("exists('lost')").await;
+    assert_eq!(plain(&r), Some("[1] FALSE"));
+    assert!(r.kernel.state_reset);
+    f.session.shutdown().await;
+}
+
+/// A shared object that sets SIGINT's disposition, as a package's native
+/// code can; `None` (printed) without a C compiler.
+fn sigint_library(dir: &std::path::Path) -> Option<PathBuf> {
+    let src = dir.join("sigint.c");
+    std::fs::write(
+        &src,
+        "#include <signal.h>\nvoid ignore_sigint(void) { signal(SIGINT, SIG_IGN); }\n",
+    )
+    .expect("write C source");
+    let lib = dir.join("sigint.so");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        eprintln!("skipped: no C compiler to build a library that ignores SIGINT");
+        return None;
+    }
+    Some(lib)
+}
+
+/// A package's native code that ignores SIGINT: a cell waiting in R
+/// (`Sys.sleep`, which installs R's handler around its wait) is still
+/// interrupted with the session kept; a cell computing in R cannot be
+/// (R code has no way to re-install R's handler), so it is killed with
+/// its tree after the grace and the next cell says `state_reset`.
+#[tokio::test]
+async fn r_a_package_that_ignores_sigint() {
+    let Some(mut f) = fixture_with(|cfg| cfg.interrupt_grace = Duration::from_millis(300)) else {
+        return;
+    };
+    let Some(lib) = sigint_library(f.dir.path()) else {
+        return;
+    };
+    let code = format!(
+        "dyn.load('{}'); invisible(.C('ignore_sigint')); state <- 'kept'",
+        lib.display()
+    );
+    assert_ok(&f.run(&code).await);
+    for (code, kept) in [
+        ("cat('go\\n'); Sys.sleep(60)", true),
+        (
+            "cat('go\\n'); repeat { state <- paste0(substr(state, 1, 4)) }",
+            false,
+        ),
+    ] {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let opts = ExecOptions {
+            live: Some(tx),
+            ..Default::default()
+        };
+        let h = f.session.submit(code, opts).await.expect("submit");
+        let k = f.session.kernel().cloned().expect("kernel");
+        assert_eq!(
+            rx.recv().await,
+            Some(cellhost_kernel::LiveEvent::Stdout("go\n".into()))
+        );
+        assert!(k.interrupt().await.delivered);
+        let r = f.session.finish(h).await.expect("result");
+        assert_eq!(r.status, CellStatus::Interrupted, "{code}: {r:#?}");
+        let i = r.interrupt.expect("report");
+        assert_eq!(i.state_kept, kept, "{code}: {i:#?}");
+        assert_eq!(i.escalated, !kept, "{code}: {i:#?}");
+    }
+    let r = f.run("exists('state')").await;
+    assert_eq!(plain(&r), Some("[1] FALSE"));
+    assert!(r.kernel.state_reset);
+    f.session.shutdown().await;
+}
+
+/// A segfault in R's own C code (bytecode reading past its constant pool
+/// through `.Internal`) is a crash with the signal; the next cell runs in a
+/// new process and says `state_reset`.
+#[tokio::test]
+async fn r_internal_segfault_is_a_crash_and_the_next_cell_says_state_reset() {
+    let Some(mut f) = fixture() else { return };
+    assert_ok(&f.run("lost <- 1").await);
+    let r = f
+        .run("eval(.Internal(mkCode(c(12L, 16L, 99999999L, 1L), list(1))))")
+        .await;
+    assert_eq!(r.status, CellStatus::Crashed, "{r:#?}");
+    let crash = r.crash.expect("crash");
+    assert_eq!(crash.signal_name.as_deref(), Some("SIGSEGV"), "{crash:#?}");
+    assert!(r.stderr.contains("caught segfault"), "{:?}", r.stderr);
+    let r = f.run("exists('lost')").await;
+    assert_eq!(plain(&r), Some("[1] FALSE"));
+    assert!(r.kernel.state_reset);
+    f.session.shutdown().await;
+}
+
+/// `system()` and `system2()` children left running in the background
+/// are killed with the tree when an interrupt escalates.
+#[tokio::test]
+async fn r_system_children_die_with_an_escalated_interrupt() {
+    let Some(mut f) = fixture_with(|cfg| cfg.interrupt_grace = Duration::from_millis(300)) else {
+        return;
+    };
+    assert_ok(
+        &f.run("system('sleep 301 &'); system2('sh', c('-c', shQuote('sleep 302 &')))")
+            .await,
+    );
+    let k = f.session.kernel().cloned().expect("kernel");
+    let init = i32::try_from(k.info().init_pid).expect("pid");
+    let sleeps: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
+        .iter()
+        .map(|p| p.pid)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x0030"))
+        })
+        .collect();
+    assert_eq!(sleeps.len(), 2, "both sleeps run under the kernel");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let opts = ExecOptions {
+        live: Some(tx),
+        ..Default::default()
+    };
+    let h = f
+        .session
+        .submit(
+            "repeat tryCatch({ cat('go\\n'); Sys.sleep(60) }, interrupt = function(i) NULL)",
+            opts,
+        )
+        .await
+        .expect("submit");
+    assert_eq!(
+        rx.recv().await,
+        Some(cellhost_kernel::LiveEvent::Stdout("go\n".into()))
+    );
+    assert!(k.interrupt().await.delivered);
+    let r = f.session.finish(h).await.expect("result");
+    assert!(r.interrupt.as_ref().is_some_and(|i| i.escalated), "{r:#?}");
+    for pid in sleeps {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "sleep {pid} outlived the escalation"
+        );
+    }
+    f.session.shutdown().await;
+}
+
+/// Registered secrets are masked in what an R cell prints, warns and
+/// raises.
+#[tokio::test]
+async fn r_secrets_are_redacted_from_output_and_errors() {
+    const SECRET: &str = "sk-demo-3f9a1c7e5b2d4a6f8e0c";
+    let Some(mut f) = fixture_with(|cfg| {
+        cfg.env.push(("DEMO_TOKEN".into(), SECRET.into()));
+        cfg.register_secret(SECRET);
+    }) else {
+        return;
+    };
+    let r = f
+        .run("s <- Sys.getenv('DEMO_TOKEN')\ncat('DEMO_TOKEN=', s, '\\n', sep = '')\nmessage(s)\nprint(list(token = s))\nstop('bad token ', s)")
+        .await;
+    assert_eq!(r.status, CellStatus::Error);
+    let json = serde_json::to_string(&r).expect("json");
+    assert!(!json.contains(SECRET), "secret leaked: {json}");
+    assert!(
+        r.stdout.contains("DEMO_TOKEN=") && r.stdout.matches("[redacted]").count() >= 2,
+        "{:?}",
+        r.stdout
+    );
+    assert!(r.stderr.contains("[redacted]"), "{:?}", r.stderr);
+    let e = r.error.expect("error");
+    assert!(e.evalue.contains("[redacted]"), "{}", e.evalue);
+    f.session.shutdown().await;
+}
+
+/// Output beyond the inline cap is cut with a note and spilled to a file
+/// whole.
+#[tokio::test]
+async fn r_large_output_is_bounded_and_spilled() {
+    let Some(mut f) = fixture() else { return };
+    let r = f.run("cat(strrep('x', 2e6)); invisible(NULL)").await;
+    assert_ok(&r);
+    let t = r.truncated.get("stdout").expect("stdout truncated");
+    assert_eq!(t.total_bytes, 2_000_000);
+    assert_eq!(t.shown_bytes + t.omitted_bytes, t.total_bytes);
+    assert!(
+        r.stdout.len() < 100_000,
+        "inline stays at the cap: {}",
+        r.stdout.len()
+    );
+    let spill = t.spill_path.clone().expect("spill file");
+    assert_eq!(std::fs::metadata(&spill).expect("spill").len(), 2_000_000);
+    let r = f.run("1 + 1").await;
+    assert_eq!(plain(&r), Some("[1] 2"));
+    f.session.shutdown().await;
+}

@@ -256,6 +256,36 @@ async def run(command, args):
         r = await run_cell("z = 5", session="other", reset=True)
         r = await run_cell("'y' in globals()", session="other")
         check("reset dropped the state", "False" in text_of(r), text_of(r))
+        await r_session(client)
+
+
+async def r_session(client):
+    """execute_code with `language: "r"`: an R session keeps state and its
+    language; naming another language for it is a clear error. Skipped (said
+    so) where R or its jsonlite package is missing."""
+    import shutil
+    import subprocess
+    r = shutil.which("R")
+    if r is None or subprocess.run(
+        [r, "--no-echo", "-e", "quit(status = !requireNamespace('jsonlite', quietly = TRUE))"],
+        capture_output=True,
+    ).returncode != 0:
+        print("skipped R checks: no R with jsonlite on PATH", flush=True)
+        return
+    res = await client.call_tool("execute_code", {"code": "x <- 21\nx * 2", "session": "rs", "language": "r"})
+    check("R: execute_code with language r", text_of(res).startswith("status: ok") and "[1] 42" in text_of(res),
+          text_of(res))
+    res = await client.call_tool("execute_code", {"code": "x + 1", "session": "rs"})
+    check("R: the session keeps its language and state", "[1] 22" in text_of(res), text_of(res))
+    res = await client.call_tool("execute_code", {"code": "x", "session": "rs", "language": "python"})
+    check("R: another language for the session is an error",
+          res.is_error and "keeps the language it was created with" in text_of(res), text_of(res))
+    res = await client.call_tool("execute_code", {"code": "stop('nope')", "session": "rs"})
+    check("R: an R error", res.is_error or "simpleError" in text_of(res), text_of(res))
+    res = await client.call_tool("list_variables", {"session": "rs"})
+    check("R: list_variables", "x" in text_of(res) and "numeric" in text_of(res), text_of(res))
+    res = await client.call_tool("execute_code", {"code": "plot(1:10)", "session": "rs"})
+    check("R: a plot as image content", any(c.type == "image" for c in res.content), [c.type for c in res.content])
 
 
 async def isolation(url):

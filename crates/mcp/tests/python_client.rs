@@ -59,7 +59,13 @@ fn python_sdk_client_over_stdio() {
     let server = env!("CARGO_BIN_EXE_cellhost-mcp-test");
     let py_arg = py.display().to_string();
     let state_arg = state.path().display().to_string();
-    run_client(&py, &[server, "--python", &py_arg, "--state", &state_arg]);
+    let out = run_client(&py, &[server, "--python", &py_arg, "--state", &state_arg]);
+    // The R checks ran (or said why not: no R with jsonlite on PATH).
+    assert!(
+        out.contains("ok R: another language for the session is an error")
+            || out.contains("skipped R checks"),
+        "{out}"
+    );
 }
 
 /// The workspace tools through the Python SDK over stdio: files, the

@@ -105,7 +105,8 @@ pub struct Notebook {
 impl Notebook {
     /// Loads a notebook, choosing the format by extension (case-insensitive):
     /// `.ipynb` is a Jupyter notebook, which must be nbformat 4; `.py` and
-    /// `.R` are percent-format scripts. Every error names the file.
+    /// `.R` are percent-format scripts (a `.R` one becomes an R notebook,
+    /// [`Notebook::from_r_percent_str`]). Every error names the file.
     pub fn load(path: &Path) -> Result<(Notebook, InputKind), NotebookError> {
         let ext = path
             .extension()
@@ -130,6 +131,7 @@ impl Notebook {
         })?;
         let notebook = match kind {
             InputKind::Ipynb => parse_ipynb(&text, &path.display().to_string())?,
+            InputKind::Percent if ext.as_deref() == Some("r") => Notebook::from_r_percent_str(&text),
             InputKind::Percent => Notebook::from_percent_str(&text),
         };
         Ok((notebook, kind))
@@ -157,6 +159,22 @@ impl Notebook {
     ///
     /// Any text is a valid script, so this cannot fail.
     pub fn from_percent_str(text: &str) -> Notebook {
+        Notebook::percent(text, kernelspec(), json!({"name": "python"}))
+    }
+
+    /// As [`Notebook::from_percent_str`], for an R script: the kernelspec
+    /// is IRkernel's (`{name: "ir", display_name: "R", language: "R"}`) and
+    /// `language_info.name` is `R`, so the notebook runs in R and opens in
+    /// Jupyter as an R notebook.
+    pub fn from_r_percent_str(text: &str) -> Notebook {
+        Notebook::percent(
+            text,
+            json!({"name": "ir", "display_name": "R", "language": "R"}),
+            json!({"name": "R"}),
+        )
+    }
+
+    fn percent(text: &str, kernelspec: Value, language_info: Value) -> Notebook {
         let mut cells: Vec<Value> = percent::parse(text)
             .into_iter()
             .map(|cell| {
@@ -188,8 +206,8 @@ impl Notebook {
             root: json!({
                 "cells": cells,
                 "metadata": {
-                    "kernelspec": kernelspec(),
-                    "language_info": {"name": "python"},
+                    "kernelspec": kernelspec,
+                    "language_info": language_info,
                 },
                 "nbformat": 4,
                 "nbformat_minor": 5,
@@ -283,8 +301,10 @@ impl Notebook {
     /// "python"}` when there is none); `metadata.language_info` keeps its
     /// fields, gets the interpreter's `version` (as nbclient writes the
     /// kernel's) and, where missing, `name: "python"`, `file_extension:
-    /// ".py"`, `mimetype: "text/x-python"`; `metadata.cellhost.python` is
-    /// the interpreter's path.
+    /// ".py"`, `mimetype: "text/x-python"` (for a notebook whose
+    /// `language_info.name` is `R`: `file_extension: ".r"`, `mimetype:
+    /// "text/x-r-source"`, as IRkernel writes them);
+    /// `metadata.cellhost.python` is the interpreter's path.
     pub fn set_kernel_info(&mut self, python_version: &str, executable: &str) {
         let Some(metadata) = self.metadata_mut() else {
             return;
@@ -298,12 +318,26 @@ impl Notebook {
         if !info.is_object() {
             *info = Value::Object(Map::new());
         }
-        if let Some(info) = info.as_object_mut() {
-            for (k, v) in [
+        let is_r = info
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n.eq_ignore_ascii_case("r"));
+        // IRkernel's language_info for an R notebook, ipykernel's otherwise.
+        let defaults = if is_r {
+            [
+                ("name", "R"),
+                ("file_extension", ".r"),
+                ("mimetype", "text/x-r-source"),
+            ]
+        } else {
+            [
                 ("name", "python"),
                 ("file_extension", ".py"),
                 ("mimetype", "text/x-python"),
-            ] {
+            ]
+        };
+        if let Some(info) = info.as_object_mut() {
+            for (k, v) in defaults {
                 info.entry(k).or_insert_with(|| Value::String(v.into()));
             }
             info.insert("version".into(), Value::String(python_version.into()));

@@ -145,6 +145,33 @@ x = 1
     assert_eq!(cells(&nb), vec![cell("code", "x = 1", None)]);
 }
 
+/// A `.R` percent script loads as an R notebook (IRkernel's kernelspec),
+/// so `cellhost run script.R` runs it in R; after a run its language_info
+/// is IRkernel's, not Python's.
+#[test]
+fn an_r_script_is_an_r_notebook() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("analysis.R");
+    std::fs::write(&path, "# %%\nx <- 1\n# %%\nprint(x)\n").expect("write");
+    let (mut nb, _) = Notebook::load(&path).expect("load");
+    assert_eq!(nb.language().as_deref(), Some("r"));
+    let root = nb.as_json();
+    assert_eq!(root["metadata"]["kernelspec"]["name"], "ir");
+    assert_eq!(root["metadata"]["language_info"]["name"], "R");
+    assert_eq!(cells(&nb).len(), 2);
+    nb.set_kernel_info("R version 4.2.2", "/usr/lib/R/bin/R");
+    let info = &nb.as_json()["metadata"]["language_info"];
+    assert_eq!(info["name"], "R");
+    assert_eq!(info["file_extension"], ".r");
+    assert_eq!(info["mimetype"], "text/x-r-source");
+    let py = dir.path().join("analysis.py");
+    std::fs::write(&py, "# %%\nx = 1\n").expect("write");
+    assert_eq!(
+        Notebook::load(&py).expect("load").0.language().as_deref(),
+        Some("python")
+    );
+}
+
 #[test]
 fn a_fresh_nbformat_4_5_notebook_with_a_python_kernelspec() {
     let nb = Notebook::from_percent_str("# %%\na\n# %% [md]\n# b\n# %%\nc\n");

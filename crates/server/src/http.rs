@@ -318,6 +318,9 @@ pub struct SessionInfo {
     pub alive: bool,
     /// The sandbox mode of the session's kernels.
     pub sandbox: SandboxMode,
+    /// The language of the session's kernels (`python`, `r`), kept from
+    /// its creation.
+    pub language: String,
     /// A cell is running or queued (live kernels only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub busy: Option<bool>,
@@ -341,12 +344,15 @@ pub struct SessionList {
 
 /// A session of the table, rendered with its live kernel's summary (from
 /// [`ListRequest`]) if one lives.
-fn session_info(name: &str, sandbox: SandboxMode, live: Option<&SessionSummary>) -> SessionInfo {
+fn session_info(name: &str, meta: &SessionMeta, live: Option<&SessionSummary>) -> SessionInfo {
+    let sandbox = meta.sandbox;
+    let language = meta.language.clone();
     match live {
         Some(l) => SessionInfo {
             name: name.to_string(),
             alive: true,
             sandbox,
+            language,
             busy: Some(l.busy),
             generation: Some(l.generation),
             pid: Some(l.pid),
@@ -356,6 +362,7 @@ fn session_info(name: &str, sandbox: SandboxMode, live: Option<&SessionSummary>)
             name: name.to_string(),
             alive: false,
             sandbox,
+            language,
             busy: None,
             generation: None,
             pid: None,
@@ -445,7 +452,7 @@ async fn create_session(
     let live = live_summary(&st, &owner, &name, sandbox);
     Ok((
         StatusCode::CREATED,
-        Json(session_info(&name, sandbox, live.as_ref())),
+        Json(session_info(&name, &meta, live.as_ref())),
     )
         .into_response())
 }
@@ -455,13 +462,13 @@ async fn create_session(
     responses((status = 200, description = "the caller's sessions", body = SessionList)))]
 async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> Json<SessionList> {
     let owner = owner_of(&caller);
-    let table: Vec<(String, SandboxMode)> = st
+    let table: Vec<(String, SessionMeta)> = st
         .sessions
         .lock()
         .map(|s| {
             s.iter()
                 .filter(|((o, _), _)| *o == owner)
-                .map(|((_, n), m)| (n.clone(), m.sandbox))
+                .map(|((_, n), m)| (n.clone(), m.clone()))
                 .collect()
         })
         .unwrap_or_default();
@@ -469,9 +476,9 @@ async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> J
     Json(SessionList {
         sessions: table
             .iter()
-            .map(|(n, mode)| {
-                let l = live.iter().find(|l| &l.name == n && l.sandbox == *mode);
-                session_info(n, *mode, l)
+            .map(|(n, meta)| {
+                let l = live.iter().find(|l| &l.name == n && l.sandbox == meta.sandbox);
+                session_info(n, meta, l)
             })
             .collect(),
     })
@@ -812,7 +819,7 @@ async fn restart(
     .execute(&st.registry)
     .await?;
     let live = live_summary(&st, &owner, &name, sandbox);
-    Ok(Json(session_info(&name, sandbox, live.as_ref())))
+    Ok(Json(session_info(&name, &meta, live.as_ref())))
 }
 
 /// Query of `variables`.

@@ -47,9 +47,45 @@ async fn start() -> Server {
     start_with(None).await
 }
 
+/// R for the tests (`CELLHOST_TEST_R` or `R` on PATH) with jsonlite, or
+/// `None` (printed).
+fn r_interpreter() -> Option<PathBuf> {
+    let r = match std::env::var_os("CELLHOST_TEST_R") {
+        Some(p) => PathBuf::from(p),
+        None => match cellhost_sessions::cell::resolve_r(None) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("skipped: no R to test with: {e}");
+                return None;
+            }
+        },
+    };
+    let ok = std::process::Command::new(&r)
+        .args([
+            "--no-echo",
+            "-e",
+            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: R package jsonlite is not installed for {}", r.display());
+        return None;
+    }
+    Some(r)
+}
+
 /// A server whose kernels' default cell deadline is `cell_timeout` (the
 /// config's `cell_timeout_s`; `None`: the built-in 300 s).
 async fn start_with(cell_timeout: Option<Duration>) -> Server {
+    start_full(cell_timeout, None).await
+}
+
+/// A server as [`start_with`], its R (when given) configured as the
+/// config's `r = PATH` does.
+async fn start_full(cell_timeout: Option<Duration>, r: Option<PathBuf>) -> Server {
     let dir = tempfile::tempdir().expect("tmp");
     let mut cfg = KernelConfig::new(python(), dir.path().join("unused"));
     if cell_timeout.is_some() {
@@ -58,6 +94,9 @@ async fn start_with(cell_timeout: Option<Duration>) -> Server {
     cfg.cwd = Some(dir.path().to_path_buf());
     let mut rc = RegistryConfig::new(dir.path().join("state"), cfg);
     rc.pool_size = 0;
+    if let Some(r) = r {
+        rc.interpreters.insert("r".into(), r);
+    }
     let j = Arc::new(
         Journal::open(dir.path().join("state/journal.sqlite3"), Durability::Normal).expect("journal"),
     );
@@ -985,5 +1024,103 @@ async fn matrix_http_timeout_sandbox_owner_busy() {
     let q = queued.await.expect("queued").json();
     assert_eq!(q["status"], "ok", "{q}");
     assert_eq!(q["result"]["text/plain"], "'alice'");
+    srv.stop().await;
+}
+
+/// An R session over HTTP: created with `"language": "r"`, its cells run
+/// in R with state kept, errors carry R's condition class, variables,
+/// history and restart work as for Python, the session keeps its language,
+/// and an R notebook (kernelspec `ir`) runs through `/v1/notebooks/run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r_sessions_over_http() {
+    let Some(r) = r_interpreter() else { return };
+    let srv = start_full(None, Some(r)).await;
+    let a = srv.addr;
+    let c = call(
+        a,
+        "POST",
+        "/v1/sessions",
+        Some(ALICE),
+        Some(json!({"name": "rs", "language": "r"})),
+    )
+    .await;
+    assert_eq!(c.status, 201, "{}", c.body);
+    assert_eq!(c.json()["language"], "r", "{}", c.body);
+    let bad = call(
+        a,
+        "POST",
+        "/v1/sessions",
+        Some(ALICE),
+        Some(json!({"name": "rj", "language": "julia"})),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["code"], "bad_request");
+
+    let v = exec(a, ALICE, "rs", "x <- 21\ncat('hi\\n')\nx * 2").await;
+    assert_eq!(v.status, 200, "{}", v.body);
+    let v = v.json();
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["stdout"], "hi\n");
+    assert_eq!(v["result"]["text/plain"], "[1] 42");
+    let v = exec(a, ALICE, "rs", "x + 1").await.json();
+    assert_eq!(v["result"]["text/plain"], "[1] 22", "state kept: {v}");
+    let v = exec(a, ALICE, "rs", "stop('nope')").await.json();
+    assert_eq!(v["status"], "error");
+    assert_eq!(v["error"]["ename"], "simpleError");
+    assert_eq!(v["error"]["evalue"], "nope");
+    let v = exec(a, ALICE, "rs", "data.frame(a = 1:2)").await.json();
+    assert!(
+        v["result"]["text/html"]
+            .as_str()
+            .is_some_and(|h| h.contains("<table")),
+        "{v}"
+    );
+
+    let vars = call(a, "GET", "/v1/sessions/rs/variables", Some(ALICE), None).await;
+    assert_eq!(vars.status, 200, "{}", vars.body);
+    let vars = vars.json();
+    let x = vars["variables"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == "x").cloned())
+        .unwrap_or_default();
+    assert_eq!(x["type"], "numeric", "{vars}");
+
+    let h = call(a, "GET", "/v1/sessions/rs/history", Some(ALICE), None).await;
+    assert_eq!(h.status, 200, "{}", h.body);
+    assert_eq!(h.json()["cells"].as_array().map(Vec::len), Some(4), "{}", h.body);
+
+    let rs = call(a, "POST", "/v1/sessions/rs/restart", Some(ALICE), None).await;
+    assert_eq!(rs.status, 200, "{}", rs.body);
+    let v = exec(a, ALICE, "rs", "exists('x')").await.json();
+    assert_eq!(
+        v["result"]["text/plain"], "[1] FALSE",
+        "restart clears state, still R: {v}"
+    );
+
+    let nb = json!({"cells": [
+            {"cell_type": "code", "source": "y <- c(1, 2, 3)", "metadata": {}, "outputs": [], "execution_count": null},
+            {"cell_type": "code", "source": "mean(y)", "metadata": {}, "outputs": [], "execution_count": null}],
+        "metadata": {"kernelspec": {"name": "ir", "language": "R", "display_name": "R"}},
+        "nbformat": 4, "nbformat_minor": 5});
+    let run = call(
+        a,
+        "POST",
+        "/v1/notebooks/run",
+        Some(ALICE),
+        Some(json!({"notebook": nb})),
+    )
+    .await;
+    assert_eq!(run.status, 200, "{}", run.body);
+    let v = run.json();
+    assert_eq!(v["ran"], 2, "{v}");
+    let outs = v["notebook"]["cells"][1]["outputs"]
+        .as_array()
+        .expect("outputs")
+        .clone();
+    assert_eq!(outs[0]["data"]["text/plain"], json!(["[1] 2"]), "{v}");
+
+    let d = call(a, "DELETE", "/v1/sessions/rs", Some(ALICE), None).await;
+    assert_eq!(d.status, 204);
     srv.stop().await;
 }

@@ -7,5 +7,5 @@
 pub use cellhost_kernel::hostfs;
 pub use cellhost_kernel::{
     CellError, CellResult, CellStatus, DisplayOutput, InterruptOutcome, KernelConfig, KernelError, KernelRef,
-    LiveEvent, MimeBundle, SpillChunk, Truncation, Variables, read_spill, resolve_python,
+    LiveEvent, MimeBundle, SpillChunk, Truncation, Variables, read_spill, resolve_python, resolve_r,
 };

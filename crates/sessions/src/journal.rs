@@ -337,7 +337,10 @@ impl Journal {
         }
     }
 
-    /// Records that a session exists (or was used again).
+    /// Records that a session exists (or was used again): its interpreter,
+    /// working directory, tools label, sandbox profile and language (the
+    /// runtime name, `python` or `r`, that `restore` replays it in).
+    #[allow(clippy::too_many_arguments)]
     pub fn session_used(
         &self,
         owner: &str,
@@ -346,18 +349,30 @@ impl Journal {
         cwd: &str,
         tools: &str,
         profile: &str,
+        language: &str,
     ) {
-        let a = [owner, session, python, cwd, tools, profile].map(str::to_string);
+        let a = [owner, session, python, cwd, tools, profile, language].map(str::to_string);
         self.fire("session", move |c| {
             let now = now_ms();
             c.execute(
-                "INSERT INTO sessions (owner, session, created_ms, last_used_ms, python, cwd, tools, profile)
-                 VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT (owner, session) DO UPDATE SET last_used_ms=?3, python=?4, cwd=?5, tools=?6, profile=?7",
-                params![a[0], a[1], now, a[2], a[3], a[4], a[5]],
+                "INSERT INTO sessions (owner, session, created_ms, last_used_ms, python, cwd, tools, profile, language)
+                 VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (owner, session) DO UPDATE SET last_used_ms=?3, python=?4, cwd=?5, tools=?6, profile=?7, language=?8",
+                params![a[0], a[1], now, a[2], a[3], a[4], a[5], a[6]],
             )?;
             Ok(())
         });
+    }
+
+    /// The language a session's kernels last ran (`python`, `r`), `None`
+    /// when the journal does not know the session or it was journaled
+    /// before languages were (those sessions ran Python).
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn session_language(&self, owner: &str, session: &str) -> Result<Option<String>, JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| query_language(c, &o, &s)).await
     }
 
     /// Records a new kernel generation.
@@ -555,6 +570,16 @@ fn json_list(s: String) -> Vec<String> {
     serde_json::from_str(&s).unwrap_or_default()
 }
 
+fn query_language(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Option<String>> {
+    c.query_row(
+        "SELECT language FROM sessions WHERE owner=?1 AND session=?2",
+        params![owner, session],
+        |r| r.get::<_, Option<String>>(0),
+    )
+    .optional()
+    .map(Option::flatten)
+}
+
 fn query_cells(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Vec<CellRow>> {
     let mut st = c.prepare(
         "SELECT id, owner, session, generation, execution_count, code, status, started_ms, ended_ms, duration_ms,
@@ -676,6 +701,15 @@ impl JournalReader {
         query_kernels(&self.conn, owner, session).map_err(|e| self.sq(e))
     }
 
+    /// The language the session's kernels last ran, as
+    /// [`Journal::session_language`].
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn session_language(&self, owner: &str, session: &str) -> Result<Option<String>, JournalError> {
+        query_language(&self.conn, owner, session).map_err(|e| self.sq(e))
+    }
+
     /// The session exists in the journal.
     ///
     /// # Errors
@@ -723,7 +757,7 @@ mod tests {
         let path = dir.path().join("j.sqlite3");
         {
             let j = Journal::open(&path, Durability::Normal).expect("open");
-            j.session_used("o", "s", "py", "", "", "default");
+            j.session_used("o", "s", "py", "", "", "default", "python");
             j.kernel_started("o", "s", 1, 42);
             j.cell_started(CellStart {
                 id: "c1".into(),
@@ -782,7 +816,7 @@ mod tests {
         assert_eq!((cells[0].id.as_str(), cells[0].status.as_str()), ("old", "ok"));
         drop(r);
         let j = Journal::open(&path, Durability::Normal).expect("open");
-        j.session_used("o", "s", "py", "", "", "default");
+        j.session_used("o", "s", "py", "", "", "default", "python");
         j.kernel_started("o", "s", 2, 42);
         let start = CellStart {
             id: "new".into(),

@@ -6,7 +6,8 @@
 //! | version | layout |
 //! | --- | --- |
 //! | 0 | a new, empty file, or a journal written before versioning: any subset of the tables and columns below |
-//! | 1 | the tables and columns of [`SCHEMA`] |
+//! | 1 | sessions without `language` (every session ran Python) |
+//! | 2 | the tables and columns of [`SCHEMA`]: `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python) |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -21,7 +22,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -29,7 +30,7 @@ pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
   owner TEXT NOT NULL, session TEXT NOT NULL,
   created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
-  python TEXT, cwd TEXT, tools TEXT, profile TEXT,
+  python TEXT, cwd TEXT, tools TEXT, profile TEXT, language TEXT,
   PRIMARY KEY (owner, session));
 CREATE TABLE IF NOT EXISTS kernels (
   owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
@@ -65,6 +66,7 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("sessions", "cwd", "TEXT"),
     ("sessions", "tools", "TEXT"),
     ("sessions", "profile", "TEXT"),
+    ("sessions", "language", "TEXT"),
     ("kernels", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("kernels", "session", "TEXT NOT NULL DEFAULT ''"),
     ("kernels", "generation", "INTEGER NOT NULL DEFAULT 0"),
@@ -153,8 +155,9 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         return Ok(found);
     }
     let tx = conn.transaction()?;
-    if found < 1 {
-        // Version 0 to 1: whatever tables and columns are missing.
+    if found < SCHEMA_VERSION {
+        // Every earlier version: whatever tables and columns are missing
+        // (version 1 lacks `sessions.language` only).
         tx.execute_batch(SCHEMA)?;
         for table in ["sessions", "kernels", "cells", "tool_calls"] {
             let have = columns_of(&tx, table)?;
@@ -177,6 +180,19 @@ mod tests {
     /// The layout of the first release: [`SCHEMA`] without a version.
     fn unversioned(conn: &Connection) {
         conn.execute_batch(SCHEMA).expect("schema");
+    }
+
+    /// Version 1: the sessions table without `language`, with a row.
+    fn version_1(conn: &Connection) {
+        conn.execute_batch(
+            "CREATE TABLE sessions (owner TEXT NOT NULL, session TEXT NOT NULL,
+               created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
+               python TEXT, cwd TEXT, tools TEXT, profile TEXT,
+               PRIMARY KEY (owner, session));
+             INSERT INTO sessions VALUES ('o', 's', 1, 2, '/usr/bin/python3', '', '', 'default');
+             PRAGMA user_version = 1;",
+        )
+        .expect("version 1 schema");
     }
 
     /// An older, narrower layout: cells without execution counts, origin,
@@ -206,10 +222,12 @@ mod tests {
             ("empty", (|_: &Connection| {}) as fn(&Connection)),
             ("unversioned", unversioned),
             ("narrow", narrow),
+            ("version 1", version_1),
         ] {
             let mut conn = Connection::open_in_memory().expect("db");
             make(&conn);
-            assert_eq!(migrate(&mut conn).expect(name), 0, "{name}");
+            let from = if name == "version 1" { 1 } else { 0 };
+            assert_eq!(migrate(&mut conn).expect(name), from, "{name}");
             assert_eq!(version(&conn).expect("version"), SCHEMA_VERSION, "{name}");
             for (table, column, _) in COLUMNS {
                 let have = columns_of(&conn, table).expect("columns");
@@ -217,6 +235,17 @@ mod tests {
                     have.iter().any(|h| h == column),
                     "{name}: {table}.{column} missing"
                 );
+            }
+            if name == "version 1" {
+                // The old row is kept; its language is unknown (Python).
+                let lang: Option<String> = conn
+                    .query_row(
+                        "SELECT language FROM sessions WHERE owner='o' AND session='s'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .expect("old row");
+                assert_eq!(lang, None);
             }
             // A second open has nothing left to do.
             assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");

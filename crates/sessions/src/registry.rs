@@ -782,6 +782,7 @@ impl Registry {
                     .unwrap_or_default(),
                 &key.tools_label(),
                 key.sandbox.as_str(),
+                &key.language,
             );
             j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
         }

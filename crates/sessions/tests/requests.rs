@@ -298,3 +298,141 @@ async fn a_session_keeps_its_language_and_a_mismatch_is_a_clear_error() {
         .expect("python cell");
     assert_eq!(plain(&r).as_deref(), Some("42"));
 }
+
+/// R for the tests (`CELLHOST_TEST_R` or `R` on PATH), `None` (printed)
+/// without one.
+fn r_interpreter() -> Option<PathBuf> {
+    let r = match std::env::var_os("CELLHOST_TEST_R") {
+        Some(p) => PathBuf::from(p),
+        None => match cellhost_kernel::resolve_r(None) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("skipped: no R to test with: {e}");
+                return None;
+            }
+        },
+    };
+    let ok = std::process::Command::new(&r)
+        .args([
+            "--no-echo",
+            "-e",
+            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: R package jsonlite is not installed for {}", r.display());
+        return None;
+    }
+    Some(r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_and_history_keep_an_r_sessions_language() {
+    let Some(r) = r_interpreter() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start_r = |dir: PathBuf| {
+        let r = r.clone();
+        async move {
+            let mut t = KernelConfig::new(python(), dir.join("unused"));
+            t.cwd = Some(dir.clone());
+            let mut c = RegistryConfig::new(dir.join("state"), t);
+            c.pool_size = 0;
+            c.interpreters.insert("r".into(), r);
+            let j = Arc::new(
+                Journal::open(dir.join("state/journal.sqlite3"), Durability::Normal).expect("journal"),
+            );
+            Registry::start(c, Some(j)).await.expect("registry")
+        }
+    };
+    let reg = start_r(dir.path().to_path_buf()).await;
+    let guard = Shutdown(reg.clone());
+    let mut spec = SessionSpec::new("o", "rs");
+    spec.language = Some("r".into());
+    for code in ["x <- 20", "stop('no')", "y <- x + 1"] {
+        ExecuteRequest::new(spec.clone(), code, Origin::new("test"))
+            .execute(&reg)
+            .await
+            .expect("R cell");
+    }
+    reg.shutdown().await;
+    drop(guard);
+    drop(reg);
+
+    // A new host: history says R, and restore (naming no language)
+    // replays the cells in R, not in the host's default Python.
+    let reg = start_r(dir.path().to_path_buf()).await;
+    let _guard = Shutdown(reg.clone());
+    let h = HistoryRequest {
+        owner: "o".into(),
+        session: "rs".into(),
+    }
+    .execute(&reg)
+    .await
+    .expect("history");
+    assert_eq!(h.language.as_deref(), Some("r"));
+    assert_eq!(h.cells.len(), 3);
+    let rep = cellhost_sessions::requests::RestoreRequest {
+        into: SessionSpec::new("o", "rs"),
+        from: None,
+        force: false,
+    }
+    .execute(&reg)
+    .await
+    .expect("restore");
+    assert_eq!(rep.replayed.len(), 2, "{rep:?}");
+    assert_eq!(rep.skipped.len(), 1, "{rep:?}");
+    let r = exec("o", "rs", "x + y")
+        .execute(&reg)
+        .await
+        .expect("after restore")
+        .result;
+    assert_eq!(
+        r.result
+            .as_ref()
+            .and_then(|b| b.get("text/plain"))
+            .and_then(|v| v.as_str()),
+        Some("[1] 41"),
+        "{r:?}"
+    );
+    let reader =
+        cellhost_sessions::JournalReader::open(&dir.path().join("state/journal.sqlite3")).expect("reader");
+    assert_eq!(
+        reader.session_language("o", "rs").expect("language").as_deref(),
+        Some("r")
+    );
+}
+
+/// A registry whose default language is R (`cellhost serve --language r`)
+/// keeps a warm pool of R kernels: a new session's first cell runs in a
+/// pooled kernel, not a cold one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r_registry_hands_out_pooled_r_kernels() {
+    let Some(r) = r_interpreter() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut t = KernelConfig::new(r, dir.path().join("unused"));
+    t.runtime = Arc::new(cellhost_kernel::RRuntime);
+    t.cwd = Some(dir.path().to_path_buf());
+    let mut c = RegistryConfig::new(dir.path().join("state"), t);
+    c.pool_size = 1;
+    let reg = Registry::start(c, None).await.expect("registry");
+    let _guard = Shutdown(reg.clone());
+    until("the pool holds an R kernel", async || reg.stats().pooled >= 1).await;
+    let x = exec("o", "pooled-r", "R.version$language")
+        .execute(&reg)
+        .await
+        .expect("cell")
+        .result;
+    assert_eq!(
+        x.result
+            .as_ref()
+            .and_then(|b| b.get("text/plain"))
+            .and_then(|v| v.as_str()),
+        Some("[1] \"R\""),
+        "{x:?}"
+    );
+    assert_eq!(reg.stats().from_pool, 1, "{:?}", reg.stats());
+    assert_eq!(reg.stats().spawned, 0);
+}

@@ -59,6 +59,7 @@ impl<L: WorkerLink> Driver<L> {
         active.interrupt = Some(Interrupt {
             cause,
             delivered: sent.is_ok(),
+            signalled,
             target: target.clone(),
             not_delivered: not_delivered.clone(),
             escalate_at: Instant::now() + self.config.interrupt_grace,
@@ -159,7 +160,7 @@ pub(super) fn escalation_reason(i: &Interrupt) -> String {
             "the cell is still in native code that does not check for interrupts; the kernel was killed"
                 .into()
         }
-        None => "the worker did not answer (stuck in native code with the GIL held?); the kernel was killed"
+        None => "the worker did not answer (stuck in native code that holds the interpreter, or reading no control frames while the cell runs?); the kernel was killed"
             .into(),
     }
 }

@@ -311,6 +311,28 @@ impl<L: WorkerLink> Driver<L> {
             WorkerFrame::Started { id } => {
                 if let Some(a) = self.active.as_mut().filter(|a| a.q.id == id) {
                     a.started_code = true;
+                    // An interrupt that came before `started` went out as the
+                    // frame alone; a worker that reads frames only between
+                    // cells gets the wake-up now, and the grace starts now.
+                    if !self.config.runtime.reads_control_during_cells()
+                        && let Some(i) = a
+                            .interrupt
+                            .as_mut()
+                            .filter(|i| !i.signalled && i.escalation.is_none())
+                    {
+                        i.signalled = true;
+                        match self.link.interrupt() {
+                            Ok(()) => {
+                                i.delivered = true;
+                                i.not_delivered = None;
+                            }
+                            Err(e) => {
+                                i.delivered = false;
+                                i.not_delivered = Some(e);
+                            }
+                        }
+                        i.escalate_at = Instant::now() + self.config.interrupt_grace;
+                    }
                 }
             }
             WorkerFrame::InterruptRaised { .. } | WorkerFrame::Ready { .. } => {}

@@ -90,6 +90,9 @@ pub(super) enum Cause {
 pub(super) struct Interrupt {
     pub(super) cause: Cause,
     pub(super) delivered: bool,
+    /// The wake-up was sent (or tried): false for an interrupt that came
+    /// before the cell's `started`, until the driver sends it on `started`.
+    pub(super) signalled: bool,
     pub(super) target: String,
     pub(super) not_delivered: Option<String>,
     pub(super) escalate_at: Instant,

@@ -26,9 +26,18 @@ struct Fixture {
 }
 
 async fn fixture(interrupt: Result<(), String>, grace: Duration) -> Fixture {
+    fixture_with(interrupt, grace, crate::runtime::default_runtime()).await
+}
+
+async fn fixture_with(
+    interrupt: Result<(), String>,
+    grace: Duration,
+    runtime: std::sync::Arc<dyn crate::runtime::WorkerRuntime>,
+) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = KernelConfig::new("/nonexistent/interpreter", dir.path().join("session"));
     cfg.session = "fake".into();
+    cfg.runtime = runtime;
     cfg.interrupt_grace = grace;
     let (link, mut script) = FakeLink::new(interrupt, ExitStatus::from_raw(SIGKILL_STATUS));
     script.push(LinkEvent::Frame(WorkerFrame::Ready {
@@ -256,4 +265,55 @@ async fn output_after_the_end_marker_goes_to_the_next_results_background() {
     let bg = r2.background_output.expect("background output");
     assert_eq!(bg.stdout, "late\nlater\n");
     assert_eq!(bg.stderr, "");
+}
+
+/// An interrupt that reaches the host after `execute` went out but before
+/// the worker's `started`: the frame goes alone. A worker that reads frames
+/// only between cells (R) gets the wake-up as soon as it says `started`,
+/// so the cell stops with its state kept instead of being escalated to a
+/// tree kill after the grace; a worker with a reader thread (Python) acts
+/// on the frame itself and gets no second signal.
+#[tokio::test]
+async fn an_interrupt_before_started_is_woken_on_started_for_a_worker_without_a_reader() {
+    for (runtime, wakeups) in [
+        (
+            std::sync::Arc::new(crate::runtime::r::RRuntime)
+                as std::sync::Arc<dyn crate::runtime::WorkerRuntime>,
+            1,
+        ),
+        (crate::runtime::default_runtime(), 0),
+    ] {
+        let name = runtime.name();
+        // A grace long enough that only a missing wake-up could escalate.
+        let mut f = fixture_with(Ok(()), Duration::from_secs(600), runtime).await;
+        let h = f
+            .kernel
+            .submit("Sys.sleep(60)", ExecOptions::default())
+            .expect("submit");
+        let (id, start, end) = next_cell(&mut f.script).await;
+        let out = h.interrupt().await;
+        assert!(out.delivered, "{name}: {out:?}");
+        match f.script.sent().await {
+            HostFrame::Interrupt { id: i, signalled } => {
+                assert_eq!(i, id);
+                assert!(!signalled, "{name}: no wake-up before started");
+            }
+            other => panic!("expected an interrupt frame, got {other:?}"),
+        }
+        assert_eq!(f.script.wakeups.load(Ordering::SeqCst), 0, "{name}");
+        f.script.push(started(&id));
+        f.script.output(Stream::Stdout, start.clone());
+        f.script.output(Stream::Stderr, start.clone());
+        f.script.drained().await;
+        assert_eq!(f.script.wakeups.load(Ordering::SeqCst), wakeups, "{name}");
+        f.script.output(Stream::Stdout, end.clone());
+        f.script.output(Stream::Stderr, end.clone());
+        f.script.push(response(&id, "interrupted", 1));
+        let r = h.wait().await.expect("result");
+        assert_eq!(r.status, CellStatus::Interrupted, "{name}");
+        let i = r.interrupt.expect("interrupt report");
+        assert!(i.delivered && !i.escalated && i.state_kept, "{name}: {i:?}");
+        assert_eq!(f.script.terminations.load(Ordering::SeqCst), 0, "{name}");
+        assert!(f.kernel.is_alive(), "{name}");
+    }
 }

@@ -21,6 +21,8 @@ pub(crate) struct Script {
     pushed: usize,
     /// Times the driver asked for the tree to be killed.
     pub(crate) terminations: Arc<AtomicUsize>,
+    /// Times the driver sent the interrupt's wake-up (a signal).
+    pub(crate) wakeups: Arc<AtomicUsize>,
 }
 
 impl Script {
@@ -65,6 +67,7 @@ pub(crate) struct FakeLink {
     /// The status the tree ends with when the driver kills it.
     killed_with: ExitStatus,
     terminations: Arc<AtomicUsize>,
+    wakeups: Arc<AtomicUsize>,
     exited: bool,
 }
 
@@ -76,6 +79,7 @@ impl FakeLink {
         let (sent_tx, sent_rx) = mpsc::unbounded_channel();
         let (consumed_tx, consumed_rx) = watch::channel(0);
         let terminations = Arc::new(AtomicUsize::new(0));
+        let wakeups = Arc::new(AtomicUsize::new(0));
         (
             FakeLink {
                 events: ev_rx,
@@ -85,6 +89,7 @@ impl FakeLink {
                 interrupt,
                 killed_with,
                 terminations: terminations.clone(),
+                wakeups: wakeups.clone(),
                 exited: false,
             },
             Script {
@@ -93,6 +98,7 @@ impl FakeLink {
                 consumed: consumed_rx,
                 pushed: 0,
                 terminations,
+                wakeups,
             },
         )
     }
@@ -143,6 +149,7 @@ impl WorkerLink for FakeLink {
     }
 
     fn interrupt(&mut self) -> Result<(), String> {
+        self.wakeups.fetch_add(1, Ordering::SeqCst);
         self.interrupt.clone()
     }
 

@@ -77,6 +77,17 @@ pub trait WorkerRuntime: Send + Sync + 'static {
     /// with its boot files in `boot_dir`.
     fn worker_argv(&self, interpreter: &Path, boot_dir: &Path) -> Vec<String>;
 
+    /// Whether the worker reads control frames while a cell runs (a reader
+    /// thread of its own). A worker that does (Python) acts on an
+    /// `interrupt` frame that reached it before the cell's `started` (it
+    /// cancels the cell or signals its own main thread). One that reads
+    /// frames only between cells (R, which has no second thread) would
+    /// never see that frame until the cell ended, so the driver sends the
+    /// wake-up itself as soon as such a worker says `started`.
+    fn reads_control_during_cells(&self) -> bool {
+        true
+    }
+
     /// The argv of a template (a fork server that preloads modules), or
     /// `None` when templates do not apply to this language.
     fn template_argv(&self, interpreter: &Path, boot_dir: &Path) -> Option<Vec<String>> {

@@ -16,10 +16,14 @@
 //!   `options(device=)`, one file per page, sent as `image/png` displays at
 //!   the cell's end.
 //! * Interrupt: R's own SIGINT handler (it sets R's pending interrupt,
-//!   checked between R operations and in `Sys.sleep`); R code cannot replace
-//!   it, so the handler is always the worker's. The worker reads control
-//!   frames only between cells (R has no second thread): a stuck cell is
-//!   ended by the driver's escalation.
+//!   checked between R operations and in `Sys.sleep`). R code cannot replace
+//!   it; native code of a package can (`signal(SIGINT, SIG_IGN)`), and the
+//!   worker reports the disposition it finds (`/proc/self/status`) in every
+//!   response. The worker reads control frames only between cells (R has
+//!   no second thread, [`WorkerRuntime::reads_control_during_cells`] is
+//!   false): an interrupt that reached the host before the cell's `started`
+//!   is delivered by the wake-up the driver sends on `started`, and a stuck
+//!   cell is ended by the driver's escalation.
 //! * Sandbox: `R_HOME` (from `R RHOME`) and R's library directories
 //!   read-only, besides the interpreter's prefix.
 //! * No templates.
@@ -60,6 +64,10 @@ impl WorkerRuntime for RRuntime {
 
     fn boot_dir(&self) -> io::Result<&'static Path> {
         worker_dir()
+    }
+
+    fn reads_control_during_cells(&self) -> bool {
+        false
     }
 
     fn worker_argv(&self, interpreter: &Path, boot_dir: &Path) -> Vec<String> {

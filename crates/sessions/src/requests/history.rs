@@ -22,6 +22,10 @@ pub struct History {
     pub owner: String,
     /// The session.
     pub session: String,
+    /// The language its kernels last ran (`python`, `r`); `None` when the
+    /// journal has no session row or the session was journaled before
+    /// languages were (then it ran Python).
+    pub language: Option<String>,
     /// Its kernels, oldest first, with why each ended.
     pub kernels: Vec<KernelRow>,
     /// Its cells, oldest first.
@@ -42,7 +46,10 @@ impl HistoryRequest {
         };
         let cells = reader.cells(&self.owner, &self.session).map_err(journal)?;
         let kernels = reader.kernels(&self.owner, &self.session).map_err(journal)?;
-        self.found(cells, kernels)
+        let language = reader
+            .session_language(&self.owner, &self.session)
+            .map_err(journal)?;
+        self.found(cells, kernels, language)
     }
 
     /// Runs the request against the registry's journal.
@@ -71,10 +78,21 @@ impl HistoryRequest {
             .map_err(|e| RequestError::Journal {
                 message: e.to_string(),
             })?;
-        self.found(cells, kernels)
+        let language =
+            reader
+                .session_language(&self.owner, &self.session)
+                .map_err(|e| RequestError::Journal {
+                    message: e.to_string(),
+                })?;
+        self.found(cells, kernels, language)
     }
 
-    fn found(&self, cells: Vec<CellRow>, kernels: Vec<KernelRow>) -> Result<History, RequestError> {
+    fn found(
+        &self,
+        cells: Vec<CellRow>,
+        kernels: Vec<KernelRow>,
+        language: Option<String>,
+    ) -> Result<History, RequestError> {
         if cells.is_empty() && kernels.is_empty() {
             return Err(RequestError::SessionNotFound {
                 session: self.session.clone(),
@@ -84,6 +102,7 @@ impl HistoryRequest {
         Ok(History {
             owner: self.owner.clone(),
             session: self.session.clone(),
+            language,
             kernels,
             cells,
         })
