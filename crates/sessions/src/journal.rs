@@ -426,6 +426,7 @@ impl Journal {
         let files = r.files.clone().unwrap_or_default();
         let error = r.error.as_ref().map(|e| format!("{}: {}", e.ename, e.evalue));
         let calls = r.tool_calls.clone();
+        let denied = r.network.as_ref().map(|n| n.denied.clone()).unwrap_or_default();
         let id = r.cell_id.clone();
         let status = r.status.as_str();
         let (ec, dur) = (r.execution_count as i64, r.duration_ms as i64);
@@ -475,6 +476,13 @@ impl Journal {
                     "INSERT OR REPLACE INTO tool_calls (cell_id, seq, tool, args_preview, duration_ms, outcome, error)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![id, i as i64, t.name, t.args_preview, t.duration_ms as i64, t.outcome, t.error],
+                )?;
+            }
+            for (i, d) in denied.iter().enumerate() {
+                tx.execute(
+                    "INSERT OR REPLACE INTO network_denials (cell_id, seq, host, port, reason, sni)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![id, i as i64, d.host, d.port as i64, d.reason.code(), d.sni],
                 )?;
             }
             tx.commit()

@@ -6,7 +6,8 @@
 //! | version | layout |
 //! | --- | --- |
 //! | 0 | a new, empty file, or a journal written before versioning: any subset of the tables and columns below |
-//! | 1 | the tables and columns of [`SCHEMA`] |
+//! | 1 | the tables and columns of [`SCHEMA`] but `network_denials` |
+//! | 2 | the tables and columns of [`SCHEMA`] |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -21,7 +22,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -51,6 +52,10 @@ CREATE TABLE IF NOT EXISTS tool_calls (
   cell_id TEXT NOT NULL, seq INTEGER NOT NULL, tool TEXT NOT NULL,
   args_preview TEXT NOT NULL, duration_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
   error TEXT, PRIMARY KEY (cell_id, seq));
+CREATE TABLE IF NOT EXISTS network_denials (
+  cell_id TEXT NOT NULL, seq INTEGER NOT NULL, host TEXT NOT NULL,
+  port INTEGER NOT NULL, reason TEXT NOT NULL, sni TEXT,
+  PRIMARY KEY (cell_id, seq));
 ";
 
 /// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
@@ -101,6 +106,12 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("tool_calls", "duration_ms", "INTEGER NOT NULL DEFAULT 0"),
     ("tool_calls", "outcome", "TEXT NOT NULL DEFAULT ''"),
     ("tool_calls", "error", "TEXT"),
+    ("network_denials", "cell_id", "TEXT NOT NULL DEFAULT ''"),
+    ("network_denials", "seq", "INTEGER NOT NULL DEFAULT 0"),
+    ("network_denials", "host", "TEXT NOT NULL DEFAULT ''"),
+    ("network_denials", "port", "INTEGER NOT NULL DEFAULT 0"),
+    ("network_denials", "reason", "TEXT NOT NULL DEFAULT ''"),
+    ("network_denials", "sni", "TEXT"),
 ];
 
 /// Why a journal's schema cannot be used.
@@ -164,6 +175,10 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
                 }
             }
         }
+    }
+    if found < 2 {
+        // Version 1 to 2: the egress proxy's refusals, per cell.
+        tx.execute_batch(SCHEMA)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;
