@@ -23,6 +23,7 @@ pub mod tools;
 
 /// The notebook crate the `run_notebook` request works on, for surfaces
 /// that depend on this crate only.
+pub use cellhost_kernel::egress;
 pub use cellhost_notebook as notebook;
 pub use config::{Config, ConfigError, Source};
 pub use floor::{BelowFloor, sandbox_for_request};

@@ -84,6 +84,15 @@ impl NetworkSettings {
     }
 }
 
+/// Parses a policy a request names (`off`, `on`, rules separated by
+/// commas).
+///
+/// # Errors
+/// [`RequestError::BadRequest`] naming the bad rule.
+pub fn parse_request(text: &str) -> Result<NetworkPolicy, RequestError> {
+    NetworkPolicy::parse(text).map_err(|e| RequestError::bad_request(format!("network: {e}")))
+}
+
 /// Checks that `policy` can be had in sandbox mode `mode`.
 ///
 /// # Errors

@@ -601,7 +601,7 @@ impl Registry {
 
     /// The configured network policy of a session named `session`: its
     /// pattern's, the `[egress]` default, else the template's network.
-    fn configured_network(&self, session: &str) -> cellhost_kernel::egress::NetworkPolicy {
+    pub fn configured_network(&self, session: &str) -> cellhost_kernel::egress::NetworkPolicy {
         use cellhost_kernel::egress::NetworkPolicy;
         self.cfg
             .network

@@ -575,13 +575,11 @@ impl Prepared {
         let mut host_layers: Vec<LayerStatus> = Vec::new();
         if config.egress.is_some() {
             if !sandboxed || config.sandbox.network || config.sandbox.disable.iter().any(|d| d == "netns") {
-                return Err(KernelError::SandboxUnavailable {
-                    kernel: label,
-                    layer: "egress".into(),
-                    reason:
-                        "an allowlist needs the kernel's own network namespace (a sandbox with network off)"
-                            .into(),
-                });
+                return Err(KernelError::InvalidRequest(
+                    "a network allowlist needs a sandbox (mode auto or enforce) with its own network namespace: \
+                     with --sandbox off, network on or netns disabled the kernel would have the host's network"
+                        .into(),
+                ));
             }
             host_layers.push(LayerStatus::on(
                 "egress",
