@@ -329,3 +329,51 @@ fn allowlist_over_http_reports_denials_in_the_result() {
     let a = serve.request("POST", "/v1/sessions", &h, &bad);
     assert_eq!(a.status, 422, "{a:?}");
 }
+
+/// The daemon (`exec --session`): a session gets its policy from
+/// `--network` or from the config's pattern for its name; a running
+/// session keeps its own, and the caller is told.
+#[test]
+fn allowlist_per_session_on_the_daemon_by_flag_and_by_config_pattern() {
+    let env = Env::new();
+    let t = Targets::start(env.path());
+    let rules = rules(&t);
+    std::fs::write(
+        env.path().join("config.toml"),
+        format!(
+            "[egress]\nhosts = {{ \"allowed.test\" = \"127.0.0.1\", \"evil.test\" = \"127.0.0.1\" }}\n[egress.sessions]\n\"net-*\" = {:?}\n",
+            rules.split(',').collect::<Vec<_>>()
+        ),
+    )
+    .expect("config");
+    let py = common::python();
+    let fetch = format!(
+        "import urllib.request, urllib.error\nr = []\nfor u in ['http://allowed.test:{0}/', 'http://evil.test:{0}/']:\n    try:\n        r.append(urllib.request.urlopen(u, timeout=60).read().decode())\n    except urllib.error.HTTPError as e:\n        r.append(e.code)\n    except Exception as e:\n        r.append(type(e).__name__)\nprint(r)",
+        t.http
+    );
+    let exec = |session: &str, extra: &[&str]| {
+        let mut args = vec!["exec", "--session", session, "--python", py.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        args.push(fetch.as_str());
+        let o = env.run(&args);
+        let v: Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", common::text(&o)));
+        (v, String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    // By the config's pattern.
+    let (v, _) = exec("net-1", &[]);
+    assert_eq!(v["stdout"], "['hello http', 403]\n", "{v}");
+    assert_eq!(v["network"]["denied"][0]["host"], "evil.test", "{v}");
+    // By the flag.
+    let (v, _) = exec("flagged", &["--network", &rules]);
+    assert_eq!(v["stdout"], "['hello http', 403]\n", "{v}");
+    assert_eq!(v["network"]["denied"][0]["reason"], "not_allowed", "{v}");
+    // Neither: network off, no proxy at all.
+    let (v, _) = exec("plain", &[]);
+    assert_eq!(v["stdout"], "['URLError', 'URLError']\n", "{v}");
+    assert!(v.get("network").is_none(), "{v}");
+    // A running session keeps its policy; the caller is told.
+    let (v, err) = exec("plain", &["--network", "on"]);
+    assert_eq!(v["stdout"], "['URLError', 'URLError']\n", "{v}");
+    assert!(err.contains("network policy"), "{err}");
+}
