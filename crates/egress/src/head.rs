@@ -90,7 +90,7 @@ pub fn parse(head: &[u8]) -> Result<ProxyRequest, Refused> {
         return Err(refused(DenyReason::BadRequest, "", 0));
     };
     if method.eq_ignore_ascii_case("CONNECT") {
-        let Ok((host, Some(port))) = split_host_port(path) else {
+        let Some((host, Some(port))) = split_host_port(path) else {
             return Err(refused(DenyReason::BadRequest, path, 0));
         };
         let Some(port) = parse_port(port) else {
@@ -162,7 +162,7 @@ fn strip_prefix_ignore_case<'a>(s: &'a str, p: &str) -> Option<&'a str> {
 
 /// `host[:port]` of an `http` authority (port 80 when none is given).
 fn host_and_port(a: &str) -> Option<(String, u16)> {
-    let (h, p) = split_host_port(a).ok()?;
+    let (h, p) = split_host_port(a)?;
     let port = match p {
         None => 80,
         Some(p) => parse_port(p)?,

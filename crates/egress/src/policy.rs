@@ -184,20 +184,20 @@ pub fn parse_target(host: &str) -> Result<Target, HostError> {
 /// Splits `host[:port]` (IPv6 in brackets); `None` for the port when none
 /// is given.
 ///
-/// # Errors
-/// A bad port, or a bracket that is not closed.
-pub fn split_host_port(s: &str) -> Result<(&str, Option<&str>), ()> {
+/// `None` for a bracket that is not closed, or text after it that is not
+/// `:` and a port.
+pub fn split_host_port(s: &str) -> Option<(&str, Option<&str>)> {
     if s.starts_with('[') {
-        let end = s.find(']').ok_or(())?;
+        let end = s.find(']')?;
         let (host, rest) = s.split_at(end + 1);
         return match rest {
-            "" => Ok((host, None)),
-            r => r.strip_prefix(':').map(|p| (host, Some(p))).ok_or(()),
+            "" => Some((host, None)),
+            r => r.strip_prefix(':').map(|p| (host, Some(p))),
         };
     }
     match s.rsplit_once(':') {
-        Some((h, p)) => Ok((h, Some(p))),
-        None => Ok((s, None)),
+        Some((h, p)) => Some((h, Some(p))),
+        None => Some((s, None)),
     }
 }
 
@@ -223,7 +223,7 @@ impl Rule {
             return Err(bad(text, format!("longer than {MAX_RULE_LEN} bytes")));
         }
         let (host, port) =
-            split_host_port(t).map_err(|_| bad(text, "an IPv6 address goes in brackets: [::1]:443"))?;
+            split_host_port(t).ok_or_else(|| bad(text, "an IPv6 address goes in brackets: [::1]:443"))?;
         let port = match port {
             None => PortPattern::Web,
             Some("*") => PortPattern::Any,

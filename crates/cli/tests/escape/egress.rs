@@ -324,6 +324,25 @@ fn allowlist_over_http_reports_denials_in_the_result() {
     assert_eq!(v["stdout"], "['hello https', 403]\n", "{v}");
     assert_eq!(v["network"]["denied"][0]["host"], "evil.test", "{v}");
     assert_eq!(v["network"]["denied"][0]["reason"], "not_allowed", "{v}");
+    // The OpenAPI document describes both.
+    let doc = serve.request("GET", "/openapi.json", &h, "");
+    let doc: Value = serde_json::from_str(&doc.body).expect("openapi");
+    let schemas = &doc["components"]["schemas"];
+    assert!(
+        schemas["CellResult"]["properties"]["network"].is_object(),
+        "{}",
+        schemas["CellResult"]
+    );
+    assert!(
+        schemas["NetworkReport"]["properties"]["denied"].is_object(),
+        "{schemas}"
+    );
+    assert!(schemas["DenyReason"].is_object(), "{schemas}");
+    assert!(
+        schemas["CreateSession"]["properties"]["network"].is_object(),
+        "{}",
+        schemas["CreateSession"]
+    );
     // A malformed rule is refused with the field named.
     let bad = json!({"name": "net2", "network": ["*"]}).to_string();
     let a = serve.request("POST", "/v1/sessions", &h, &bad);
