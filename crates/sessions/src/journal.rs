@@ -815,6 +815,67 @@ mod tests {
         assert_eq!(k.last().and_then(|k| k.end_reason.as_deref()), Some("done"));
     }
 
+    /// The egress proxy's refusals of a cell are journaled with it, and a
+    /// journal of schema 1 gains their table on open.
+    #[tokio::test]
+    async fn network_denials_are_journaled_and_version_1_is_migrated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v1.sqlite3");
+        {
+            let c = Connection::open(&path).expect("create");
+            let v1 = crate::journal_schema::SCHEMA
+                .split("CREATE TABLE IF NOT EXISTS network_denials")
+                .next()
+                .expect("schema")
+                .to_string();
+            c.execute_batch(&format!("{v1}\nPRAGMA user_version = 1;")).expect("v1 layout");
+        }
+        let j = Journal::open(&path, Durability::Normal).expect("open");
+        j.session_used("o", "s", "py", "", "", "default");
+        j.kernel_started("o", "s", 1, 42);
+        let start = CellStart {
+            id: "c1".into(),
+            owner: "o".into(),
+            session: "s".into(),
+            generation: 1,
+            code: "urlopen(...)".into(),
+            origin: "test".into(),
+            context: None,
+        };
+        j.cell_started(start.clone());
+        let r: CellResult = serde_json::from_value(serde_json::json!({
+            "cell_id": "c1", "status": "ok", "execution_count": 1, "stdout": "", "stderr": "",
+            "result": null, "displays": [], "error": null,
+            "kernel": {"session": "s", "generation": 1, "pid": 42, "reused": false, "state_reset": false},
+            "duration_ms": 3,
+            "network": {"denied": [
+                {"host": "evil.test", "port": 443, "reason": "not_allowed"},
+                {"host": "allowed.test", "port": 443, "reason": "sni_mismatch", "sni": "evil.test"}
+            ]}
+        }))
+        .expect("result");
+        j.cell_settled(&start, &r).await.expect("settled");
+        j.close();
+        let c = Connection::open(&path).expect("read");
+        let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version");
+        assert_eq!(version, crate::journal_schema::SCHEMA_VERSION);
+        let mut st = c
+            .prepare("SELECT host, port, reason, sni FROM network_denials WHERE cell_id = 'c1' ORDER BY seq")
+            .expect("query");
+        let rows: Vec<(String, i64, String, Option<String>)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .expect("rows")
+            .map(|r| r.expect("row"))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("evil.test".into(), 443, "not_allowed".into(), None),
+                ("allowed.test".into(), 443, "sni_mismatch".into(), Some("evil.test".into())),
+            ]
+        );
+    }
+
     #[test]
     fn journal_of_a_newer_schema_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
