@@ -828,7 +828,8 @@ mod tests {
                 .next()
                 .expect("schema")
                 .to_string();
-            c.execute_batch(&format!("{v1}\nPRAGMA user_version = 1;")).expect("v1 layout");
+            c.execute_batch(&format!("{v1}\nPRAGMA user_version = 1;"))
+                .expect("v1 layout");
         }
         let j = Journal::open(&path, Durability::Normal).expect("open");
         j.session_used("o", "s", "py", "", "", "default");
@@ -857,7 +858,9 @@ mod tests {
         j.cell_settled(&start, &r).await.expect("settled");
         j.close();
         let c = Connection::open(&path).expect("read");
-        let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("version");
+        let version: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .expect("version");
         assert_eq!(version, crate::journal_schema::SCHEMA_VERSION);
         let mut st = c
             .prepare("SELECT host, port, reason, sni FROM network_denials WHERE cell_id = 'c1' ORDER BY seq")
@@ -871,7 +874,12 @@ mod tests {
             rows,
             vec![
                 ("evil.test".into(), 443, "not_allowed".into(), None),
-                ("allowed.test".into(), 443, "sni_mismatch".into(), Some("evil.test".into())),
+                (
+                    "allowed.test".into(),
+                    443,
+                    "sni_mismatch".into(),
+                    Some("evil.test".into())
+                ),
             ]
         );
     }
