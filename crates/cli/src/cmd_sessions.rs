@@ -117,6 +117,7 @@ pub fn exec(
             sandbox: kernel.sandbox.map(|m| m.to_string()),
             cwd,
             env,
+            network: kernel.network.as_ref().map(|p| p.to_text()),
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");

@@ -47,6 +47,17 @@ pub fn config() -> Result<Config, String> {
     Config::load(explicit).map_err(|e| e.to_string())
 }
 
+static NETWORK_DEFAULT: std::sync::Mutex<Option<cellhost_kernel::egress::NetworkPolicy>> =
+    std::sync::Mutex::new(None);
+
+/// The command's `--network`: the default policy of the sessions of the
+/// registry it starts (over the config's `[egress] default`).
+pub fn set_network_default(p: cellhost_kernel::egress::NetworkPolicy) {
+    if let Ok(mut g) = NETWORK_DEFAULT.lock() {
+        *g = Some(p);
+    }
+}
+
 /// The journal file: `journal.sqlite3` in the state directory.
 pub fn journal_path() -> PathBuf {
     state_dir().join("journal.sqlite3")
@@ -127,6 +138,9 @@ pub fn interpreter_arg(
 /// The kernel configuration for a CLI session.
 pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<KernelConfig, KernelError> {
     let config = config().map_err(KernelError::InvalidRequest)?;
+    if let Some(p) = &args.network {
+        set_network_default(p.clone());
+    }
     let runtime = match &args.language {
         Some(name) => cellhost_kernel::for_language(name).ok_or_else(|| {
             KernelError::InvalidRequest(format!(
@@ -247,6 +261,9 @@ async fn start_registry_with(
     };
     let mut rc = RegistryConfig::new(state_dir(), template);
     config.apply_to_registry(&mut rc);
+    if let Some(p) = NETWORK_DEFAULT.lock().ok().and_then(|g| g.clone()) {
+        rc.network.default = Some(p);
+    }
     if let Some(r) = config.r() {
         rc.interpreters.insert("r".into(), r);
     }

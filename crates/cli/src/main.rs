@@ -113,6 +113,19 @@ pub struct KernelArgs {
     /// as a secret: it is masked in everything the kernel outputs.
     #[arg(long = "secret-env", value_name = "NAME")]
     pub secret_env: Vec<String>,
+    /// Network of the kernel: `off` (default: a private loopback only),
+    /// `on` (the host's network), or an allowlist of `HOST[:PORT]` rules
+    /// separated by commas (`api.openai.com:443,*.githubusercontent.com`;
+    /// no port: 443 and 80), reached through the host's egress proxy.
+    /// With `--session`, the policy of a session this call creates (a
+    /// running session keeps its own); otherwise the default of the
+    /// command's sessions.
+    #[arg(long, value_name = "off|on|HOST[:PORT],...", value_parser = parse_network)]
+    pub network: Option<cellhost_kernel::egress::NetworkPolicy>,
+}
+
+fn parse_network(s: &str) -> Result<cellhost_kernel::egress::NetworkPolicy, String> {
+    cellhost_kernel::egress::NetworkPolicy::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_sandbox_mode(s: &str) -> Result<cellhost_sandbox::profile::SandboxMode, String> {

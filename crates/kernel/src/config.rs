@@ -63,6 +63,12 @@ pub struct KernelConfig {
     /// Confinement of the worker (default: mode `auto`, network off,
     /// memory 4 GiB, 512 processes); see [`SandboxProfile`].
     pub sandbox: SandboxProfile,
+    /// Egress by allowlist (a session whose network policy is a list of
+    /// rules): the kernel's network namespace reaches only the host-side
+    /// proxy serving these rules, and each cell's result carries what it
+    /// refused. Needs a sandbox with its own network namespace (network
+    /// off in the profile); `None` (default): the profile's network.
+    pub egress: Option<Arc<cellhost_egress::Egress>>,
 }
 
 /// What one cell's displays may take on the host. Display frames are
@@ -138,6 +144,7 @@ impl KernelConfig {
             tool_budget: 50,
             limits: CgroupLimits::default(),
             sandbox: SandboxProfile::default(),
+            egress: None,
         }
     }
 

@@ -52,6 +52,7 @@ pub mod tools;
 
 pub use cellhost_capture::hostfs;
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
+pub use cellhost_egress as egress;
 pub use config::{DisplayLimits, KernelConfig};
 pub use error::KernelError;
 pub use kernel::{

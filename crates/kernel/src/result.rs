@@ -341,6 +341,11 @@ pub struct CellResult {
     /// events; at most 256 paths).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<FilesOpened>,
+    /// Egress by allowlist: the connections the session's proxy refused
+    /// while the cell ran (or since the previous cell settled); absent
+    /// when none were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<cellhost_egress::NetworkReport>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -117,7 +117,18 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         cwd,
         hint,
         files,
+        network,
     } = res;
+    // A host name is text the cell chose (a secret spelled as a name
+    // label, say): masked like every other.
+    if let Some(n) = network {
+        for d in n.denied.iter_mut() {
+            redact(&mut d.host, r);
+            if let Some(s) = d.sni.as_mut() {
+                redact(s, r);
+            }
+        }
+    }
     redact(stdout, r);
     redact(stderr, r);
     if let Some(b) = result.take() {
@@ -459,6 +470,15 @@ mod tests {
                 read: vec![format!("/work/{s}"); 300],
                 write: vec![],
                 truncated: false,
+            }),
+            network: Some(cellhost_egress::NetworkReport {
+                denied: vec![cellhost_egress::Denial {
+                    host: s.clone(),
+                    port: 443,
+                    reason: cellhost_egress::DenyReason::NotAllowed,
+                    sni: Some(s.clone()),
+                }],
+                dropped: 0,
             }),
         }
     }

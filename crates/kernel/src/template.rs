@@ -278,6 +278,12 @@ impl Template {
     /// (with the reason the forked processes gave); the errors of
     /// [`Kernel::spawn`]'s handshake.
     pub async fn fork(&self, config: KernelConfig) -> Result<Kernel, KernelError> {
+        if config.egress.is_some() {
+            // The proxy's listener is bound by a cold kernel's init only.
+            return Err(KernelError::InvalidRequest(
+                "a kernel with an egress allowlist starts cold, not from a template".into(),
+            ));
+        }
         if config.python != self.inner.base.python {
             return Err(KernelError::InvalidRequest(format!(
                 "template of {} cannot fork a kernel of {}",

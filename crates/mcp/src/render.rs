@@ -338,6 +338,7 @@ mod tests {
             cwd: None,
             hint: None,
             files: None,
+            network: None,
         }
     }
 

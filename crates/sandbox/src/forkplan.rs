@@ -322,6 +322,7 @@ mod tests {
             mpl_cache: None,
             hidden: Vec::new(),
             cgroup_views: Vec::new(),
+            egress_port: None,
         }
     }
 

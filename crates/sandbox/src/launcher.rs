@@ -556,6 +556,15 @@ fn start_sandboxed(
     let mut init = Confinement::new(&Linux, spec, kid);
     init.run_stage(Stage::Init);
     let layers = init.layers;
+    if let Some(port) = spec.egress_port {
+        // Before anything of the kernel runs: the proxy's listener in the
+        // kernel's network namespace goes to the host (fd 0, the control
+        // socket), and this process keeps no copy.
+        let private = layers.iter().any(|l| l.name == "netns" && l.enforced);
+        if let Some(control) = borrowed_fd(0) {
+            crate::egress::hand_over_listener(control, port, private);
+        }
+    }
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .unwrap_or_else(|e| fail(&format!("pipe2 failed: {e}")));
     // SAFETY: single-threaded process; the child goes on as the ns-init.

@@ -23,6 +23,7 @@
 
 pub mod cgroup;
 pub mod confine;
+pub mod egress;
 pub mod env;
 pub mod fds;
 pub mod forkplan;

@@ -253,6 +253,11 @@ pub struct InitSpec {
     /// in the kernel's view.
     #[serde(default)]
     pub cgroup_views: Vec<CgroupView>,
+    /// Egress by allowlist: the port of the proxy's listener the kernel
+    /// init binds on the loopback of the kernel's network namespace and
+    /// hands to the host ([`crate::egress`]); `None`: no listener.
+    #[serde(default)]
+    pub egress_port: Option<u16>,
 }
 
 /// One of the kernel's cgroup directories and where the kernel sees it.
@@ -462,6 +467,7 @@ mod tests {
             mpl_cache: None,
             hidden: vec!["/run/user/0".into()],
             cgroup_views: Vec::new(),
+            egress_port: None,
         };
         let text = serde_json::to_string(&spec).expect("json");
         assert_eq!(serde_json::from_str::<InitSpec>(&text).expect("parse"), spec);

@@ -538,6 +538,7 @@ mod tests {
             mpl_cache: None,
             hidden: vec!["/usr".into()],
             cgroup_views: Vec::new(),
+            egress_port: None,
         }
     }
 

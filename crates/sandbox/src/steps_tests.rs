@@ -21,6 +21,7 @@ fn spec(mode: SandboxMode) -> InitSpec {
         mpl_cache: None,
         hidden: Vec::new(),
         cgroup_views: Vec::new(),
+        egress_port: None,
     }
 }
 

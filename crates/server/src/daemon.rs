@@ -102,6 +102,12 @@ pub enum Request {
         /// reply says so.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env: Vec<EnvVar>,
+        /// Network policy (`--network`: `off`, `on`, or `HOST[:PORT]`
+        /// rules separated by commas) for a session this request creates;
+        /// a session that already runs with another keeps its own, and a
+        /// `note` reply says so. `None`: the daemon's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -590,7 +596,13 @@ async fn handle(
             sandbox,
             cwd,
             env,
+            network,
         } => {
+            let network = match network.as_deref().map(cellhost_sessions::network::parse_request) {
+                None => None,
+                Some(Ok(p)) => Some(p),
+                Some(Err(e)) => return send(w, &request_error(&e)).await,
+            };
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
             let (deadline, requested) = match parsed {
@@ -627,6 +639,17 @@ async fn handle(
             };
             for note in session_notes(reg, &key, &spec.env) {
                 send(w, &Reply::Note { message: note }).await?;
+            }
+            match reg.set_session_network(&key, network.as_ref()) {
+                Ok(EnvApplied::Applied) => {}
+                Ok(EnvApplied::Kept) => {
+                    let message = format!(
+                        "session {} already runs with another network policy; --network applies to new sessions only",
+                        key.session
+                    );
+                    send(w, &Reply::Note { message }).await?;
+                }
+                Err(e) => return send(w, &request_error(&e)).await,
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));

@@ -306,6 +306,10 @@ pub struct CreateSession {
     /// The language of the session's kernels: `python` (default) or `r`;
     /// another is refused with `bad_request`. The session keeps it.
     pub language: Option<String>,
+    /// The session's network policy (default: the server's, `off` unless
+    /// configured); a list needs a sandbox (`bad_request` with mode `off`).
+    #[schema(value_type = Option<crate::http_network::NetworkField>)]
+    pub network: Option<cellhost_sessions::egress::NetworkPolicy>,
 }
 
 /// A session of the caller.
@@ -387,6 +391,8 @@ fn live_summary(st: &AppState, owner: &str, name: &str, sandbox: SandboxMode) ->
         description = "optional: no body gives a random name and the server's sandbox mode"),
     responses(
         (status = 201, description = "created, its kernel started", body = SessionInfo),
+        (status = 400, description = "`bad_request`: a network allowlist with sandbox mode `off`", body = ErrorBody),
+        (status = 422, description = "`invalid_request`: a malformed body (a bad network rule, say)", body = ErrorBody),
         (status = 403, description = "`sandbox_below_floor`: a sandbox mode below the server's", body = ErrorBody),
         (status = 409, description = "`session_exists`", body = ErrorBody),
         (status = 429, description = "`too_many_sessions` (64 an owner)", body = ErrorBody),
@@ -436,6 +442,12 @@ async fn create_session(
             .with("limit", SESSIONS_PER_OWNER as u64));
         }
         s.insert(k, meta.clone());
+    }
+    if let Err(e) = crate::http_network::apply(&st.registry, &key, body.network.as_ref()) {
+        if let Ok(mut s) = st.sessions.lock() {
+            s.remove(&(owner.clone(), name.clone()));
+        }
+        return Err(e);
     }
     // A new session has no kernel yet: a restart starts its first one.
     let started = RestartRequest {

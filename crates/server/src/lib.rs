@@ -17,6 +17,7 @@ pub mod auth;
 pub mod daemon;
 pub mod error;
 pub mod http;
+pub mod http_network;
 pub mod http_notebook;
 pub mod listen;
 pub mod openapi;

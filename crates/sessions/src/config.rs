@@ -247,6 +247,10 @@ pub struct Config {
     pub tools: BTreeMap<String, ToolSpec>,
     /// Where the tools came from.
     pub tools_source: Source,
+    /// The `[egress]` table: network policies per session pattern, the
+    /// egress proxy's settings ([`crate::config_egress`]).
+    #[serde(skip)]
+    pub egress: crate::NetworkSettings,
 }
 
 fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
@@ -363,6 +367,13 @@ impl Config {
             }
             None => None,
         };
+        let egress = match (table.remove("egress"), &file) {
+            (Some(toml::Value::Table(t)), Some(p)) => {
+                crate::config_egress::parse(t, &p.display().to_string())?
+            }
+            (Some(_), _) => return Err(ConfigError::Invalid("`egress` must be a table ([egress])".into())),
+            (None, _) => crate::NetworkSettings::default(),
+        };
         let mut values = BTreeMap::new();
         for (key, kind, default, _) in SETTINGS {
             let envk = format!("CELLHOST_{}", key.to_uppercase());
@@ -391,7 +402,7 @@ impl Config {
         if let Some((k, _)) = table.iter().next() {
             let known: Vec<&str> = SETTINGS.iter().map(|s| s.0).collect();
             return Err(ConfigError::Invalid(format!(
-                "{}: unknown key `{k}` (known: {}, [tools.NAME])",
+                "{}: unknown key `{k}` (known: {}, [tools.NAME], [egress])",
                 file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
                 known.join(", ")
             )));
@@ -415,6 +426,7 @@ impl Config {
             values,
             tools,
             tools_source,
+            egress,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -608,6 +620,7 @@ impl Config {
             .filter(|m| !m.is_empty())
             .collect();
         rc.staging_max_age = Duration::from_secs_f64(self.float("staging_max_age_days") * 86400.0);
+        rc.network = self.egress.clone();
     }
 
     /// `key = value  # source` lines, then the tools.

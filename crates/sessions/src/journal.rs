@@ -441,6 +441,7 @@ impl Journal {
         let files = r.files.clone().unwrap_or_default();
         let error = r.error.as_ref().map(|e| format!("{}: {}", e.ename, e.evalue));
         let calls = r.tool_calls.clone();
+        let denied = r.network.as_ref().map(|n| n.denied.clone()).unwrap_or_default();
         let id = r.cell_id.clone();
         let status = r.status.as_str();
         let (ec, dur) = (r.execution_count as i64, r.duration_ms as i64);
@@ -490,6 +491,13 @@ impl Journal {
                     "INSERT OR REPLACE INTO tool_calls (cell_id, seq, tool, args_preview, duration_ms, outcome, error)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                     params![id, i as i64, t.name, t.args_preview, t.duration_ms as i64, t.outcome, t.error],
+                )?;
+            }
+            for (i, d) in denied.iter().enumerate() {
+                tx.execute(
+                    "INSERT OR REPLACE INTO network_denials (cell_id, seq, host, port, reason, sni)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![id, i as i64, d.host, d.port as i64, d.reason.code(), d.sni],
                 )?;
             }
             tx.commit()
@@ -839,6 +847,75 @@ mod tests {
         let r = JournalReader::open(&path).expect("reader");
         let k = r.kernels("o", "s").expect("kernels");
         assert_eq!(k.last().and_then(|k| k.end_reason.as_deref()), Some("done"));
+    }
+
+    /// The egress proxy's refusals of a cell are journaled with it, and a
+    /// journal of schema 1 gains their table on open.
+    #[tokio::test]
+    async fn network_denials_are_journaled_and_version_1_is_migrated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v1.sqlite3");
+        {
+            let c = Connection::open(&path).expect("create");
+            let v1 = crate::journal_schema::SCHEMA
+                .split("CREATE TABLE IF NOT EXISTS network_denials")
+                .next()
+                .expect("schema")
+                .to_string();
+            c.execute_batch(&format!("{v1}\nPRAGMA user_version = 1;"))
+                .expect("v1 layout");
+        }
+        let j = Journal::open(&path, Durability::Normal).expect("open");
+        j.session_used("o", "s", "py", "", "", "default");
+        j.kernel_started("o", "s", 1, 42);
+        let start = CellStart {
+            id: "c1".into(),
+            owner: "o".into(),
+            session: "s".into(),
+            generation: 1,
+            code: "urlopen(...)".into(),
+            origin: "test".into(),
+            context: None,
+        };
+        j.cell_started(start.clone());
+        let r: CellResult = serde_json::from_value(serde_json::json!({
+            "cell_id": "c1", "status": "ok", "execution_count": 1, "stdout": "", "stderr": "",
+            "result": null, "displays": [], "error": null,
+            "kernel": {"session": "s", "generation": 1, "pid": 42, "reused": false, "state_reset": false},
+            "duration_ms": 3,
+            "network": {"denied": [
+                {"host": "evil.test", "port": 443, "reason": "not_allowed"},
+                {"host": "allowed.test", "port": 443, "reason": "sni_mismatch", "sni": "evil.test"}
+            ]}
+        }))
+        .expect("result");
+        j.cell_settled(&start, &r).await.expect("settled");
+        j.close();
+        let c = Connection::open(&path).expect("read");
+        let version: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .expect("version");
+        assert_eq!(version, crate::journal_schema::SCHEMA_VERSION);
+        let mut st = c
+            .prepare("SELECT host, port, reason, sni FROM network_denials WHERE cell_id = 'c1' ORDER BY seq")
+            .expect("query");
+        let rows: Vec<(String, i64, String, Option<String>)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .expect("rows")
+            .map(|r| r.expect("row"))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("evil.test".into(), 443, "not_allowed".into(), None),
+                (
+                    "allowed.test".into(),
+                    443,
+                    "sni_mismatch".into(),
+                    Some("evil.test".into())
+                ),
+            ]
+        );
     }
 
     #[test]

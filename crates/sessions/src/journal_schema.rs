@@ -6,8 +6,9 @@
 //! | version | layout |
 //! | --- | --- |
 //! | 0 | a new, empty file, or a journal written before versioning: any subset of the tables and columns below |
-//! | 1 | sessions without `language` (every session ran Python) |
-//! | 2 | the tables and columns of [`SCHEMA`]: `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python) |
+//! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
+//! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
+//! | 3 | the tables and columns of [`SCHEMA`]: `network_denials` holds the egress proxy's refusals per cell |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -22,7 +23,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -52,6 +53,10 @@ CREATE TABLE IF NOT EXISTS tool_calls (
   cell_id TEXT NOT NULL, seq INTEGER NOT NULL, tool TEXT NOT NULL,
   args_preview TEXT NOT NULL, duration_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
   error TEXT, PRIMARY KEY (cell_id, seq));
+CREATE TABLE IF NOT EXISTS network_denials (
+  cell_id TEXT NOT NULL, seq INTEGER NOT NULL, host TEXT NOT NULL,
+  port INTEGER NOT NULL, reason TEXT NOT NULL, sni TEXT,
+  PRIMARY KEY (cell_id, seq));
 ";
 
 /// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
@@ -103,6 +108,12 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("tool_calls", "duration_ms", "INTEGER NOT NULL DEFAULT 0"),
     ("tool_calls", "outcome", "TEXT NOT NULL DEFAULT ''"),
     ("tool_calls", "error", "TEXT"),
+    ("network_denials", "cell_id", "TEXT NOT NULL DEFAULT ''"),
+    ("network_denials", "seq", "INTEGER NOT NULL DEFAULT 0"),
+    ("network_denials", "host", "TEXT NOT NULL DEFAULT ''"),
+    ("network_denials", "port", "INTEGER NOT NULL DEFAULT 0"),
+    ("network_denials", "reason", "TEXT NOT NULL DEFAULT ''"),
+    ("network_denials", "sni", "TEXT"),
 ];
 
 /// Why a journal's schema cannot be used.
@@ -157,9 +168,10 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
     let tx = conn.transaction()?;
     if found < SCHEMA_VERSION {
         // Every earlier version: whatever tables and columns are missing
-        // (version 1 lacks `sessions.language` only).
+        // (version 1 lacks `sessions.language` and `network_denials`,
+        // version 2 `network_denials`).
         tx.execute_batch(SCHEMA)?;
-        for table in ["sessions", "kernels", "cells", "tool_calls"] {
+        for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
             let have = columns_of(&tx, table)?;
             for (_, column, decl) in COLUMNS.iter().filter(|(t, _, _)| *t == table) {
                 if !have.iter().any(|h| h == column) {
@@ -195,6 +207,16 @@ mod tests {
         .expect("version 1 schema");
     }
 
+    /// Version 2: every table but `network_denials`.
+    fn version_2(conn: &Connection) {
+        let without = SCHEMA
+            .split_inclusive(';')
+            .filter(|stmt| !stmt.contains("network_denials"))
+            .collect::<String>();
+        conn.execute_batch(&format!("{without}\nPRAGMA user_version = 2;"))
+            .expect("version 2 schema");
+    }
+
     /// An older, narrower layout: cells without execution counts, origin,
     /// context, files or error; kernels without end reasons; no tool calls.
     fn narrow(conn: &Connection) {
@@ -223,10 +245,15 @@ mod tests {
             ("unversioned", unversioned),
             ("narrow", narrow),
             ("version 1", version_1),
+            ("version 2", version_2),
         ] {
             let mut conn = Connection::open_in_memory().expect("db");
             make(&conn);
-            let from = if name == "version 1" { 1 } else { 0 };
+            let from = match name {
+                "version 1" => 1,
+                "version 2" => 2,
+                _ => 0,
+            };
             assert_eq!(migrate(&mut conn).expect(name), from, "{name}");
             assert_eq!(version(&conn).expect("version"), SCHEMA_VERSION, "{name}");
             for (table, column, _) in COLUMNS {
@@ -256,7 +283,7 @@ mod tests {
     fn columns_list_matches_the_schema() {
         let conn = Connection::open_in_memory().expect("db");
         conn.execute_batch(SCHEMA).expect("schema");
-        for table in ["sessions", "kernels", "cells", "tool_calls"] {
+        for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
             let mut have = columns_of(&conn, table).expect("columns");
             let mut listed: Vec<String> = COLUMNS
                 .iter()

@@ -8,10 +8,12 @@
 pub mod cell;
 pub mod cell_index;
 pub mod config;
+pub mod config_egress;
 pub mod detached;
 pub mod floor;
 pub mod journal;
 pub mod journal_schema;
+pub mod network;
 pub mod pool;
 pub mod registry;
 pub mod requests;
@@ -21,10 +23,12 @@ pub mod tools;
 
 /// The notebook crate the `run_notebook` request works on, for surfaces
 /// that depend on this crate only.
+pub use cellhost_kernel::egress;
 pub use cellhost_notebook as notebook;
 pub use config::{Config, ConfigError, Source};
 pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
+pub use network::NetworkSettings;
 pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
 };

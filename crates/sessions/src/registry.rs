@@ -148,6 +148,9 @@ pub struct RegistryConfig {
     /// name (`r` → `/usr/bin/R`); a language not listed runs the
     /// interpreter its runtime finds on `PATH`.
     pub interpreters: std::collections::BTreeMap<String, PathBuf>,
+    /// Sessions' network policies: the default, per session-name pattern,
+    /// the egress proxy's pinned names and bounds ([`crate::network`]).
+    pub network: crate::NetworkSettings,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -175,6 +178,7 @@ impl RegistryConfig {
             session_workdirs: None,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             interpreters: std::collections::BTreeMap::new(),
+            network: crate::NetworkSettings::default(),
         }
     }
 
@@ -254,6 +258,8 @@ struct SlotInner {
     spawning: bool,
     /// The session's own environment, applied to each of its kernels.
     env: crate::SessionEnv,
+    /// The session's own network policy (`None`: the configured one).
+    network: Option<cellhost_kernel::egress::NetworkPolicy>,
     /// The host path of the live kernel's working directory.
     workdir: Option<PathBuf>,
     /// The live kernel's own name for its working directory when that is
@@ -557,6 +563,66 @@ impl Registry {
         crate::EnvApplied::Applied
     }
 
+    /// Sets the network policy of `key`'s session for the kernels it starts
+    /// from now on, unless it has a live (or starting) kernel with another
+    /// policy: then the session keeps its own and [`EnvApplied::Kept`] says
+    /// so. `None` never changes a session's.
+    ///
+    /// # Errors
+    /// [`crate::RequestError::BadRequest`]: a list policy for a key of
+    /// sandbox mode `off`.
+    ///
+    /// [`EnvApplied::Kept`]: crate::EnvApplied::Kept
+    pub fn set_session_network(
+        &self,
+        key: &Key,
+        policy: Option<&cellhost_kernel::egress::NetworkPolicy>,
+    ) -> Result<crate::EnvApplied, crate::RequestError> {
+        let Some(policy) = policy else {
+            return Ok(crate::EnvApplied::Applied);
+        };
+        crate::network::check(policy, key.sandbox)?;
+        let slot = self.slot(key, None);
+        let mut g = slot.lock();
+        let current = g
+            .network
+            .clone()
+            .unwrap_or_else(|| self.configured_network(&key.session));
+        if current == *policy {
+            g.network = Some(policy.clone());
+            return Ok(crate::EnvApplied::Applied);
+        }
+        if g.spawning || g.lineage.live().is_some() {
+            return Ok(crate::EnvApplied::Kept);
+        }
+        g.network = Some(policy.clone());
+        Ok(crate::EnvApplied::Applied)
+    }
+
+    /// The configured network policy of a session named `session`: its
+    /// pattern's, the `[egress]` default, else the template's network.
+    pub fn configured_network(&self, session: &str) -> cellhost_kernel::egress::NetworkPolicy {
+        use cellhost_kernel::egress::NetworkPolicy;
+        self.cfg
+            .network
+            .for_session(session)
+            .unwrap_or(if self.cfg.template.sandbox.network {
+                NetworkPolicy::On
+            } else {
+                NetworkPolicy::Off
+            })
+    }
+
+    /// The network policy `key`'s session's kernels get.
+    pub fn session_network(&self, key: &Key) -> cellhost_kernel::egress::NetworkPolicy {
+        let own = self
+            .slots
+            .lock()
+            .ok()
+            .and_then(|s| s.get(key).and_then(|slot| slot.lock().network.clone()));
+        own.unwrap_or_else(|| self.configured_network(&key.session))
+    }
+
     /// Pins or unpins a session's kernels.
     pub fn set_pinned(&self, key: &Key, pinned: bool) {
         self.slot(key, None).pinned.store(pinned, Ordering::SeqCst);
@@ -639,7 +705,19 @@ impl Registry {
     /// Is the key's configuration the one the warm pool holds?
     fn poolable(&self, slot: &Slot) -> bool {
         let key = &slot.key;
-        slot.lock().env.is_empty()
+        let g = slot.lock();
+        let network = g
+            .network
+            .clone()
+            .unwrap_or_else(|| self.configured_network(&key.session));
+        // The pool's kernels have the template's network: on or off, never a list.
+        let same_network = match network {
+            cellhost_kernel::egress::NetworkPolicy::On => self.cfg.template.sandbox.network,
+            cellhost_kernel::egress::NetworkPolicy::Off => !self.cfg.template.sandbox.network,
+            cellhost_kernel::egress::NetworkPolicy::Allow(_) => false,
+        };
+        g.env.is_empty()
+            && same_network
             && key.python == self.cfg.template.python
             && key.language == self.cfg.template.runtime.name()
             && key.cwd == self.cfg.template.cwd
@@ -701,7 +779,13 @@ impl Registry {
     fn kernel_config(&self, slot: &Slot, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
         let key = &slot.key;
         let mut cfg = self.cfg.template.clone();
-        slot.lock().env.apply(&mut cfg);
+        let network = {
+            let g = slot.lock();
+            g.env.apply(&mut cfg);
+            g.network.clone()
+        };
+        let network = network.unwrap_or_else(|| self.configured_network(&key.session));
+        self.cfg.network.apply(&network, &mut cfg);
         cfg.python = key.python.clone();
         if let Some(runtime) = cellhost_kernel::for_language(&key.language) {
             cfg.runtime = runtime;

@@ -83,6 +83,7 @@ impl Templates {
     pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
         // Templates apply only where the runtime has them (not R's).
         if !self.preload.is_empty()
+            && cfg.egress.is_none()
             && cfg
                 .runtime
                 .template_argv(&cfg.python, std::path::Path::new(""))

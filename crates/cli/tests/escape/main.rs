@@ -11,6 +11,7 @@
 
 mod common;
 mod daemon_peer;
+mod egress;
 mod fds;
 mod files;
 mod hostile_code;

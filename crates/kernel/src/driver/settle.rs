@@ -256,6 +256,7 @@ impl<L: WorkerLink> Driver<L> {
             cwd,
             hint: None,
             files,
+            network: self.config.egress.as_ref().and_then(|e| e.log.take()),
         };
         res.hint = hints::hint_for(&res, &self.config, truncated_any);
         // The one place a result leaves the kernel crate: every text field

@@ -4,6 +4,7 @@
 //! or of a template), its pidfd, the two output pipes and their bulk mode,
 //! the worker's shared-memory output rings, the kernel's cgroups, signals.
 
+mod egress;
 mod init_proc;
 pub(crate) mod ring;
 pub(crate) mod spawn;
@@ -107,6 +108,8 @@ pub(crate) struct LocalLink {
     translate_pid: bool,
     worker_pid: u32,
     exit: Option<ExitStatus>,
+    /// The egress proxy serving the kernel's namespace (allowlist policy).
+    egress: Option<egress::ProxyTask>,
 }
 
 impl LocalLink {
@@ -143,6 +146,19 @@ impl LocalLink {
             let _ = child.wait();
             return Err(KernelError::io(&label, "launch message", e));
         }
+        let proxy = match (&config.egress, &launch.sandbox) {
+            (Some(e), Some(_)) => {
+                match egress::start(&host_end, e.clone(), &label, config.startup_timeout).await {
+                    Ok(p) => Some(p),
+                    Err(err) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Err(err);
+                    }
+                }
+            }
+            _ => None,
+        };
         let stdout = child.stdout.take().map(OwnedFd::from);
         let stderr = child.stderr.take().map(OwnedFd::from);
         let init = InitProc::Child(child);
@@ -154,7 +170,9 @@ impl LocalLink {
                 std::io::Error::other("missing"),
             ));
         };
-        LocalLink::attach(prep, init, host_end, stdout, stderr)
+        let (mut link, launch) = LocalLink::attach(prep, init, host_end, stdout, stderr)?;
+        link.egress = proxy;
+        Ok((link, launch))
     }
 
     /// The link of a kernel whose init runs (a cold one, or one a template
@@ -228,6 +246,7 @@ impl LocalLink {
                 translate_pid: sandboxed || forked,
                 worker_pid: 0,
                 exit: None,
+                egress: None,
             },
             launch,
         ))
@@ -554,6 +573,22 @@ impl Prepared {
         let mode = config.sandbox.mode;
         let sandboxed = mode != SandboxMode::Off;
         let mut host_layers: Vec<LayerStatus> = Vec::new();
+        if config.egress.is_some() {
+            if !sandboxed || config.sandbox.network || config.sandbox.disable.iter().any(|d| d == "netns") {
+                return Err(KernelError::InvalidRequest(
+                    "a network allowlist needs a sandbox (mode auto or enforce) with its own network namespace: \
+                     with --sandbox off, network on or netns disabled the kernel would have the host's network"
+                        .into(),
+                ));
+            }
+            host_layers.push(LayerStatus::on(
+                "egress",
+                format!(
+                    "allowlist only, through the host's proxy at 127.0.0.1:{}",
+                    cellhost_egress::PROXY_PORT
+                ),
+            ));
+        }
         let mut limits = config.limits.clone();
         let cgroup_off = sandboxed && config.sandbox.disable.iter().any(|d| d == "cgroup");
         if sandboxed && !cgroup_off {
@@ -652,6 +687,12 @@ pub(crate) fn worker_env(
     if sandboxed {
         env.push(("TMPDIR".into(), "/tmp".into()));
     }
+    if config.egress.is_some() {
+        // The proxy's address wins over any the caller's environment names.
+        let vars = cellhost_egress::proxy_env();
+        env.retain(|(k, _)| !vars.iter().any(|(n, _)| k.to_str() == Some(n.as_str())));
+        env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+    }
     env
 }
 
@@ -735,6 +776,7 @@ fn init_spec(config: &KernelConfig, boot_dir: &Path, assets: Option<&Path>) -> I
         mpl_cache: assets.map(canon),
         hidden: hidden_paths(config),
         cgroup_views: Vec::new(),
+        egress_port: config.egress.as_ref().map(|_| cellhost_egress::PROXY_PORT),
     }
 }
 
