@@ -63,6 +63,11 @@ pub struct KernelConfig {
     /// Confinement of the worker (default: mode `auto`, network off,
     /// memory 4 GiB, 512 processes); see [`SandboxProfile`].
     pub sandbox: SandboxProfile,
+    /// The session's package overlay (its root; the packages are in
+    /// `<root>/site`), written by the host only: read-only in the kernel's
+    /// view, and `site` goes on the worker's `sys.path` before
+    /// site-packages. `None`: no overlay.
+    pub packages_dir: Option<PathBuf>,
 }
 
 /// What one cell's displays may take on the host. Display frames are
@@ -138,6 +143,7 @@ impl KernelConfig {
             tool_budget: 50,
             limits: CgroupLimits::default(),
             sandbox: SandboxProfile::default(),
+            packages_dir: None,
         }
     }
 
@@ -166,6 +172,7 @@ impl KernelConfig {
             "session_dir": self.session_dir,
             "session": self.session,
             "generation": self.generation,
+            "packages": self.packages_dir.as_ref().map(|d| d.join("site")),
         })
     }
 
