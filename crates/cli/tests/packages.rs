@@ -307,3 +307,37 @@ fn http_install_with_curl() {
         "{v}"
     );
 }
+
+/// A module imported before an install replaces it: the report says
+/// `restart_needed` (naming it), the cell prints a note, the overlay's
+/// metadata names the new version only, and the next kernel imports it.
+#[test]
+fn replacing_an_imported_module_needs_a_restart() {
+    if !index_reachable() {
+        return;
+    }
+    let env = Env::new();
+    let py = python();
+    let install = |spec: &str| -> Value {
+        let o = env.run(&["install", "--python", &py, "--json", "r", spec]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        serde_json::from_slice(&o.stdout).expect("report JSON")
+    };
+    let v = install("tomli==2.0.1");
+    assert_eq!(v["report"]["restart_needed"], false, "{v}");
+    let r = env.exec_json("r", "import tomli, importlib.metadata as m\nprint(m.version('tomli'))");
+    assert_eq!(r["stdout"], "2.0.1\n", "{r}");
+    let v = install("tomli==2.2.1");
+    assert_eq!(v["report"]["restart_needed"], true, "{v}");
+    assert_eq!(v["report"]["restart_modules"], serde_json::json!(["tomli"]), "{v}");
+    assert!(
+        v["result"]["stderr"].as_str().unwrap_or_default().contains("restart the kernel"),
+        "{v}"
+    );
+    let r = env.exec_json("r", "import importlib.metadata as m\nprint(m.version('tomli'))");
+    assert_eq!(r["stdout"], "2.2.1\n", "{r}");
+    let o = env.run(&["kill", "r"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = env.exec_json("r", "import tomli, importlib.metadata as m\nprint(m.version('tomli'), tomli.loads('a = 1')['a'])");
+    assert_eq!(r["stdout"], "2.2.1 1\n", "{r}");
+}

@@ -418,6 +418,11 @@ fn read_dist(dir: &Path, info: &str) -> InstalledDist {
     }
 }
 
+/// A distribution name as PEP 503 compares them.
+fn normalise(name: &str) -> String {
+    name.to_ascii_lowercase().replace(['-', '.'], "_")
+}
+
 fn tail_text(bytes: &[u8], keep: usize) -> String {
     let s = String::from_utf8_lossy(bytes);
     if s.len() <= keep {
@@ -520,7 +525,9 @@ pub async fn install(
         }
     };
     if !shared {
-        cmd.arg("--target").arg(&site);
+        // `--upgrade`: a package already in the overlay is replaced (pip
+        // otherwise leaves the old files and warns).
+        cmd.arg("--target").arg(&site).arg("--upgrade");
     }
     cmd.arg("--index-url").arg(&settings.index_url);
     if settings.only_binary {
@@ -587,10 +594,19 @@ pub async fn install(
     let installed: Vec<InstalledDist> = if shared {
         Vec::new()
     } else {
-        dist_infos(&site)
-            .difference(&before)
-            .map(|i| read_dist(&site, i))
-            .collect()
+        let after = dist_infos(&site);
+        let added: Vec<InstalledDist> = after.difference(&before).map(|i| read_dist(&site, i)).collect();
+        // An upgrade in the overlay leaves the old version's metadata
+        // beside the new one: it goes, so `importlib.metadata` sees one.
+        for d in &added {
+            for old in before.intersection(&after) {
+                let (name, _) = old.trim_end_matches(".dist-info").rsplit_once('-').unwrap_or((old, ""));
+                if normalise(name) == normalise(&d.name) {
+                    let _ = std::fs::remove_dir_all(site.join(old));
+                }
+            }
+        }
+        added
     };
     let restart_modules: Vec<String> = installed
         .iter()
