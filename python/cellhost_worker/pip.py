@@ -45,6 +45,61 @@ def add_overlay(path):
     sys.path.insert(at, path)
 
 
+class _LogTail:
+    """Follows the installer's output while the host runs it: the host
+    appends it to ``<overlay>/logs/<nonce>.out`` and ``.err`` (read-only
+    here), and each poll copies what is new to the cell's stdout/stderr."""
+
+    def __init__(self):
+        self.nonce = prims.b2a_hex(prims.os.urandom(12)).decode("ascii")
+        self.streamed = False
+        self._files = []
+        if overlay:
+            base = overlay.rpartition("/")[0] + "/logs/" + self.nonce
+            import codecs
+            for ext, stream in ((".out", "stdout"), (".err", "stderr")):
+                self._files.append([base + ext, stream, None, codecs.getincrementaldecoder("utf-8")("replace")])
+
+    def poll(self, final=False):
+        for f in self._files:
+            path, stream, fd, dec = f
+            if fd is None:
+                try:
+                    fd = f[2] = prims.os.open(path, prims.os.O_RDONLY | prims.os.O_NOFOLLOW | prims.os.O_CLOEXEC)
+                except OSError:
+                    continue
+            while True:
+                try:
+                    chunk = prims.os.read(fd, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                self.streamed = True
+                text = dec.decode(chunk)
+                if text:
+                    getattr(sys, stream).write(text)
+            if final:
+                rest = dec.decode(b"", True)
+                if rest:
+                    getattr(sys, stream).write(rest)
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except Exception:  # noqa: B902
+                pass
+
+    def finish(self):
+        self.poll(final=True)
+        for f in self._files:
+            if f[2] is not None:
+                try:
+                    prims.os.close(f[2])
+                except OSError:
+                    pass
+                f[2] = None
+
+
 def _imported():
     names = set()
     for name in list(prims.MODULES):
@@ -69,9 +124,12 @@ def install(args, shared=False):
             s.flush()
         except Exception:  # noqa: B902
             pass
+    tail = _LogTail()
     try:
-        report = api.call(INSTALL_TOOL, {"packages": specs, "shared": shared, "imported": _imported()})
+        report = api.call(INSTALL_TOOL, {"packages": specs, "shared": shared, "imported": _imported(),
+                                         "log": tail.nonce}, poll=tail.poll)
     except api.ToolError as e:
+        tail.finish()
         text = str(e)
         reply = prims.loads_line(text.encode("utf-8", "replace")) if text.startswith("{") else None
         if type(reply) is dict and reply.get("code"):
@@ -82,14 +140,17 @@ def install(args, shared=False):
         else:
             message = text
         raise PackageInstallError(message) from None
+    tail.finish()
     if type(report) is not dict:
         report = {}
-    out = report.get("stdout") or ""
-    err = report.get("stderr") or ""
-    if out:
-        sys.stdout.write(out if out.endswith("\n") else out + "\n")
-    if err:
-        sys.stderr.write(err if err.endswith("\n") else err + "\n")
+    if not tail.streamed:
+        # No log to follow (the overlay is not in view): the report's copy.
+        out = report.get("stdout") or ""
+        err = report.get("stderr") or ""
+        if out:
+            sys.stdout.write(out if out.endswith("\n") else out + "\n")
+        if err:
+            sys.stderr.write(err if err.endswith("\n") else err + "\n")
     import importlib
     importlib.invalidate_caches()
     if overlay and overlay not in sys.path and not shared:

@@ -151,6 +151,9 @@ fn install_from_the_index_imports_next_cell_while_offline() {
     assert_eq!(r["status"], "ok", "{r}");
     let r = env.exec_json("s", "%pip install six");
     assert_eq!(r["status"], "ok", "{r}");
+    // The installer's output is the cell's, once (followed while it ran).
+    let out = r["stdout"].as_str().unwrap_or_default();
+    assert_eq!(out.matches("Successfully installed six").count(), 1, "{r}");
     let tools = r["tool_calls"].as_array().cloned().unwrap_or_default();
     assert!(
         tools
@@ -325,19 +328,32 @@ fn replacing_an_imported_module_needs_a_restart() {
     };
     let v = install("tomli==2.0.1");
     assert_eq!(v["report"]["restart_needed"], false, "{v}");
-    let r = env.exec_json("r", "import tomli, importlib.metadata as m\nprint(m.version('tomli'))");
+    let r = env.exec_json(
+        "r",
+        "import tomli, importlib.metadata as m\nprint(m.version('tomli'))",
+    );
     assert_eq!(r["stdout"], "2.0.1\n", "{r}");
     let v = install("tomli==2.2.1");
     assert_eq!(v["report"]["restart_needed"], true, "{v}");
-    assert_eq!(v["report"]["restart_modules"], serde_json::json!(["tomli"]), "{v}");
+    assert_eq!(
+        v["report"]["restart_modules"],
+        serde_json::json!(["tomli"]),
+        "{v}"
+    );
     assert!(
-        v["result"]["stderr"].as_str().unwrap_or_default().contains("restart the kernel"),
+        v["result"]["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("restart the kernel"),
         "{v}"
     );
     let r = env.exec_json("r", "import importlib.metadata as m\nprint(m.version('tomli'))");
     assert_eq!(r["stdout"], "2.2.1\n", "{r}");
     let o = env.run(&["kill", "r"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let r = env.exec_json("r", "import tomli, importlib.metadata as m\nprint(m.version('tomli'), tomli.loads('a = 1')['a'])");
+    let r = env.exec_json(
+        "r",
+        "import tomli, importlib.metadata as m\nprint(m.version('tomli'), tomli.loads('a = 1')['a'])",
+    );
     assert_eq!(r["stdout"], "2.2.1 1\n", "{r}");
 }

@@ -454,15 +454,65 @@ const INSTALLER_ENV: &[&str] = &[
     "UV_CACHE_DIR",
 ];
 
-/// Reads a pipe to its end, keeping the last `keep` bytes.
-async fn read_tail(r: Option<impl tokio::io::AsyncRead + Unpin>, keep: usize) -> Vec<u8> {
+/// Bytes of each stream copied to its log for the cell to follow.
+pub const LOG_CAP: u64 = 1024 * 1024;
+
+/// The two files (`<nonce>.out`, `<nonce>.err`) in `<overlay>/logs` the
+/// installer's output is copied to as it comes, for the calling cell to
+/// follow (the overlay is read-only in the kernel's view). Earlier logs are
+/// removed first. `None` for a nonce that is not 16-64 hex digits, or when
+/// the files cannot be made.
+fn open_logs(overlay: &Path, nonce: &str) -> Option<(std::fs::File, std::fs::File)> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let ok = (16..=64).contains(&nonce.len()) && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+    if !ok {
+        return None;
+    }
+    let dir = overlay.join("logs");
+    let _ = std::fs::DirBuilder::new().mode(0o755).create(&dir);
+    if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+        return None;
+    }
+    if let Ok(rd) = std::fs::read_dir(&dir) {
+        for e in rd.filter_map(Result::ok) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let open = |ext: &str| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(dir.join(format!("{nonce}.{ext}")))
+            .ok()
+    };
+    Some((open("out")?, open("err")?))
+}
+
+/// Reads a pipe to its end, keeping the last `keep` bytes, and copying the
+/// first [`LOG_CAP`] bytes to `log`.
+async fn read_tail(
+    r: Option<impl tokio::io::AsyncRead + Unpin>,
+    keep: usize,
+    mut log: Option<std::fs::File>,
+) -> Vec<u8> {
+    use std::io::Write as _;
     let Some(mut r) = r else { return Vec::new() };
     let mut kept: Vec<u8> = Vec::new();
+    let mut logged = 0u64;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if let Some(f) = log.as_mut() {
+                    let room = (LOG_CAP - logged).min(n as u64) as usize;
+                    if room == 0 || f.write_all(&buf[..room]).is_err() {
+                        log = None;
+                    }
+                    logged += room as u64;
+                }
                 kept.extend_from_slice(&buf[..n]);
                 if kept.len() > 2 * keep {
                     kept.drain(..kept.len() - keep);
@@ -480,6 +530,10 @@ async fn read_tail(r: Option<impl tokio::io::AsyncRead + Unpin>, keep: usize) ->
 /// or, with `shared`, into the interpreter's environment. `imported` are
 /// the top-level modules the kernel has imported (its own account): a
 /// distribution added that provides one of them makes `restart_needed`.
+/// With `log` (a nonce of 16-64 hex digits), the installer's stdout and
+/// stderr are also copied, as they come, to `<overlay>/logs/<log>.out` and
+/// `.err` (the first [`LOG_CAP`] bytes each), where the calling cell
+/// follows them.
 ///
 /// # Errors
 /// [`PackageError`]: a bad spec, `shared` without the setting, the
@@ -490,6 +544,7 @@ pub async fn install(
     specs: &[String],
     shared: bool,
     imported: &BTreeSet<String>,
+    log: Option<&str>,
 ) -> Result<InstallReport, PackageError> {
     let specs = validate_specs(specs, settings.allow_urls)?;
     if shared && !settings.shared_venv {
@@ -564,8 +619,15 @@ pub async fn install(
     let pgid = child.id();
     let out = child.stdout.take();
     let err = child.stderr.take();
+    let (log_out, log_err) = match log.and_then(|n| open_logs(&target.overlay, n)) {
+        Some((o, e)) => (Some(o), Some(e)),
+        None => (None, None),
+    };
     let work = async {
-        let (o, e) = tokio::join!(read_tail(out, OUTPUT_KEEP), read_tail(err, OUTPUT_KEEP));
+        let (o, e) = tokio::join!(
+            read_tail(out, OUTPUT_KEEP, log_out),
+            read_tail(err, OUTPUT_KEEP, log_err)
+        );
         (o, e, child.wait().await)
     };
     let (stdout, stderr, status) = match tokio::time::timeout(settings.timeout, work).await {
@@ -600,7 +662,10 @@ pub async fn install(
         // beside the new one: it goes, so `importlib.metadata` sees one.
         for d in &added {
             for old in before.intersection(&after) {
-                let (name, _) = old.trim_end_matches(".dist-info").rsplit_once('-').unwrap_or((old, ""));
+                let (name, _) = old
+                    .trim_end_matches(".dist-info")
+                    .rsplit_once('-')
+                    .unwrap_or((old, ""));
                 if normalise(name) == normalise(&d.name) {
                     let _ = std::fs::remove_dir_all(site.join(old));
                 }

@@ -123,7 +123,8 @@ async fn install_call(
     let specs = strings("packages");
     let imported: std::collections::BTreeSet<String> = strings("imported").into_iter().collect();
     let shared = call.args.get("shared").and_then(|v| v.as_bool()).unwrap_or(false);
-    let outcome = crate::packages::install(&host.settings, target, &specs, shared, &imported).await;
+    let log = call.args.get("log").and_then(|v| v.as_str());
+    let outcome = crate::packages::install(&host.settings, target, &specs, shared, &imported, log).await;
     host.log.record(&call.cell, outcome.clone());
     match outcome {
         Ok(report) => serde_json::to_value(&report).map_err(|e| e.to_string()),
@@ -154,10 +155,26 @@ pub fn make_overlay(root: &std::path::Path) -> Option<PathBuf> {
     std::fs::symlink_metadata(&real).ok()?.is_dir().then_some(real)
 }
 
-/// Moves a pooled kernel's overlay `from` to its session's place `to`, and
-/// leaves a link at `from` for a kernel that sees the host's paths (no
-/// mount namespace: it names the overlay by the path it started with).
+/// Whether the overlay at `root` holds no package (absent, or its `site`
+/// empty): a pooled kernel's empty overlay may then take its place.
+pub fn overlay_is_empty(root: &std::path::Path) -> bool {
+    match std::fs::read_dir(root.join("site")) {
+        Ok(mut rd) => rd.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Moves a pooled kernel's overlay `from` to its session's place `to` (an
+/// empty overlay there, of an earlier kernel, is replaced), and leaves a
+/// link at `from` for a kernel that sees the host's paths (no mount
+/// namespace: it names the overlay by the path it started with).
 pub fn move_overlay(from: &std::path::Path, to: &std::path::Path) -> bool {
+    if !overlay_is_empty(to) {
+        return false;
+    }
+    if std::fs::symlink_metadata(to).is_ok() && std::fs::remove_dir_all(to).is_err() {
+        return false;
+    }
     let moved =
         to.parent().is_some_and(|p| std::fs::create_dir_all(p).is_ok()) && std::fs::rename(from, to).is_ok();
     if moved {

@@ -848,7 +848,7 @@ impl Registry {
         let overlay = self.overlay_dir(&slot.key);
         if self.poolable(slot)
             && workdir.as_ref().is_none_or(|w| !w.exists())
-            && !overlay.exists()
+            && crate::pool::overlay_is_empty(&overlay)
             && let Some(pool) = &self.pool
             && let Some((k, tools, own, pool_overlay)) = pool.take()
         {
