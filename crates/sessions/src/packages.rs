@@ -699,9 +699,12 @@ pub async fn install(
 /// the oldest entries go first.
 #[derive(Debug, Default)]
 pub struct InstallLog {
-    entries: std::sync::Mutex<BTreeMap<String, (u64, Result<InstallReport, PackageError>)>>,
+    entries: std::sync::Mutex<BTreeMap<String, (u64, Outcome)>>,
     seq: std::sync::atomic::AtomicU64,
 }
+
+/// What one install gave.
+type Outcome = Result<InstallReport, PackageError>;
 
 /// Entries an [`InstallLog`] keeps at most.
 const LOG_MAX: usize = 256;
