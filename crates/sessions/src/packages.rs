@@ -88,12 +88,29 @@ pub struct PackageTarget {
     pub overlay: PathBuf,
     /// The session's interpreter.
     pub python: PathBuf,
+    /// Directories the session's kernel can write (its workdir, its
+    /// session directory): an interpreter inside one is never run by the
+    /// host ([`PackageTarget::interpreter_writable`]).
+    pub writable: Vec<PathBuf>,
 }
 
 impl PackageTarget {
     /// The directory on the kernel's `sys.path`: `<overlay>/site`.
     pub fn site(&self) -> PathBuf {
         self.overlay.join("site")
+    }
+
+    /// The interpreter lies in a directory the kernel can write (a venv in
+    /// the workdir): the host running it — or its pip — would run code the
+    /// kernel planted, outside the sandbox. Compared by the path as given
+    /// and by its real path.
+    pub fn interpreter_writable(&self) -> bool {
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let py = [self.python.clone(), canon(&self.python)];
+        self.writable.iter().any(|w| {
+            let wc = canon(w);
+            py.iter().any(|p| p.starts_with(w) || p.starts_with(&wc))
+        })
     }
 }
 
@@ -550,6 +567,14 @@ pub async fn install(
     if shared && !settings.shared_venv {
         return Err(PackageError::SharedVenvRefused);
     }
+    if target.interpreter_writable() {
+        return Err(PackageError::InstallerUnavailable {
+            message: format!(
+                "the session's interpreter {} lies in a directory its kernel can write; the host does not run it (use an interpreter outside the session's workdir)",
+                target.python.display()
+            ),
+        });
+    }
     let site = target.site();
     std::fs::create_dir_all(&site).map_err(|e| PackageError::InstallerUnavailable {
         message: format!("cannot create the overlay {}: {e}", site.display()),
@@ -797,6 +822,25 @@ mod tests {
         ] {
             assert_eq!(PackageError::from_json(&e.to_json()), Some(e.clone()));
         }
+    }
+
+    #[test]
+    fn an_interpreter_the_kernel_can_write_is_refused() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let work = d.path().join("work");
+        std::fs::create_dir_all(work.join("v/bin")).expect("mkdir");
+        let t = |python: PathBuf| PackageTarget {
+            overlay: d.path().join("ov"),
+            python,
+            writable: vec![work.clone()],
+        };
+        assert!(t(work.join("v/bin/python")).interpreter_writable());
+        assert!(!t(PathBuf::from("/usr/bin/python3")).interpreter_writable());
+        // A link out of the workdir to a kernel-written file is caught by
+        // its real path.
+        std::fs::write(work.join("v/bin/py"), "").expect("write");
+        std::os::unix::fs::symlink(work.join("v/bin/py"), d.path().join("py")).expect("link");
+        assert!(t(d.path().join("py")).interpreter_writable());
     }
 
     #[test]

@@ -155,6 +155,15 @@ pub fn make_overlay(root: &std::path::Path) -> Option<PathBuf> {
     std::fs::symlink_metadata(&real).ok()?.is_dir().then_some(real)
 }
 
+/// The host directories a kernel of `cfg` can write: its session
+/// directory, its workdir and the profile's extras.
+pub fn writable_dirs(cfg: &KernelConfig) -> Vec<PathBuf> {
+    let mut v = vec![cfg.session_dir.clone()];
+    v.extend(cfg.cwd.clone());
+    v.extend(cfg.sandbox.extra_rw.iter().cloned());
+    v
+}
+
 /// Whether the overlay at `root` holds no package (absent, or its `site`
 /// empty): a pooled kernel's empty overlay may then take its place.
 pub fn overlay_is_empty(root: &std::path::Path) -> bool {
@@ -312,6 +321,7 @@ impl Pool {
                 crate::packages::PackageTarget {
                     overlay: o.clone(),
                     python: cfg.python.clone(),
+                    writable: writable_dirs(&cfg),
                 },
             );
         }

@@ -772,6 +772,7 @@ impl Registry {
                 crate::packages::PackageTarget {
                     overlay,
                     python: key.python.clone(),
+                    writable: crate::pool::writable_dirs(&cfg),
                 },
             );
         }
@@ -877,6 +878,10 @@ impl Registry {
                     t.set_target(crate::packages::PackageTarget {
                         overlay: overlay.clone(),
                         python: slot.key.python.clone(),
+                        writable: [Some(self.staging.clone()), workdir.clone(), slot.key.cwd.clone()]
+                            .into_iter()
+                            .flatten()
+                            .collect(),
                     });
                 }
                 let mut g = slot.lock();

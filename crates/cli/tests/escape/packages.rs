@@ -121,3 +121,46 @@ fn pip_magic_refuses_injected_specs() {
     assert_eq!(status, 0, "{v}");
     assert!(v["stdout"].as_str().unwrap_or_default().contains("done"), "{v}");
 }
+
+/// A session whose interpreter is a venv inside its own workdir (which the
+/// kernel can write: it could plant code in that venv's pip): the host
+/// refuses to run it for an install (`installer_unavailable`), from the
+/// CLI and from `%pip install` in a cell.
+#[test]
+fn an_interpreter_the_kernel_can_write_is_never_run_by_the_host() {
+    let env = Env::new();
+    let venv = env.path().join("v");
+    let o = std::process::Command::new(common::python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .output()
+        .expect("venv");
+    assert!(o.status.success(), "{}", text(&o));
+    let py = venv.join("bin/python").display().to_string();
+    let o = env.run(&["install", "--python", &py, "s", "six"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("installer_unavailable"),
+        "{}",
+        text(&o)
+    );
+    let o = env.run(&[
+        "exec",
+        "--python",
+        &py,
+        "--session",
+        "s",
+        "--json",
+        "%pip install six",
+    ]);
+    let v: Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o)));
+    assert_eq!(v["error"]["ename"], "PackageInstallError", "{v}");
+    assert!(
+        v["error"]["evalue"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("installer_unavailable"),
+        "{v}"
+    );
+}
