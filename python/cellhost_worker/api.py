@@ -17,9 +17,11 @@ class ToolError(RuntimeError):
     """A host call failed (tool missing, budget spent, cell settled, tool error)."""
 
 
-def call(name, args=None):
+def call(name, args=None, poll=None):
     """Call host tool ``name`` with a JSON-able ``args`` dict and return its result.
 
+    ``poll``, when given, is called about every 0.1 s while the answer is
+    awaited, on the calling thread (the installer's output is streamed so).
     Raises ``ToolError`` with the host's message when the call is refused or fails.
     """
     if channel is None or channel.disabled:
@@ -40,7 +42,11 @@ def call(name, args=None):
                              "args": args if args is not None else {}}, salvage=False)
         if not sent:
             raise ToolError("host call %r not sent: its arguments cannot be encoded as JSON or exceed the frame cap" % (name,))
-        done.acquire()
+        if poll is None:
+            done.acquire()
+        else:
+            while not done.acquire(True, 0.1):
+                poll()
     finally:
         with _waiting_lock:
             _waiting.pop(cid, None)

@@ -273,14 +273,13 @@ def _config(shell, line):
 
 
 def _pip(shell, line):
-    import subprocess
-    magics._flush()
-    args = shlex.split(shell.var_expand(line, 1))
-    rc = subprocess.call([sys.executable, "-m", "pip"] + args)
-    shell.user_ns["_exit_code"] = rc
-    if args and args[0] in ("install", "uninstall"):
-        print("Note: you may need to restart the kernel to use updated packages.")
-    return None
+    from . import pip
+    return pip.pip_magic(shell.var_expand(line, 1))
+
+
+def _uv(shell, line):
+    from . import pip
+    return pip.uv_magic(shell.var_expand(line, 1))
 
 
 # ------------------------------------------------------------- namespace
@@ -585,7 +584,7 @@ def _mime_cell(mime, cls):
 
 LINE = {
     "time": _time, "timeit": _timeit, "cd": _cd, "pwd": _pwd, "env": _env, "set_env": _set_env,
-    "matplotlib": _matplotlib, "pylab": _pylab, "config": _config, "pip": _pip,
+    "matplotlib": _matplotlib, "pylab": _pylab, "config": _config, "pip": _pip, "uv": _uv,
     "who": _who, "who_ls": _who_ls, "whos": _whos, "reset": _reset,
     "load_ext": _load_ext, "reload_ext": _load_ext, "autoreload": _autoreload, "aimport": _aimport,
     "run": _run, "pinfo": _pinfo, "pinfo2": _pinfo2, "pdoc": _pdoc, "psource": _psource,

@@ -230,6 +230,10 @@ def _make_ipython_shell(namespace):
     line_magics["config"] = config_magic
     line_magics["matplotlib"] = _matplotlib
     line_magics["pylab"] = lambda line: _pylab(shell.user_ns, line)
+    # Installs go to the host (the kernel is offline): see pip.
+    from . import pip
+    line_magics["pip"] = lambda line: pip.pip_magic(shell.var_expand(line, depth=1))
+    line_magics["uv"] = lambda line: pip.uv_magic(shell.var_expand(line, depth=1))
     return shell
 
 
@@ -247,6 +251,12 @@ def _system(cmd, user_ns):
     """``!cmd``: ``/bin/sh -c cmd`` on the cell's stdout/stderr; the exit
     status goes to ``_exit_code``. An interrupt ends the command and the cell."""
     import subprocess
+    from . import pip
+    specs = pip.shell_install(cmd)
+    if specs is not None:
+        pip.install(specs)
+        user_ns["_exit_code"] = 0
+        return None
     _flush()
     rc = subprocess.call(cmd, shell=True)
     user_ns["_exit_code"] = rc

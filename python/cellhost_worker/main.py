@@ -333,6 +333,8 @@ def run():
     display.channel = _channel
     api.channel = _channel
     api.tool_names = tuple(config.get("tools", ()))
+    from . import pip
+    pip.add_overlay(config.get("packages"))
     streams.save_original_fds()
     streams.install(sys, force=True)
     streams.line_buffer_c_stdout()

@@ -50,6 +50,7 @@ allocate_lock = _thread.allocate_lock
 RLock = _thread.RLock
 start_new_thread = _thread.start_new_thread
 b2a_base64 = binascii.b2a_base64
+b2a_hex = binascii.b2a_hex
 settrace = sys.settrace
 gettrace = sys.gettrace
 setprofile = sys.setprofile

@@ -11,6 +11,7 @@ mod cmd_daemon;
 mod cmd_doctor;
 mod cmd_exec;
 mod cmd_history;
+mod cmd_install;
 mod cmd_mcp;
 mod cmd_output;
 mod cmd_repl;
@@ -57,7 +58,7 @@ enum Cmd {
     Restore(cmd_restore::RestoreArgs),
     /// Serve the MCP tools (execute_code, interrupt, restart, list_variables,
     /// read_output, list_sessions, write_file, read_file, list_files,
-    /// submit_code, get_cell, cancel_cell) on stdin/stdout; logs go to stderr.
+    /// submit_code, get_cell, cancel_cell, install_packages) on stdin/stdout; logs go to stderr.
     Mcp(cmd_mcp::McpArgs),
     /// Serve the HTTP API (and MCP at /mcp) behind bearer tokens.
     Serve(cmd_serve::ServeArgs),
@@ -72,6 +73,9 @@ enum Cmd {
     /// Copy a file into or out of a daemon session's working directory
     /// (`cp LOCAL SESSION:PATH`, `cp SESSION:PATH LOCAL`).
     Cp(cmd_cp::CpArgs),
+    /// Install packages into a daemon session: the host runs the installer
+    /// into the session's overlay; the kernel stays offline.
+    Install(cmd_install::InstallArgs),
     /// Wait for a cell submitted with `exec --session NAME --detach` and
     /// print its result (exit code = status, as `exec`).
     Wait(cmd_wait::WaitArgs),
@@ -163,6 +167,7 @@ fn main() -> ExitCode {
         Cmd::Doctor(a) => cmd_doctor::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
         Cmd::Cp(a) => cmd_cp::run(a),
+        Cmd::Install(a) => cmd_install::run(a),
         Cmd::Wait(a) => cmd_wait::run(a),
         Cmd::Daemon(a) => cmd_daemon::run(a),
         Cmd::Sessions(a) => cmd_sessions::sessions(a),

@@ -69,6 +69,11 @@ pub struct KernelConfig {
     /// refused. Needs a sandbox with its own network namespace (network
     /// off in the profile); `None` (default): the profile's network.
     pub egress: Option<Arc<cellhost_egress::Egress>>,
+    /// The session's package overlay (its root; the packages are in
+    /// `<root>/site`), written by the host only: read-only in the kernel's
+    /// view, and `site` goes on the worker's `sys.path` before
+    /// site-packages. `None`: no overlay.
+    pub packages_dir: Option<PathBuf>,
 }
 
 /// What one cell's displays may take on the host. Display frames are
@@ -145,6 +150,7 @@ impl KernelConfig {
             limits: CgroupLimits::default(),
             sandbox: SandboxProfile::default(),
             egress: None,
+            packages_dir: None,
         }
     }
 
@@ -173,6 +179,7 @@ impl KernelConfig {
             "session_dir": self.session_dir,
             "session": self.session,
             "generation": self.generation,
+            "packages": self.packages_dir.as_ref().map(|d| d.join("site")),
         })
     }
 

@@ -39,6 +39,13 @@ pub trait ToolHost: Send + Sync {
     fn call(&self, call: ToolCall) -> ToolFuture;
 }
 
+/// Tools whose names start with `cellhost.` are built into the host (the
+/// package installer): always enabled, answered by the kernel's
+/// [`ToolHost`] (an error when it has none), and counted in the budget.
+pub fn is_builtin(name: &str) -> bool {
+    name.starts_with("cellhost.")
+}
+
 /// What the result's `tool_calls` holds for each call.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -275,6 +275,7 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
         "write_file" => schema_of::<cellhost_sessions::requests::FileWritten>(),
         "list_files" => schema_of::<cellhost_sessions::requests::FileListing>(),
         "submit_code" => schema_of::<cellhost_sessions::requests::Submitted>(),
+        "install_packages" => schema_of::<cellhost_sessions::packages::InstallReport>(),
         // A done cell answers its result (the `execute_code` schema);
         // otherwise its snapshot so far.
         "get_cell" => {
@@ -418,6 +419,7 @@ pub fn annotations(tool: &str) -> Option<ToolAnnotations> {
         "get_cell" => ("Status of a submitted cell", true, false, true),
         "cancel_cell" => ("Cancel a submitted cell", false, false, true),
         "run_notebook" => ("Run a notebook", false, false, false),
+        "install_packages" => ("Install packages into the session", false, false, true),
         _ => return None,
     };
     let mut a = ToolAnnotations::with_title(title)

@@ -31,6 +31,7 @@ mod cells;
 mod files;
 pub mod fit;
 mod notebook;
+mod packages;
 pub mod render;
 
 use std::borrow::Cow;
@@ -346,8 +347,11 @@ impl CellhostMcp {
         limits: McpLimits,
     ) -> Self {
         // Every tool, whichever module adds it, made to fit its clients.
-        let mut tool_router =
-            Self::tool_router() + Self::files_router() + Self::cells_router() + Self::notebook_router();
+        let mut tool_router = Self::tool_router()
+            + Self::files_router()
+            + Self::cells_router()
+            + Self::notebook_router()
+            + Self::packages_router();
         fit::fit_router(&mut tool_router);
         CellhostMcp {
             inner: Arc::new(Inner {

@@ -1,8 +1,11 @@
 """The official Python MCP SDK against cellhost's workspace tools over stdio:
 files in and out (write_file, read_file, list_files, a refused path), the
 image budget (a small figure inline, a large one as a resource link), cells
-that outlive a call (submit_code, get_cell, cancel_cell), and progress
-keepalives of a long execute_code.
+that outlive a call (submit_code, get_cell, cancel_cell), progress
+keepalives of a long execute_code, and packages at runtime
+(install_packages: a refused option; with the package index reachable, a
+wheel from PyPI imported by the next cell while user code stays offline —
+skipped with a printed reason when the index is unreachable).
 
 Usage: python mcp_workspace.py SERVER_BINARY [SERVER_ARG ...]
 Prints "ok NAME" / "FAIL NAME: why" per check; exits 1 if any failed.
@@ -25,6 +28,26 @@ def check(name, cond, detail=""):
         print(f"FAIL {name}: {detail}", flush=True)
 
 
+OFFLINE = (
+    "import urllib.request\n"
+    "try:\n"
+    "    urllib.request.urlopen('https://pypi.org/simple/tomli/', timeout=10)\n"
+    "    print('ONLINE')\n"
+    "except Exception as e:\n"
+    "    print('offline:', type(e).__name__)"
+)
+
+
+def index_unreachable():
+    """Why the package index cannot be reached from the test's own process, or None."""
+    import urllib.request
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/tomli/", timeout=20).close()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"https://pypi.org/simple/tomli/ unreachable: {e}"
+
+
 def text_of(result):
     return "\n".join(c.text for c in result.content if c.type == "text")
 
@@ -33,7 +56,7 @@ async def run(command, args):
     server = StdioServerParameters(command=command, args=args)
     async with Client(server, read_timeout_seconds=120) as client:
         tools = {t.name for t in (await client.list_tools()).tools}
-        want = {"write_file", "read_file", "list_files", "submit_code", "get_cell", "cancel_cell"}
+        want = {"write_file", "read_file", "list_files", "submit_code", "get_cell", "cancel_cell", "install_packages"}
         check("workspace tools listed", want <= tools, sorted(tools))
 
         async def cell(code):
@@ -107,6 +130,26 @@ async def run(command, args):
         nf = await client.call_tool("get_cell", {"cell": "b-no-such"})
         err = (nf.structured_content or {}).get("error") or {}
         check("an unknown cell", nf.is_error and err.get("code") == "cell_not_found", nf.structured_content)
+
+        # --- packages at runtime --------------------------------------------------
+        bad = await client.call_tool("install_packages", {"packages": ["--index-url=https://evil.example/simple"]})
+        err = (bad.structured_content or {}).get("error") or {}
+        check("install_packages refuses an option", bad.is_error and err.get("code") == "invalid_package_spec", bad.structured_content)
+        why = index_unreachable()
+        if why:
+            print(f"skipped install_packages from the index: {why}", flush=True)
+        else:
+            r = await client.call_tool("install_packages", {"packages": ["tomli"]})
+            sc = r.structured_content or {}
+            check(
+                "install_packages installs a wheel from the index",
+                not r.is_error and any(d.get("name") == "tomli" for d in sc.get("installed", [])),
+                text_of(r),
+            )
+            r = await cell("import tomli\ntomli.loads('a = 1')['a']")
+            check("the next cell imports it", text_of(r).startswith("status: ok") and "1" in text_of(r), text_of(r))
+            r = await cell(OFFLINE)
+            check("user code stays offline", "offline:" in text_of(r), text_of(r))
 
         # --- progress keepalives while a silent cell runs ---------------------------
         messages = []

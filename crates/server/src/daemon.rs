@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
-    CwdScope, ExecuteRequest, FileWritten, InterruptRequest, KillRequest, ListRequest, ReadFileRequest,
-    RestoreRequest, SessionSpec, SubmitRequest, Submitted, WriteFileRequest,
+    CwdScope, ExecuteRequest, FileWritten, InstallRequest, InterruptRequest, KillRequest, ListRequest,
+    ReadFileRequest, RestoreRequest, SessionSpec, SubmitRequest, Submitted, WriteFileRequest,
 };
 use cellhost_sessions::{
     Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
@@ -205,6 +205,32 @@ pub enum Request {
         /// The cell id `submit` answered.
         cell: String,
     },
+    /// Install packages into a session (`cellhost install SESSION PKG…`):
+    /// the host runs the installer into the session's overlay (see
+    /// `cellhost_sessions::packages`); answers `stream` replies with the
+    /// installer's output (when `live`), then one `installed` reply.
+    Install {
+        /// Session name.
+        session: String,
+        /// Requirement specs (names, extras, version specifiers only).
+        packages: Vec<String>,
+        /// Into the interpreter's own environment (refused with
+        /// `shared_venv_refused` unless the config allows it).
+        #[serde(default)]
+        shared_venv: bool,
+        /// Send live output.
+        #[serde(default)]
+        live: bool,
+        /// Interpreter of the session (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the session (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        /// The caller's working directory (as [`Request::Exec`]'s).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
     /// Shut the daemon down.
     Stop,
 }
@@ -318,6 +344,13 @@ pub enum Reply {
         size: u64,
         /// The content, base64.
         data: String,
+    },
+    /// What an `install` did.
+    Installed {
+        /// The installer's report.
+        report: cellhost_sessions::packages::InstallReport,
+        /// The `%pip install` cell's result.
+        result: Box<CellResult>,
     },
     /// Done.
     Ok {
@@ -679,6 +712,61 @@ async fn handle(
                     send(
                         w,
                         &Reply::Result {
+                            result: Box::new(done.result),
+                        },
+                    )
+                    .await
+                }
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::Install {
+            session,
+            packages,
+            shared_venv,
+            live,
+            python,
+            sandbox,
+            cwd,
+        } => {
+            let requested = match parse_sandbox(sandbox.as_deref()) {
+                Ok(m) => m,
+                Err(e) => return send(w, &request_error(&e)).await,
+            };
+            // The live session of that name in that directory, unless the
+            // request names another interpreter or mode.
+            let mut spec = file_spec(reg, &owner, session, cwd);
+            if python.is_some() {
+                spec.python = python;
+            }
+            if requested.is_some() {
+                spec.sandbox = requested;
+            }
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let mut req = InstallRequest::new(spec, packages, Origin::new("cli:install"));
+            req.shared_venv = shared_venv;
+            req.live = live.then_some(tx);
+            let run = req.execute(reg);
+            tokio::pin!(run);
+            let mut live_open = live;
+            let out = loop {
+                tokio::select! {
+                    ev = rx.recv(), if live_open => match ev {
+                        Some(ev) => send(w, &live_reply(ev)).await?,
+                        None => live_open = false,
+                    },
+                    r = &mut run => break r,
+                }
+            };
+            while let Ok(ev) = rx.try_recv() {
+                send(w, &live_reply(ev)).await?;
+            }
+            match out {
+                Ok(done) => {
+                    send(
+                        w,
+                        &Reply::Installed {
+                            report: done.report,
                             result: Box::new(done.result),
                         },
                     )

@@ -92,6 +92,16 @@ pub enum ErrorCode {
     RestoreFailed,
     /// 500: the journal could not be read or written.
     JournalFailed,
+    /// 422: a package spec is not a plain requirement (options, markers,
+    /// paths, URLs, shell syntax).
+    InvalidPackageSpec,
+    /// 403: an install into the interpreter's shared environment, which
+    /// the config does not allow.
+    SharedVenvRefused,
+    /// 502: the installer ran and failed (`status`, `stderr_tail`).
+    InstallFailed,
+    /// 503: the installer could not be started or ran past its deadline.
+    InstallerUnavailable,
     /// 500: a fault of the server itself.
     Internal,
 }
@@ -102,7 +112,10 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             BadRequest => StatusCode::BAD_REQUEST,
-            InvalidRequest | UnsupportedLanguage => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidRequest | UnsupportedLanguage | InvalidPackageSpec => StatusCode::UNPROCESSABLE_ENTITY,
+            SharedVenvRefused => StatusCode::FORBIDDEN,
+            InstallFailed => StatusCode::BAD_GATEWAY,
+            InstallerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             NotFound | SessionNotFound | OutputNotFound | FileNotFound | DisplayNotFound | CellNotFound => {
@@ -155,6 +168,10 @@ impl ErrorCode {
             UnsupportedLanguage => "unsupported_language",
             RestoreFailed => "restore_failed",
             JournalFailed => "journal_failed",
+            InvalidPackageSpec => "invalid_package_spec",
+            SharedVenvRefused => "shared_venv_refused",
+            InstallFailed => "install_failed",
+            InstallerUnavailable => "installer_unavailable",
             Internal => "internal",
         }
     }

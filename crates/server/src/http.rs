@@ -177,6 +177,11 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
             delete(routes::files::delete_file),
         ),
         (
+            Method::POST,
+            "/v1/sessions/{name}/packages",
+            post(routes::packages::install_packages),
+        ),
+        (
             Method::GET,
             "/v1/sessions/{name}/displays/{id}",
             get(routes::displays::read_display),

@@ -49,6 +49,7 @@ HTTP status follows from the code. A second execute on a busy session is refused
         crate::routes::files::write_file,
         crate::routes::files::read_file,
         crate::routes::files::delete_file,
+        crate::routes::packages::install_packages,
         crate::routes::displays::read_display,
         crate::routes::cells::submit_cell,
         crate::routes::cells::list_cells,

@@ -130,6 +130,31 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "7.0",
         "age of dead hosts' staging dirs to sweep",
     ),
+    (
+        "package_index",
+        Kind::Str,
+        "\"https://pypi.org/simple\"",
+        "package index installs use (--index-url)",
+    ),
+    (
+        "packages.shared_venv",
+        Kind::Bool,
+        "false",
+        "let installs write the interpreter's own environment (shared by its sessions)",
+    ),
+    (
+        "packages.only_binary",
+        Kind::Bool,
+        "true",
+        "wheels only: no sdist build code runs on the host",
+    ),
+    (
+        "packages.allow_urls",
+        Kind::Bool,
+        "false",
+        "accept `name @ https://…` specs",
+    ),
+    ("packages.timeout_s", Kind::Float, "600.0", "installer deadline"),
     ("sandbox_mode", Kind::Str, "\"auto\"", "off, auto or enforce"),
     ("network", Kind::Bool, "false", "network inside the sandbox"),
     (
@@ -374,9 +399,22 @@ impl Config {
             (Some(_), _) => return Err(ConfigError::Invalid("`egress` must be a table ([egress])".into())),
             (None, _) => crate::NetworkSettings::default(),
         };
+        // `[packages]` (or `packages.KEY = …`): its keys are settings named
+        // `packages.KEY`.
+        match table.remove("packages") {
+            Some(toml::Value::Table(t)) => {
+                for (k, v) in t {
+                    table.insert(format!("packages.{k}"), v);
+                }
+            }
+            Some(_) => {
+                return Err(ConfigError::Invalid("`packages` must be a table".into()));
+            }
+            None => {}
+        }
         let mut values = BTreeMap::new();
         for (key, kind, default, _) in SETTINGS {
-            let envk = format!("CELLHOST_{}", key.to_uppercase());
+            let envk = format!("CELLHOST_{}", key.to_uppercase().replace('.', "_"));
             let in_file = table.remove(*key);
             let entry = if let Some(raw) = env(&envk) {
                 Entry {
@@ -482,6 +520,14 @@ impl Config {
             if !(1..=max).contains(&self.int(key)) {
                 return Err(ConfigError::Invalid(format!("{key} must be between 1 and {max}")));
             }
+        }
+        let index = self.string("package_index");
+        if !(index.starts_with("https://") || index.starts_with("http://"))
+            || index.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "package_index must be an http(s) URL of a simple index, got {index:?}"
+            )));
         }
         if self.int("max_live_kernels") == 0 {
             return Err(ConfigError::Invalid("max_live_kernels must be at least 1".into()));
@@ -621,6 +667,13 @@ impl Config {
             .collect();
         rc.staging_max_age = Duration::from_secs_f64(self.float("staging_max_age_days") * 86400.0);
         rc.network = self.egress.clone();
+        rc.packages = crate::packages::PackageSettings {
+            index_url: self.string("package_index"),
+            shared_venv: self.bool("packages.shared_venv"),
+            only_binary: self.bool("packages.only_binary"),
+            allow_urls: self.bool("packages.allow_urls"),
+            timeout: Duration::from_secs_f64(self.float("packages.timeout_s").clamp(1.0, 86400.0)),
+        };
     }
 
     /// `key = value  # source` lines, then the tools.

@@ -14,6 +14,7 @@ pub mod floor;
 pub mod journal;
 pub mod journal_schema;
 pub mod network;
+pub mod packages;
 pub mod pool;
 pub mod registry;
 pub mod requests;

@@ -151,6 +151,8 @@ pub struct RegistryConfig {
     /// Sessions' network policies: the default, per session-name pattern,
     /// the egress proxy's pinned names and bounds ([`crate::network`]).
     pub network: crate::NetworkSettings,
+    /// Package installs (config `package_index`, `packages.*`).
+    pub packages: crate::packages::PackageSettings,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -179,6 +181,7 @@ impl RegistryConfig {
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             interpreters: std::collections::BTreeMap::new(),
             network: crate::NetworkSettings::default(),
+            packages: crate::packages::PackageSettings::default(),
         }
     }
 
@@ -321,6 +324,8 @@ pub struct Registry {
     cells: Mutex<crate::cell_index::CellIndex>,
     /// Submitted cells (cells that outlive a call).
     detached: crate::detached::DetachedCells,
+    /// The built-in package installer's settings and outcomes.
+    packages: Arc<crate::pool::PackageHost>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -418,6 +423,10 @@ impl Registry {
             tracing::info!("swept {swept} staging directories of dead hosts");
         }
         let templates = Arc::new(Templates::new(cfg.preload.clone()));
+        let packages = Arc::new(crate::pool::PackageHost {
+            settings: cfg.packages.clone(),
+            log: Default::default(),
+        });
         let pool = (cfg.pool_size > 0).then(|| {
             Arc::new(Pool::new(
                 cfg.template.clone(),
@@ -425,6 +434,7 @@ impl Registry {
                 cfg.pool_size,
                 templates.clone(),
                 cfg.session_workdirs.is_some(),
+                packages.clone(),
             ))
         });
         let reg = Arc::new(Registry {
@@ -443,6 +453,7 @@ impl Registry {
             room: Mutex::new(()),
             cells: Mutex::new(crate::cell_index::CellIndex::default()),
             detached: crate::detached::DetachedCells::default(),
+            packages,
         });
         let mut tasks = Vec::new();
         if let Some(pool) = &reg.pool {
@@ -776,6 +787,33 @@ impl Registry {
         self.cells.lock().ok()?.display(owner, session, id)
     }
 
+    /// The session's package overlay on the host (see [`crate::packages`]):
+    /// `STAGING/packages/<owner>/<session>-<hash>`, the hash over the
+    /// session's interpreter, language and working directory (two
+    /// sessions of one name in two directories never share one).
+    pub fn overlay_dir(&self, key: &Key) -> PathBuf {
+        let rest = format!(
+            "{}\0{}\0{}\0{}",
+            key.session,
+            key.python.display(),
+            key.language,
+            key.cwd
+                .as_ref()
+                .map(|c| c.display().to_string())
+                .unwrap_or_default()
+        );
+        self.staging
+            .join("packages")
+            .join(path_name(&key.owner))
+            .join(path_name(&rest))
+    }
+
+    /// The built-in installer's settings and the outcomes of installs by
+    /// cell id.
+    pub fn package_host(&self) -> &Arc<crate::pool::PackageHost> {
+        &self.packages
+    }
+
     fn kernel_config(&self, slot: &Slot, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
         let key = &slot.key;
         let mut cfg = self.cfg.template.clone();
@@ -808,12 +846,23 @@ impl Registry {
             .staging
             .join(path_name(&key.owner))
             .join(format!("{}-g{generation}", path_name(&key.session)));
-        let tools = cfg
-            .tool_host
-            .take()
-            .map(|inner| Arc::new(SessionTools::new(inner, key.tools.clone(), key.session.clone())));
-        cfg.tool_host = tools.clone().map(|t| t as Arc<dyn ToolHost>);
-        (cfg, tools)
+        let mut tools = SessionTools::new(cfg.tool_host.take(), key.tools.clone(), key.session.clone());
+        if key.language == "python"
+            && let Some(overlay) = crate::pool::make_overlay(&self.overlay_dir(key))
+        {
+            cfg.packages_dir = Some(overlay.clone());
+            tools = tools.with_packages(
+                self.packages.clone(),
+                crate::packages::PackageTarget {
+                    overlay,
+                    python: key.python.clone(),
+                    writable: crate::pool::writable_dirs(&cfg),
+                },
+            );
+        }
+        let tools = Arc::new(tools);
+        cfg.tool_host = Some(tools.clone() as Arc<dyn ToolHost>);
+        (cfg, Some(tools))
     }
 
     /// The live kernel of `key`, starting one (a new generation; from the
@@ -882,10 +931,12 @@ impl Registry {
         let workdir = self.session_workdir(&slot.key);
         // A pooled kernel's own directory becomes a new session's workdir;
         // a session that has one already gets a kernel started in it.
+        let overlay = self.overlay_dir(&slot.key);
         if self.poolable(slot)
             && workdir.as_ref().is_none_or(|w| !w.exists())
+            && crate::pool::overlay_is_empty(&overlay)
             && let Some(pool) = &self.pool
-            && let Some((k, tools, own)) = pool.take()
+            && let Some((k, tools, own, pool_overlay)) = pool.take()
         {
             // The kernel names its directory by the real path it was
             // started in (taken before the move).
@@ -900,9 +951,23 @@ impl Registry {
                 }
                 (Some(_), None) => false,
             };
-            if placed {
+            // The kernel's overlay becomes the session's (its view keeps the
+            // directory it was started with).
+            let overlay_placed = match &pool_overlay {
+                Some(po) => crate::pool::move_overlay(po, &overlay),
+                None => false,
+            };
+            if placed && overlay_placed {
                 if let Some(t) = tools {
                     t.set_session(&slot.key.session);
+                    t.set_target(crate::packages::PackageTarget {
+                        overlay: overlay.clone(),
+                        python: slot.key.python.clone(),
+                        writable: [Some(self.staging.clone()), workdir.clone(), slot.key.cwd.clone()]
+                            .into_iter()
+                            .flatten()
+                            .collect(),
+                    });
                 }
                 let mut g = slot.lock();
                 match (&workdir, seen) {

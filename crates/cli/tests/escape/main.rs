@@ -19,6 +19,7 @@ mod http_tenants;
 mod kernel_view;
 mod modes;
 mod no_userns;
+mod packages;
 mod redteam;
 mod results;
 mod setid;

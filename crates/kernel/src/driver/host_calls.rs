@@ -36,7 +36,7 @@ impl<L: WorkerLink> Driver<L> {
                     Some(format!(
                         "the tool budget of {budget} calls per cell is spent; split the work across cells"
                     ))
-                } else if !names.contains(&name) {
+                } else if !names.contains(&name) && !tools::is_builtin(&name) {
                     Some(if names.is_empty() {
                         format!("tool '{name}' is not enabled: this session has no host tools")
                     } else {
@@ -75,6 +75,24 @@ impl<L: WorkerLink> Driver<L> {
             return;
         }
         let Some(host) = self.config.tool_host.clone() else {
+            let error = format!("tool '{name}' is not available: this kernel has no tool host");
+            if let Some(a) = self.active.as_mut().filter(|a| a.q.id == cell) {
+                a.tool_calls.push(ToolCallRecord {
+                    name,
+                    args_preview,
+                    duration_ms: 0,
+                    outcome: "refused".into(),
+                    error: Some(error.clone()),
+                });
+            }
+            let _ = self
+                .link
+                .send(&HostFrame::HostResponse {
+                    id,
+                    data: None,
+                    error: Some(error),
+                })
+                .await;
             return;
         };
         let call = ToolCall {

@@ -758,6 +758,7 @@ fn init_spec(config: &KernelConfig, boot_dir: &Path, assets: Option<&Path>) -> I
     ro.push(canon(boot_dir));
     ro.extend(assets.map(canon));
     ro.extend(config.sandbox.extra_ro.iter().map(|p| canon(p)));
+    ro.extend(config.packages_dir.as_deref().map(canon));
     let workdir = config
         .cwd
         .clone()

@@ -5,6 +5,7 @@
 pub mod cells;
 pub mod displays;
 pub mod files;
+pub mod packages;
 
 /// `s` percent-encoded for a URL path, `/` kept between segments.
 pub(crate) fn encode_path(s: &str) -> String {

@@ -20,6 +20,7 @@
 mod execute;
 pub mod files;
 mod history;
+mod install;
 mod interrupt;
 mod kill;
 mod list;
@@ -43,6 +44,7 @@ pub use files::{
     OpenedFile, ReadFileRequest, WriteFileRequest,
 };
 pub use history::{History, HistoryRequest};
+pub use install::{InstallRequest, Installed};
 pub use interrupt::{InterruptRequest, Interrupted};
 pub use kill::{KillReport, KillRequest};
 pub use list::{ListRequest, SessionSummary};
@@ -291,6 +293,10 @@ pub enum RequestError {
         /// The language of the runtime the host's kernels run.
         runtime: String,
     },
+    /// A package install was refused or failed
+    /// ([`crate::packages::PackageError::code`]).
+    #[error(transparent)]
+    Package(#[from] crate::packages::PackageError),
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -305,6 +311,8 @@ impl RequestError {
     }
 
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
+    /// the package codes (`invalid_package_spec`, `shared_venv_refused`,
+    /// `install_failed`, `installer_unavailable`),
     /// `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
@@ -327,6 +335,7 @@ impl RequestError {
             RequestError::DisplayNotFound { .. } => "display_not_found",
             RequestError::CellNotFound { .. } => "cell_not_found",
             RequestError::UnsupportedLanguage { .. } => "unsupported_language",
+            RequestError::Package(e) => e.code(),
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -355,12 +364,17 @@ impl RequestError {
                 | "display_not_found"
                 | "cell_not_found"
                 | "unsupported_language"
+                | "invalid_package_spec"
+                | "shared_venv_refused"
         )
     }
 
     /// The error as every surface's envelope carries it:
     /// `{"code", "message", <fields>}`.
     pub fn to_json(&self) -> serde_json::Value {
+        if let RequestError::Package(e) = self {
+            return e.to_json();
+        }
         let mut v = serde_json::json!({"code": self.code(), "message": self.to_string()});
         match self {
             RequestError::SessionNotFound { session, .. } => v["session"] = session.clone().into(),
