@@ -4,6 +4,7 @@
 //! Exit codes of `exec` (and of `run` when it stops at a cell): 0 ok,
 //! 1 error, 2 usage, 124 timeout, 130 interrupted, 137 crashed.
 
+mod cmd_agent;
 mod cmd_bench;
 mod cmd_config;
 mod cmd_cp;
@@ -83,6 +84,9 @@ enum Cmd {
     /// its options).
     #[command(disable_help_flag = true)]
     Bench(cmd_bench::BenchArgs),
+    /// The node agent of a remote kernel (a placement starts it on the
+    /// compute node): dials the host, runs the worker here, relays it.
+    Agent(cmd_agent::AgentArgs),
 }
 
 /// Options shared by every command that starts a kernel.
@@ -160,6 +164,7 @@ fn main() -> ExitCode {
         Cmd::History(a) => cmd_history::run(a),
         Cmd::Restore(a) => cmd_restore::run(a),
         Cmd::Mcp(a) => cmd_mcp::run(a),
+        Cmd::Agent(a) => cmd_agent::run(a),
     };
     // A font-cache build a kernel of this command started is finished
     // (once per interpreter), never cut short by the exit nor left behind.

@@ -167,8 +167,6 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     ///
     /// # Errors
     /// [`PlacementError::Unavailable`] when the scheduler cannot be asked.
-    fn cancel(
-        &self,
-        placed: &Placed,
-    ) -> impl std::future::Future<Output = Result<(), PlacementError>> + Send;
+    fn cancel(&self, placed: &Placed)
+    -> impl std::future::Future<Output = Result<(), PlacementError>> + Send;
 }

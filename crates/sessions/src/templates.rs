@@ -81,8 +81,10 @@ impl Templates {
     /// # Errors
     /// The errors of [`Kernel::spawn`].
     pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
-        // Templates apply only where the runtime has them (not R's).
+        // Templates apply only where the runtime has them (not R's), and
+        // to local kernels only (a placement starts its own worker).
         if !self.preload.is_empty()
+            && cfg.starter.is_none()
             && cfg
                 .runtime
                 .template_argv(&cfg.python, std::path::Path::new(""))

@@ -44,6 +44,7 @@ async fn fixture(interrupt: Result<(), String>, grace: Duration) -> Fixture {
         host_layers: Vec::new(),
         template: None,
         limits: None,
+        placement: None,
     };
     let kernel = Kernel::attach(cfg, link, launch)
         .await
