@@ -117,6 +117,11 @@ pub struct KernelArgs {
     /// as a secret: it is masked in everything the kernel outputs.
     #[arg(long = "secret-env", value_name = "NAME")]
     pub secret_env: Vec<String>,
+    /// Where the kernel runs: `local` (default: config `placement`) or the
+    /// name of a `[placement.NAME]` table (a node agent started by that
+    /// placement dials back over TLS).
+    #[arg(long, value_name = "NAME")]
+    pub placement: Option<String>,
 }
 
 fn parse_sandbox_mode(s: &str) -> Result<cellhost_sandbox::profile::SandboxMode, String> {

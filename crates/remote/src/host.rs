@@ -34,15 +34,19 @@ use crate::credential::Credential;
 use crate::tls::HostIdentity;
 use crate::wire::{AgentSpec, HANDSHAKE_CAP, Msg, Refusal, read_msg, write_msg};
 
+/// A boxed future of [`NonceStore::burn`].
+pub type BurnFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, String>> + Send + 'a>>;
+
 /// Burns credential nonces; the host's record of which were used.
 pub trait NonceStore: Send + Sync {
     /// Records `nonce` as used. `Ok(true)`: it was fresh (and is now
-    /// burned, durably for a durable store); `Ok(false)`: it was used
-    /// before.
+    /// burned, durably for a durable store, before the future resolves);
+    /// `Ok(false)`: it was used before.
     ///
     /// # Errors
     /// The store failed (the credential is refused then).
-    fn burn(&self, nonce: &str) -> Result<bool, String>;
+    fn burn<'a>(&'a self, nonce: &'a str) -> BurnFuture<'a>;
 }
 
 /// A [`NonceStore`] in memory (tests and the bench; the host uses the
@@ -51,9 +55,13 @@ pub trait NonceStore: Send + Sync {
 pub struct MemoryNonces(Mutex<std::collections::HashSet<String>>);
 
 impl NonceStore for MemoryNonces {
-    fn burn(&self, nonce: &str) -> Result<bool, String> {
-        let mut set = self.0.lock().map_err(|_| "nonce set poisoned".to_string())?;
-        Ok(set.insert(nonce.to_string()))
+    fn burn<'a>(&'a self, nonce: &'a str) -> BurnFuture<'a> {
+        let r = self
+            .0
+            .lock()
+            .map(|mut set| set.insert(nonce.to_string()))
+            .map_err(|_| "nonce set poisoned".to_string());
+        Box::pin(std::future::ready(r))
     }
 }
 
@@ -404,7 +412,7 @@ async fn handshake(host: &RemoteHost, acceptor: &TlsAcceptor, tcp: TcpStream) ->
         }
         Err(e) => return Err(refuse(host, &mut tls, AdmissionError::Malformed(e.to_string())).await),
     };
-    match admit(host, &hello) {
+    match admit(host, &hello).await {
         Ok((spec, tx)) => {
             write_msg(&mut tls, &Msg::Welcome(spec))
                 .await
@@ -433,7 +441,10 @@ async fn refuse(host: &RemoteHost, tls: &mut AgentConn, e: AdmissionError) -> &'
     code
 }
 
-fn admit(host: &RemoteHost, hello: &[u8]) -> Result<(AgentSpec, oneshot::Sender<AgentConn>), AdmissionError> {
+async fn admit(
+    host: &RemoteHost,
+    hello: &[u8],
+) -> Result<(AgentSpec, oneshot::Sender<AgentConn>), AdmissionError> {
     let cred = Credential::from_bytes(hello).map_err(AdmissionError::Malformed)?;
     if !cred.verify(&host.inner.secret) {
         return Err(AdmissionError::BadMac);
@@ -449,6 +460,7 @@ fn admit(host: &RemoteHost, hello: &[u8]) -> Result<(AgentSpec, oneshot::Sender<
         .inner
         .nonces
         .burn(&cred.nonce)
+        .await
         .map_err(AdmissionError::Store)?
     {
         return Err(AdmissionError::Replayed { nonce: cred.nonce });

@@ -247,6 +247,8 @@ pub struct Config {
     pub tools: BTreeMap<String, ToolSpec>,
     /// Where the tools came from.
     pub tools_source: Source,
+    /// Where kernels run: `placement` and the `[placement.<name>]` tables.
+    pub placements: crate::placement::Placements,
 }
 
 fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
@@ -363,6 +365,22 @@ impl Config {
             }
             None => None,
         };
+        let placement_raw = match env("CELLHOST_PLACEMENT").filter(|s| !s.is_empty()) {
+            Some(name) => {
+                // The name from the environment; the tables from the file.
+                let mut v = table.remove("placement");
+                match &mut v {
+                    Some(toml::Value::Table(t)) => {
+                        t.insert("default".into(), toml::Value::String(name));
+                    }
+                    _ => v = Some(toml::Value::String(name)),
+                }
+                v
+            }
+            None => table.remove("placement"),
+        };
+        let placements = crate::placement::Placements::parse(placement_raw)
+            .map_err(|e| ConfigError::Invalid(format!("placement: {e}")))?;
         let mut values = BTreeMap::new();
         for (key, kind, default, _) in SETTINGS {
             let envk = format!("CELLHOST_{}", key.to_uppercase());
@@ -391,7 +409,7 @@ impl Config {
         if let Some((k, _)) = table.iter().next() {
             let known: Vec<&str> = SETTINGS.iter().map(|s| s.0).collect();
             return Err(ConfigError::Invalid(format!(
-                "{}: unknown key `{k}` (known: {}, [tools.NAME])",
+                "{}: unknown key `{k}` (known: {}, placement, [tools.NAME], [placement.NAME])",
                 file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
                 known.join(", ")
             )));
@@ -415,6 +433,7 @@ impl Config {
             values,
             tools,
             tools_source,
+            placements,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -593,6 +612,10 @@ impl Config {
             cfg.tool_host = Some(std::sync::Arc::new(crate::tools::CommandTools::new(
                 self.tools.clone(),
             )));
+        }
+        // Checked at load: the default names a configured placement.
+        if let Ok(starter) = self.placements.starter(&self.placements.default) {
+            cfg.starter = starter;
         }
     }
 

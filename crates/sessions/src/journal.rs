@@ -360,6 +360,25 @@ impl Journal {
         });
     }
 
+    /// Burns a remote agent's credential nonce: `Ok(true)` when it was
+    /// fresh (and is now recorded, committed before this returns),
+    /// `Ok(false)` when it was used before. The host refuses the agent on
+    /// `false` or an error.
+    ///
+    /// # Errors
+    /// [`JournalError`] (SQLite, or the journal closed).
+    pub async fn burn_nonce(&self, nonce: &str) -> Result<bool, JournalError> {
+        let n = nonce.to_string();
+        self.call(move |c| {
+            let added = c.execute(
+                "INSERT OR IGNORE INTO credential_nonces (nonce, used_ms) VALUES (?1, ?2)",
+                params![n, now_ms()],
+            )?;
+            Ok(added == 1)
+        })
+        .await
+    }
+
     /// Records a new kernel generation.
     pub fn kernel_started(&self, owner: &str, session: &str, generation: u64, pid: u32) {
         let (o, s) = (owner.to_string(), session.to_string());
@@ -706,6 +725,23 @@ impl JournalReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn credential_nonces_burn_once_and_stay_burned_across_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j.sqlite");
+        let j = Journal::open(&path, Durability::Normal).expect("open");
+        assert!(j.burn_nonce("n1").await.expect("burn"), "fresh");
+        assert!(!j.burn_nonce("n1").await.expect("burn"), "used");
+        assert!(j.burn_nonce("n2").await.expect("burn"));
+        j.close();
+        let j = Journal::open(&path, Durability::Normal).expect("reopen");
+        assert!(
+            !j.burn_nonce("n1").await.expect("burn"),
+            "still burned after a restart"
+        );
+        j.close();
+    }
 
     #[test]
     fn head_tail_bounds_and_char_boundaries() {

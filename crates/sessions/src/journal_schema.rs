@@ -6,7 +6,8 @@
 //! | version | layout |
 //! | --- | --- |
 //! | 0 | a new, empty file, or a journal written before versioning: any subset of the tables and columns below |
-//! | 1 | the tables and columns of [`SCHEMA`] |
+//! | 1 | sessions, kernels, cells, tool_calls |
+//! | 2 | and `credential_nonces`: the nonces of remote agents' single-use credentials, burned at first use |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -21,7 +22,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -51,6 +52,8 @@ CREATE TABLE IF NOT EXISTS tool_calls (
   cell_id TEXT NOT NULL, seq INTEGER NOT NULL, tool TEXT NOT NULL,
   args_preview TEXT NOT NULL, duration_ms INTEGER NOT NULL, outcome TEXT NOT NULL,
   error TEXT, PRIMARY KEY (cell_id, seq));
+CREATE TABLE IF NOT EXISTS credential_nonces (
+  nonce TEXT PRIMARY KEY, used_ms INTEGER NOT NULL);
 ";
 
 /// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
@@ -164,6 +167,12 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
                 }
             }
         }
+    }
+    if found < 2 {
+        // Version 1 to 2: the burned credential nonces of remote agents.
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS credential_nonces (nonce TEXT PRIMARY KEY, used_ms INTEGER NOT NULL);",
+        )?;
     }
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     tx.commit()?;

@@ -12,6 +12,7 @@ pub mod detached;
 pub mod floor;
 pub mod journal;
 pub mod journal_schema;
+pub mod placement;
 pub mod pool;
 pub mod registry;
 pub mod requests;
