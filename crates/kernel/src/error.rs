@@ -113,6 +113,7 @@ pub enum KernelError {
     /// time, or its handshake was refused. `code` is stable
     /// (`placement_rejected`, `placement_unschedulable`,
     /// `placement_unavailable`, `placement_config`, `dial_back_timeout`,
+    /// `dial_back_failed`,
     /// `admission_refused`, `remote_failed`).
     #[error("kernel {kernel}: {message}")]
     Remote {

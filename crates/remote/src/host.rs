@@ -179,6 +179,7 @@ struct Inner {
     opts: HostOptions,
     refusals: Mutex<Vec<&'static str>>,
     admitted: AtomicU64,
+    slots: Arc<Semaphore>,
 }
 
 /// The listener for remote agents. Cloning gives another handle; the
@@ -219,6 +220,7 @@ impl RemoteHost {
             .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let acceptor = TlsAcceptor::from(identity.server_config()?);
+        let opts_max_pending = opts.max_pending;
         let inner = Arc::new(Inner {
             addr,
             advertise: opts.advertise.clone().unwrap_or_else(|| addr.to_string()),
@@ -229,6 +231,7 @@ impl RemoteHost {
             opts,
             refusals: Mutex::new(Vec::new()),
             admitted: AtomicU64::new(0),
+            slots: Arc::new(Semaphore::new(opts_max_pending)),
         });
         let host = RemoteHost { inner };
         tokio::spawn(accept_loop(listener, acceptor, Arc::downgrade(&host.inner)));
@@ -249,6 +252,11 @@ impl RemoteHost {
     /// check them).
     pub fn refusals(&self) -> Vec<&'static str> {
         self.inner.refusals.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Handshakes in progress now (at most [`HostOptions::max_pending`]).
+    pub fn pending(&self) -> usize {
+        self.inner.opts.max_pending - self.inner.slots.available_permits()
     }
 
     /// Agents admitted so far.
@@ -350,7 +358,7 @@ impl Drop for Expected {
 
 async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, host: std::sync::Weak<Inner>) {
     let slots = match host.upgrade() {
-        Some(h) => Arc::new(Semaphore::new(h.opts.max_pending)),
+        Some(h) => h.slots.clone(),
         None => return,
     };
     loop {

@@ -15,6 +15,10 @@ use crate::link::RemoteLink;
 use crate::placements::AnyPlacement;
 use crate::wire::{AgentSpec, Msg, read_msg};
 
+/// How often the scheduler is asked about an agent that has not dialled
+/// back yet.
+const STATE_POLL: Duration = Duration::from_secs(1);
+
 /// Starts kernels through one configured placement.
 #[derive(Clone)]
 pub struct RemoteStarter {
@@ -106,16 +110,35 @@ impl RemoteStarter {
             .await
             .map_err(|e| remote(e.code(), e.to_string()))?;
         let mut cancel = CancelGuard::new(self.placement.clone(), placed.clone());
-        let Some(mut conn) = expected.wait(self.dial_timeout).await else {
-            return Err(remote(
-                "dial_back_timeout",
-                format!(
-                    "the node agent ({} job {}) did not dial back within {} s",
-                    placed.kind,
-                    placed.job,
-                    self.dial_timeout.as_secs()
-                ),
-            ));
+        let until = tokio::time::Instant::now() + self.dial_timeout;
+        let mut conn = loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(remote(
+                    "dial_back_timeout",
+                    format!(
+                        "the node agent ({} job {}) did not dial back within {} s",
+                        placed.kind,
+                        placed.job,
+                        self.dial_timeout.as_secs()
+                    ),
+                ));
+            }
+            if let Some(c) = expected.wait(left.min(STATE_POLL)).await {
+                break c;
+            }
+            // An agent that ended (or a job the scheduler dropped) never
+            // dials back: say so now, with the scheduler's words.
+            if let Ok(cellhost_placement::PlacedState::Ended { detail }) = self.placement.state(&placed).await
+            {
+                return Err(remote(
+                    "dial_back_failed",
+                    format!(
+                        "the node agent ({} job {}) ended before it was admitted: {detail}",
+                        placed.kind, placed.job
+                    ),
+                ));
+            }
         };
         drop(expected);
         let first = tokio::time::timeout(

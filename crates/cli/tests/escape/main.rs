@@ -19,6 +19,7 @@ mod kernel_view;
 mod modes;
 mod no_userns;
 mod redteam;
+mod remote_listener;
 mod results;
 mod setid;
 mod slow_clients;
