@@ -159,8 +159,7 @@ async fn measure(
     let local = Kernel::spawn(local_cfg).await.map_err(|e| e.to_string())?;
     let lv = round_trips(&local, cells).await?;
     local.kill().await;
-    let mut placement = LoopbackPlacement::default();
-    placement.program = Some(cellhost.to_path_buf());
+    let placement = LoopbackPlacement::with_program(cellhost, Vec::new());
     let starter = Arc::new(RemoteStarter::new(
         "bench",
         host.clone(),

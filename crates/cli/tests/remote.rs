@@ -7,7 +7,7 @@
 //!
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -187,9 +187,7 @@ async fn remote_session(dir: &Path) -> (Session, RemoteHost) {
     )
     .await
     .expect("listener");
-    let mut placement = LoopbackPlacement::default();
-    placement.program = Some(PathBuf::from(bin()));
-    placement.extra_args = vec!["--connect-grace".into(), "1s".into()];
+    let placement = LoopbackPlacement::with_program(bin(), vec!["--connect-grace".into(), "1s".into()]);
     let mut cfg = KernelConfig::new(python(), dir.join("session"));
     cfg.session = "remote".into();
     cfg.sandbox.mode = SandboxMode::Off;

@@ -119,7 +119,7 @@ pub async fn run_agent(opts: AgentOptions) -> Result<AgentExit, AgentError> {
         .await
         .map_err(|e| AgentError::Handshake(e.to_string()))?;
     let spec = match read_msg(&mut conn, HANDSHAKE_CAP).await {
-        Ok(Some(Msg::Welcome(spec))) => spec,
+        Ok(Some(Msg::Welcome(spec))) => *spec,
         Ok(Some(Msg::Refused(r))) => {
             return Err(AgentError::Refused {
                 code: r.code,

@@ -422,7 +422,7 @@ async fn handshake(host: &RemoteHost, acceptor: &TlsAcceptor, tcp: TcpStream) ->
     };
     match admit(host, &hello).await {
         Ok((spec, tx)) => {
-            write_msg(&mut tls, &Msg::Welcome(spec))
+            write_msg(&mut tls, &Msg::Welcome(Box::new(spec)))
                 .await
                 .map_err(|_| fail("handshake_io"))?;
             host.inner.admitted.fetch_add(1, Ordering::Relaxed);

@@ -32,7 +32,8 @@ struct Job {
 #[derive(Debug, Clone, Default)]
 pub struct LoopbackPlacement {
     /// Replaces the first element of the agent's command line (the
-    /// `cellhost` binary), e.g. a build under test.
+    /// `cellhost` binary), e.g. a build under test; default: the running
+    /// executable (the host's own `cellhost`).
     pub program: Option<PathBuf>,
     /// Extra arguments appended to the agent's command line
     /// (`--connect-grace 2s`).
@@ -66,6 +67,16 @@ impl LoopbackPlacement {
         LoopbackPlacement {
             in_process: true,
             grace: Some(grace),
+            ..LoopbackPlacement::default()
+        }
+    }
+
+    /// Agents as child processes running `program` (`cellhost`), with
+    /// `extra_args` appended to their command line.
+    pub fn with_program(program: impl Into<PathBuf>, extra_args: Vec<String>) -> Self {
+        LoopbackPlacement {
+            program: Some(program.into()),
+            extra_args,
             ..LoopbackPlacement::default()
         }
     }
@@ -147,7 +158,9 @@ impl Placement for LoopbackPlacement {
                 }
             })
             .collect();
-        if let Some(p) = &self.program
+        // The agent is this host's own binary unless the table names one.
+        let program = self.program.clone().or_else(|| std::env::current_exe().ok());
+        if let Some(p) = program
             && let Some(first) = argv.first_mut()
         {
             *first = p.display().to_string();

@@ -110,7 +110,7 @@ pub enum Msg {
     /// Agent → host, first: the credential file's bytes.
     Hello(Vec<u8>),
     /// Host → agent: admitted; what to run.
-    Welcome(AgentSpec),
+    Welcome(Box<AgentSpec>),
     /// Host → agent: refused (then the host closes).
     Refused(Refusal),
     /// Agent → host: the worker's init runs.
@@ -210,7 +210,7 @@ impl Msg {
         let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
         Ok(match kind {
             1 => Msg::Hello(b),
-            2 => Msg::Welcome(de(&b)?),
+            2 => Msg::Welcome(Box::new(de(&b)?)),
             3 => Msg::Refused(de(&b)?),
             4 => Msg::Started(de(&b)?),
             5 => Msg::SpawnFailed(text(b)),

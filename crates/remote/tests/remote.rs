@@ -53,8 +53,10 @@ fn config(dir: &TempDir, host: &RemoteHost, mode: SandboxMode) -> KernelConfig {
 }
 
 fn spec(generation: u64) -> AgentSpec {
-    let mut sandbox = cellhost_sandbox::profile::SandboxProfile::default();
-    sandbox.mode = SandboxMode::Off;
+    let sandbox = cellhost_sandbox::profile::SandboxProfile {
+        mode: SandboxMode::Off,
+        ..Default::default()
+    };
     AgentSpec {
         session: "raw".into(),
         generation,

@@ -27,8 +27,7 @@ async fn listener() -> RemoteHost {
 /// A real agent is still admitted and runs a cell.
 async fn still_serves(host: &RemoteHost) {
     let dir = tempfile::tempdir().expect("tmp");
-    let mut placement = LoopbackPlacement::default();
-    placement.program = Some(crate::common::bin().into());
+    let placement = LoopbackPlacement::with_program(crate::common::bin(), Vec::new());
     let mut cfg = KernelConfig::new(crate::common::python(), dir.path().join("session"));
     cfg.sandbox.mode = SandboxMode::Off;
     cfg.starter = Some(Arc::new(RemoteStarter::new(
