@@ -246,3 +246,60 @@ async fn agent_killed_is_a_lost_connection_and_the_next_kernel_says_state_reset(
     );
     session.shutdown().await;
 }
+
+/// Stops the test's daemon, also when the test fails.
+struct DaemonGuard<'a>(&'a Env);
+
+impl Drop for DaemonGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cmd(&["daemon", "stop"]).output();
+    }
+}
+
+#[test]
+fn daemon_sessions_use_the_configured_default_placement_and_list_where_they_run() {
+    let env = Env::new();
+    let cfg = format!(
+        "[placement]\ndefault = \"lo\"\n[placement.lo]\nkind = \"loopback\"\nprogram = {:?}\n",
+        bin()
+    );
+    std::fs::write(env.path().join("config.toml"), cfg).expect("config");
+    std::fs::create_dir_all(env.path().join("run")).expect("run dir");
+    let _daemon = DaemonGuard(&env);
+    let py = python();
+    let o = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &py,
+            "--session",
+            "s1",
+            "--json",
+            "y = 2\ny * 21",
+        ])
+        .output()
+        .expect("exec --session");
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(v["result"]["text/plain"], "42", "{v}");
+    assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
+    let o = env.cmd(&["sessions", "--json"]).output().expect("sessions");
+    let list: Value = serde_json::from_slice(&o.stdout).expect("sessions JSON");
+    assert_eq!(list[0]["name"], "s1", "{list}");
+    assert_eq!(list[0]["placement"]["kind"], "loopback", "{list}");
+    let o = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &py,
+            "--session",
+            "s1",
+            "--placement",
+            "lo",
+            "1",
+        ])
+        .output()
+        .expect("exec --session --placement");
+    assert_eq!(o.status.code(), Some(2), "refused as usage");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("placement_unsupported"));
+}
