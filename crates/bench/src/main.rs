@@ -31,6 +31,7 @@
 mod as_user;
 mod limits;
 mod pysdk;
+mod remote;
 mod sessions;
 mod stats;
 mod surfaces;
@@ -89,6 +90,28 @@ enum Helper {
         dir: PathBuf,
         /// Kernels to start.
         n: usize,
+    },
+    /// Remote kernels on loopback: handshakes per second, host RSS with
+    /// live remote kernels, trivial-cell round trip local vs remote.
+    Remote {
+        /// Interpreter (default: as the bench's).
+        #[arg(long, value_name = "PATH")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the kernels (default: the config's).
+        #[arg(long, value_name = "MODE", value_parser = parse_sandbox_mode)]
+        sandbox: Option<SandboxMode>,
+        /// The `cellhost` binary run as the agent (default: next to this one).
+        #[arg(long, value_name = "PATH")]
+        cellhost: Option<PathBuf>,
+        /// Live remote Python kernels for the RSS figure.
+        #[arg(long, default_value_t = 100)]
+        kernels: usize,
+        /// Handshakes per mode.
+        #[arg(long, default_value_t = 1000)]
+        handshakes: usize,
+        /// Cells per round-trip sample set.
+        #[arg(long, default_value_t = 300)]
+        cells: usize,
     },
 }
 
@@ -171,6 +194,38 @@ fn main() -> ExitCode {
     };
     let code = match cli.helper {
         Some(Helper::Host { python, dir, n }) => workloads::host_for_bench(&python, &dir, n),
+        Some(Helper::Remote {
+            python,
+            sandbox,
+            cellhost,
+            kernels,
+            handshakes,
+            cells,
+        }) => {
+            let args = BenchArgs {
+                python,
+                sandbox,
+                ..cli.args
+            };
+            let dir = std::env::temp_dir().join(format!("cellhost-bench-remote-{}", std::process::id()));
+            let cfg = match kernel_config(&args, &dir) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("cellhost-bench: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let bin = match cellhost_binary(cellhost.as_deref()) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("cellhost-bench: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let code = remote::run(cfg, &bin, kernels, handshakes, cells);
+            let _ = std::fs::remove_dir_all(&dir);
+            code
+        }
         None => run(cli.args),
     };
     ExitCode::from(code)

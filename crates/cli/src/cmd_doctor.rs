@@ -165,6 +165,7 @@ async fn self_test(args: &DoctorArgs) -> Result<Report, String> {
 
 async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Report, String> {
     let kargs = crate::KernelArgs {
+        placement: None,
         python: args.python.clone(),
         language: None,
         r: None,

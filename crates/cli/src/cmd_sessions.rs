@@ -250,8 +250,13 @@ pub fn sessions(args: SessionsArgs) -> u8 {
         } else {
             println!("{:<24} {:>4} {:>8} {:<5} python", "session", "gen", "pid", "busy");
             for s in &list {
+                let place = s
+                    .placement
+                    .as_ref()
+                    .map(|p| format!("  on {} ({} {} job {})", p.node, p.name, p.kind, p.job))
+                    .unwrap_or_default();
                 println!(
-                    "{:<24} {:>4} {:>8} {:<5} {}",
+                    "{:<24} {:>4} {:>8} {:<5} {}{place}",
                     s.name,
                     s.generation,
                     s.pid,

@@ -177,6 +177,13 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     if let Some(mode) = args.sandbox {
         cfg.sandbox.mode = mode;
     }
+    if let Some(name) = &args.placement {
+        cfg.starter = config
+            .placements
+            .starter(name)
+            .map_err(|e| KernelError::InvalidRequest(format!("--placement {name}: {e}")))?;
+    }
+    cellhost_sessions::placement::keep_identity_in(state_dir().join("remote"));
     cfg.session = session.to_string();
     // Cells resolve relative paths against the directory cellhost was run
     // from (`run` uses the notebook's directory), as Jupyter does; the
@@ -250,7 +257,12 @@ async fn start_registry_with(
     let config = config()?;
     let journal = if journal && config.bool("journal") {
         match Journal::open(journal_path(), config.durability()) {
-            Ok(j) => Some(std::sync::Arc::new(j)),
+            Ok(j) => {
+                let j = std::sync::Arc::new(j);
+                // Remote agents' credential nonces burn durably here.
+                cellhost_sessions::placement::burn_nonces_in(j.clone());
+                Some(j)
+            }
             Err(e) => {
                 eprintln!("cellhost: the journal is off: {e}");
                 None

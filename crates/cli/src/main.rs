@@ -4,6 +4,7 @@
 //! Exit codes of `exec` (and of `run` when it stops at a cell): 0 ok,
 //! 1 error, 2 usage, 124 timeout, 130 interrupted, 137 crashed.
 
+mod cmd_agent;
 mod cmd_bench;
 mod cmd_config;
 mod cmd_cp;
@@ -87,6 +88,9 @@ enum Cmd {
     /// its options).
     #[command(disable_help_flag = true)]
     Bench(cmd_bench::BenchArgs),
+    /// The node agent of a remote kernel (a placement starts it on the
+    /// compute node): dials the host, runs the worker here, relays it.
+    Agent(cmd_agent::AgentArgs),
 }
 
 /// Options shared by every command that starts a kernel.
@@ -117,6 +121,11 @@ pub struct KernelArgs {
     /// as a secret: it is masked in everything the kernel outputs.
     #[arg(long = "secret-env", value_name = "NAME")]
     pub secret_env: Vec<String>,
+    /// Where the kernel runs: `local` (default: config `placement`) or the
+    /// name of a `[placement.NAME]` table (a node agent started by that
+    /// placement dials back over TLS).
+    #[arg(long, value_name = "NAME")]
+    pub placement: Option<String>,
     /// Network of the kernel: `off` (default: a private loopback only),
     /// `on` (the host's network), or an allowlist of `HOST[:PORT]` rules
     /// separated by commas (`api.openai.com:443,*.githubusercontent.com`;
@@ -178,6 +187,7 @@ fn main() -> ExitCode {
         Cmd::History(a) => cmd_history::run(a),
         Cmd::Restore(a) => cmd_restore::run(a),
         Cmd::Mcp(a) => cmd_mcp::run(a),
+        Cmd::Agent(a) => cmd_agent::run(a),
     };
     // A font-cache build a kernel of this command started is finished
     // (once per interpreter), never cut short by the exit nor left behind.

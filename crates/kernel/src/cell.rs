@@ -115,6 +115,26 @@ pub struct KernelInfo {
     /// cold start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<u32>,
+    /// Where the kernel runs when a placement started it on another node
+    /// (`None`: a local kernel). Pids above are the node's then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<KernelPlacement>,
+}
+
+/// Where a remote kernel runs: the placement that started its node agent
+/// and what the scheduler and the agent said about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KernelPlacement {
+    /// Name of the `[placement.<name>]` table.
+    pub name: String,
+    /// Placement kind: `loopback`, `slurm`, `kubernetes`, `ssh`.
+    pub kind: String,
+    /// The node the agent runs on (its host name as the agent reports it).
+    pub node: String,
+    /// The scheduler's id of the agent: Slurm job id, Pod name, ssh
+    /// destination and pid, local pid for `loopback`.
+    pub job: String,
 }
 
 static CELL_SEQ: AtomicU64 = AtomicU64::new(1);

@@ -74,6 +74,28 @@ pub struct KernelConfig {
     /// view, and `site` goes on the worker's `sys.path` before
     /// site-packages. `None`: no overlay.
     pub packages_dir: Option<PathBuf>,
+    /// Starts the worker somewhere else (a placement of the
+    /// `cellhost-remote` crate); `None` (default): a local worker.
+    pub starter: Option<Arc<dyn KernelStarter>>,
+}
+
+/// Starts a kernel's worker other than as a local process, for
+/// [`Kernel::spawn`](crate::Kernel::spawn): builds a link to the worker and
+/// completes the kernel with [`Kernel::attach`](crate::Kernel::attach).
+/// The config it gets has `starter` cleared.
+pub trait KernelStarter: Send + Sync {
+    /// The placement's name (`[placement.<name>]`), for logs and results.
+    fn name(&self) -> &str;
+
+    /// Starts the worker and completes the kernel.
+    ///
+    /// # Errors
+    /// [`KernelError::Remote`] with the placement's code, or any error of
+    /// [`Kernel::attach`](crate::Kernel::attach).
+    fn start(
+        &self,
+        config: KernelConfig,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<crate::Kernel, KernelError>> + Send + '_>>;
 }
 
 /// What one cell's displays may take on the host. Display frames are
@@ -117,6 +139,7 @@ impl std::fmt::Debug for KernelConfig {
             .field("cell_timeout", &self.cell_timeout)
             .field("interrupt_grace", &self.interrupt_grace)
             .field("sandbox", &self.sandbox.mode)
+            .field("starter", &self.starter.as_ref().map(|s| s.name().to_string()))
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +174,7 @@ impl KernelConfig {
             sandbox: SandboxProfile::default(),
             egress: None,
             packages_dir: None,
+            starter: None,
         }
     }
 
@@ -172,8 +196,9 @@ impl KernelConfig {
     }
 
     /// The worker's configuration, sent as the second message on its control
-    /// socket (never in its environment, which `/proc/self/environ` keeps).
-    pub(crate) fn worker_message(&self) -> serde_json::Value {
+    /// socket (never in its environment, which `/proc/self/environ` keeps):
+    /// `{"tools": [..], "session_dir": .., "session": .., "generation": ..}`.
+    pub fn worker_message(&self) -> serde_json::Value {
         serde_json::json!({
             "tools": self.tool_names(),
             "session_dir": self.session_dir,

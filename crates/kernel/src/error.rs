@@ -108,6 +108,22 @@ pub enum KernelError {
     /// A request argument is out of range.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A remote kernel could not be placed or admitted: the placement's
+    /// scheduler refused or failed, the node agent did not dial back in
+    /// time, or its handshake was refused. `code` is stable
+    /// (`placement_rejected`, `placement_unschedulable`,
+    /// `placement_unavailable`, `placement_config`, `dial_back_timeout`,
+    /// `dial_back_failed`,
+    /// `admission_refused`, `remote_failed`).
+    #[error("kernel {kernel}: {message}")]
+    Remote {
+        /// Kernel label.
+        kernel: String,
+        /// The stable code.
+        code: &'static str,
+        /// What happened, with the scheduler's or the agent's own words.
+        message: String,
+    },
     /// Host-side I/O (session directory, pipes).
     #[error("kernel {kernel}: {context}: {source}")]
     Io {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cell::new_cell_id;
-pub use crate::cell::{CellProgress, ExecOptions, InterruptOutcome, KernelInfo, LiveEvent, Variables};
+pub use crate::cell::{
+    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, KernelPlacement, LiveEvent, Variables,
+};
 use crate::config::KernelConfig;
 use crate::driver::{Command, Driver, QueuedCell, Shared};
 use crate::error::KernelError;
@@ -47,7 +49,15 @@ impl Kernel {
     /// [`KernelError::Spawn`] (interpreter missing or dying at start, with its
     /// stderr), [`KernelError::StartupTimeout`], [`KernelError::ProtocolMismatch`],
     /// [`KernelError::SandboxUnavailable`], [`KernelError::Io`].
+    ///
+    /// With [`KernelConfig::starter`] set, the starter starts the worker
+    /// (on another node) instead.
     pub async fn spawn(config: KernelConfig) -> Result<Kernel, KernelError> {
+        if let Some(starter) = config.starter.clone() {
+            let mut config = config;
+            config.starter = None;
+            return starter.start(config).await;
+        }
         let (link, launch) = LocalLink::spawn(&config).await?;
         Kernel::attach(config, link, launch).await
     }
@@ -55,7 +65,18 @@ impl Kernel {
     /// Completes a kernel over `link`, whose worker runs: the handshake
     /// (`sandbox`, then `ready`), then the driver task. A failed handshake
     /// drops the link (which kills the worker's tree).
-    pub(crate) async fn attach<L: WorkerLink>(
+    ///
+    /// The seam for links built outside this crate (a remote worker's):
+    /// `launch` says what started the worker established (its sandbox
+    /// layers, limits, where it runs); everything above the link (cells,
+    /// deadlines, interrupts, escalation, results) is the same as for a
+    /// local worker. Must run inside a Tokio runtime (the driver is a task).
+    ///
+    /// # Errors
+    /// As [`Kernel::spawn`] after the start: [`KernelError::StartupTimeout`],
+    /// [`KernelError::Spawn`] (the worker died first),
+    /// [`KernelError::ProtocolMismatch`], [`KernelError::SandboxUnavailable`].
+    pub async fn attach<L: WorkerLink>(
         config: KernelConfig,
         mut link: L,
         launch: Launch,
@@ -72,6 +93,7 @@ impl Kernel {
             python_version: ready.version,
             sandbox: ready.sandbox,
             template: launch.template,
+            placement: launch.placement.clone(),
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (tx, rx) = mpsc::unbounded_channel();

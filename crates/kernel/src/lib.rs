@@ -53,10 +53,11 @@ pub mod tools;
 pub use cellhost_capture::hostfs;
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
 pub use cellhost_egress as egress;
-pub use config::{DisplayLimits, KernelConfig};
+pub use config::{DisplayLimits, KernelConfig, KernelStarter};
 pub use error::KernelError;
 pub use kernel::{
-    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, LiveEvent, Variables,
+    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent,
+    Variables,
 };
 pub use lineage::Lineage;
 pub use result::*;

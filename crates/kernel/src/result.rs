@@ -132,6 +132,10 @@ pub struct KernelRef {
     /// The sandbox the kernel runs under, as applied.
     #[serde(default)]
     pub sandbox: SandboxRef,
+    /// Where a remote kernel ran (placement, node, job); absent for a
+    /// local kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::cell::KernelPlacement>,
 }
 
 /// The sandbox a kernel runs under, as applied (the full layer list is in
@@ -228,6 +232,11 @@ pub struct CrashReport {
     pub signal_name: Option<String>,
     /// One line for a reader: what died and the likely cause.
     pub message: String,
+    /// A short stable cause when the worker's own exit status is not the
+    /// story: `connection lost` (a remote kernel whose node agent's
+    /// connection broke).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Resources used by the worker.

@@ -176,6 +176,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         pid: _,
         reused: _,
         state_reset: _,
+        placement: _,
         reset_reason,
         sandbox:
             SandboxRef {
@@ -217,6 +218,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         signal: _,
         signal_name,
         message,
+        reason: _,
     }) = crash
     {
         if let Some(s) = signal_name {
@@ -431,6 +433,7 @@ mod tests {
                     reasons: [(s.clone(), s.clone())].into(),
                     enforced: vec![s.clone()],
                 },
+                placement: None,
             },
             interrupt: Some(InterruptReport {
                 delivered: true,
@@ -444,6 +447,7 @@ mod tests {
                 signal: None,
                 signal_name: None,
                 message: s.clone(),
+                reason: None,
             }),
             duration_ms: 0,
             queued_ms: 0,

@@ -326,6 +326,7 @@ mod tests {
                 state_reset: true,
                 reset_reason: Some("the previous kernel died".into()),
                 sandbox: Default::default(),
+                placement: None,
             },
             interrupt: None,
             crash: None,

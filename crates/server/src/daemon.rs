@@ -278,6 +278,9 @@ pub struct SessionInfo {
     /// Working directory (`None`: its session directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<PathBuf>,
+    /// Where a remote kernel runs (placement, kind, node, job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<cellhost_sessions::cell::KernelPlacement>,
 }
 
 /// A reply line.
@@ -786,6 +789,7 @@ async fn handle(
                     busy: s.busy,
                     python: s.python,
                     cwd: s.cwd,
+                    placement: s.placement,
                 })
                 .collect();
             send(w, &Reply::Sessions { sessions }).await

@@ -6,6 +6,7 @@
 
 pub use cellhost_kernel::hostfs;
 pub use cellhost_kernel::{
-    CellError, CellResult, CellStatus, DisplayOutput, InterruptOutcome, KernelConfig, KernelError, KernelRef,
-    LiveEvent, MimeBundle, SpillChunk, Truncation, Variables, read_spill, resolve_python, resolve_r,
+    CellError, CellResult, CellStatus, DisplayOutput, InterruptOutcome, KernelConfig, KernelError,
+    KernelPlacement, KernelRef, LiveEvent, MimeBundle, SpillChunk, Truncation, Variables, read_spill,
+    resolve_python, resolve_r,
 };

@@ -276,6 +276,8 @@ pub struct Config {
     /// egress proxy's settings ([`crate::config_egress`]).
     #[serde(skip)]
     pub egress: crate::NetworkSettings,
+    /// Where kernels run: `placement` and the `[placement.<name>]` tables.
+    pub placements: crate::placement::Placements,
 }
 
 fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
@@ -412,6 +414,22 @@ impl Config {
             }
             None => {}
         }
+        let placement_raw = match env("CELLHOST_PLACEMENT").filter(|s| !s.is_empty()) {
+            Some(name) => {
+                // The name from the environment; the tables from the file.
+                let mut v = table.remove("placement");
+                match &mut v {
+                    Some(toml::Value::Table(t)) => {
+                        t.insert("default".into(), toml::Value::String(name));
+                    }
+                    _ => v = Some(toml::Value::String(name)),
+                }
+                v
+            }
+            None => table.remove("placement"),
+        };
+        let placements = crate::placement::Placements::parse(placement_raw)
+            .map_err(|e| ConfigError::Invalid(format!("placement: {e}")))?;
         let mut values = BTreeMap::new();
         for (key, kind, default, _) in SETTINGS {
             let envk = format!("CELLHOST_{}", key.to_uppercase().replace('.', "_"));
@@ -440,7 +458,7 @@ impl Config {
         if let Some((k, _)) = table.iter().next() {
             let known: Vec<&str> = SETTINGS.iter().map(|s| s.0).collect();
             return Err(ConfigError::Invalid(format!(
-                "{}: unknown key `{k}` (known: {}, [tools.NAME], [egress])",
+                "{}: unknown key `{k}` (known: {}, placement, [tools.NAME], [egress], [placement.NAME])",
                 file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
                 known.join(", ")
             )));
@@ -465,6 +483,7 @@ impl Config {
             tools,
             tools_source,
             egress,
+            placements,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -651,6 +670,10 @@ impl Config {
             cfg.tool_host = Some(std::sync::Arc::new(crate::tools::CommandTools::new(
                 self.tools.clone(),
             )));
+        }
+        // Checked at load: the default names a configured placement.
+        if let Ok(starter) = self.placements.starter(&self.placements.default) {
+            cfg.starter = starter;
         }
     }
 

@@ -375,6 +375,25 @@ impl Journal {
         self.call(move |c| query_language(c, &o, &s)).await
     }
 
+    /// Burns a remote agent's credential nonce: `Ok(true)` when it was
+    /// fresh (and is now recorded, committed before this returns),
+    /// `Ok(false)` when it was used before. The host refuses the agent on
+    /// `false` or an error.
+    ///
+    /// # Errors
+    /// [`JournalError`] (SQLite, or the journal closed).
+    pub async fn burn_nonce(&self, nonce: &str) -> Result<bool, JournalError> {
+        let n = nonce.to_string();
+        self.call(move |c| {
+            let added = c.execute(
+                "INSERT OR IGNORE INTO credential_nonces (nonce, used_ms) VALUES (?1, ?2)",
+                params![n, now_ms()],
+            )?;
+            Ok(added == 1)
+        })
+        .await
+    }
+
     /// Records a new kernel generation.
     pub fn kernel_started(&self, owner: &str, session: &str, generation: u64, pid: u32) {
         let (o, s) = (owner.to_string(), session.to_string());
@@ -749,6 +768,23 @@ impl JournalReader {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn credential_nonces_burn_once_and_stay_burned_across_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j.sqlite");
+        let j = Journal::open(&path, Durability::Normal).expect("open");
+        assert!(j.burn_nonce("n1").await.expect("burn"), "fresh");
+        assert!(!j.burn_nonce("n1").await.expect("burn"), "used");
+        assert!(j.burn_nonce("n2").await.expect("burn"));
+        j.close();
+        let j = Journal::open(&path, Durability::Normal).expect("reopen");
+        assert!(
+            !j.burn_nonce("n1").await.expect("burn"),
+            "still burned after a restart"
+        );
+        j.close();
+    }
+
     #[test]
     fn head_tail_bounds_and_char_boundaries() {
         let short = "abc";
@@ -866,7 +902,7 @@ mod tests {
                 .expect("v1 layout");
         }
         let j = Journal::open(&path, Durability::Normal).expect("open");
-        j.session_used("o", "s", "py", "", "", "default");
+        j.session_used("o", "s", "py", "", "", "default", "python");
         j.kernel_started("o", "s", 1, 42);
         let start = CellStart {
             id: "c1".into(),

@@ -8,7 +8,8 @@
 //! | 0 | a new, empty file, or a journal written before versioning: any subset of the tables and columns below |
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
-//! | 3 | the tables and columns of [`SCHEMA`]: `network_denials` holds the egress proxy's refusals per cell |
+//! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
+//! | 4 | the tables and columns of [`SCHEMA`]: `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -23,7 +24,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -57,6 +58,8 @@ CREATE TABLE IF NOT EXISTS network_denials (
   cell_id TEXT NOT NULL, seq INTEGER NOT NULL, host TEXT NOT NULL,
   port INTEGER NOT NULL, reason TEXT NOT NULL, sni TEXT,
   PRIMARY KEY (cell_id, seq));
+CREATE TABLE IF NOT EXISTS credential_nonces (
+  nonce TEXT PRIMARY KEY, used_ms INTEGER NOT NULL);
 ";
 
 /// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
@@ -168,8 +171,9 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
     let tx = conn.transaction()?;
     if found < SCHEMA_VERSION {
         // Every earlier version: whatever tables and columns are missing
-        // (version 1 lacks `sessions.language` and `network_denials`,
-        // version 2 `network_denials`).
+        // (version 1 lacks `sessions.language`, `network_denials` and
+        // `credential_nonces`, version 2 the two tables, version 3
+        // `credential_nonces`); `SCHEMA` creates missing tables.
         tx.execute_batch(SCHEMA)?;
         for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
             let have = columns_of(&tx, table)?;
@@ -207,11 +211,11 @@ mod tests {
         .expect("version 1 schema");
     }
 
-    /// Version 2: every table but `network_denials`.
+    /// Version 2: every table but `network_denials` and `credential_nonces`.
     fn version_2(conn: &Connection) {
         let without = SCHEMA
             .split_inclusive(';')
-            .filter(|stmt| !stmt.contains("network_denials"))
+            .filter(|stmt| !stmt.contains("network_denials") && !stmt.contains("credential_nonces"))
             .collect::<String>();
         conn.execute_batch(&format!("{without}\nPRAGMA user_version = 2;"))
             .expect("version 2 schema");

@@ -15,6 +15,7 @@ pub mod journal;
 pub mod journal_schema;
 pub mod network;
 pub mod packages;
+pub mod placement;
 pub mod pool;
 pub mod registry;
 pub mod requests;

@@ -58,13 +58,15 @@ pub enum RegistryError {
 impl RegistryError {
     /// The stable error code of the error, as every surface reports it
     /// (`sandbox_below_floor`, `sandbox_unavailable`, `registry_full`,
-    /// `shut_down`, `restore`, `kernel`).
+    /// `shut_down`, `restore`, `kernel`, or a remote kernel's
+    /// [`KernelError::Remote`] code such as `placement_rejected`).
     pub fn code(&self) -> &'static str {
         match self {
             RegistryError::SandboxBelowFloor(_) => crate::floor::BelowFloor::CODE,
             RegistryError::Kernel(
                 KernelError::SandboxUnavailable { .. } | KernelError::WeakSandbox { .. },
             ) => "sandbox_unavailable",
+            RegistryError::Kernel(KernelError::Remote { code, .. }) => code,
             RegistryError::Kernel(_) => "kernel",
             RegistryError::Full { .. } => "registry_full",
             RegistryError::Restore(_) => "restore",

@@ -81,9 +81,11 @@ impl Templates {
     /// # Errors
     /// The errors of [`Kernel::spawn`].
     pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
-        // Templates apply only where the runtime has them (not R's).
+        // Templates apply only where the runtime has them (not R's), and
+        // to local kernels only (a placement starts its own worker).
         if !self.preload.is_empty()
             && cfg.egress.is_none()
+            && cfg.starter.is_none()
             && cfg
                 .runtime
                 .template_argv(&cfg.python, std::path::Path::new(""))

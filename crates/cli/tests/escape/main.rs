@@ -21,6 +21,7 @@ mod modes;
 mod no_userns;
 mod packages;
 mod redteam;
+mod remote_listener;
 mod results;
 mod setid;
 mod slow_clients;

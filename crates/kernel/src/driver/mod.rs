@@ -349,7 +349,9 @@ impl<L: WorkerLink> Driver<L> {
     fn on_exit(&mut self, status: ExitStatus) {
         self.exit = Some(status);
         self.drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
-        let reason = if let Some(why) = &self.kill_reason {
+        let reason = if let Some(lost) = self.link.lost_reason() {
+            lost
+        } else if let Some(why) = &self.kill_reason {
             why.clone()
         } else if self.kill_requested.is_some() {
             "killed by the host".to_string()
@@ -484,7 +486,9 @@ impl<L: WorkerLink> Driver<L> {
     }
 
     fn dead_error(&self) -> KernelError {
-        let reason = if let Some(p) = &self.protocol_error {
+        let reason = if let Some(lost) = self.link.lost_reason() {
+            lost
+        } else if let Some(p) = &self.protocol_error {
             format!("protocol error: {p}")
         } else if let Some(why) = &self.kill_reason {
             why.clone()

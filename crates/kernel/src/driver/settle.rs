@@ -154,6 +154,7 @@ impl<L: WorkerLink> Driver<L> {
                     "protocol error from the worker (kernel {} killed): {msg}",
                     self.label
                 ),
+                reason: None,
             });
         } else {
             status = CellStatus::Crashed;
@@ -183,6 +184,7 @@ impl<L: WorkerLink> Driver<L> {
                     signal: Some(libc::SIGKILL),
                     signal_name: Some(signal::signal_name(libc::SIGKILL)),
                     message: why.clone(),
+                    reason: None,
                 });
             }
         } else if let Some(i) = &a.interrupt {
@@ -244,6 +246,7 @@ impl<L: WorkerLink> Driver<L> {
                 state_reset: false,
                 reset_reason: None,
                 sandbox: crate::result::SandboxRef::of(&self.info.sandbox),
+                placement: self.info.placement.clone(),
             },
             interrupt,
             crash,
@@ -273,6 +276,15 @@ impl<L: WorkerLink> Driver<L> {
     /// How the worker died; `pid_hits_at_start` is the tree's
     /// process-limit hits when the cell started.
     fn crash_report(&self, pid_hits_at_start: u64) -> CrashReport {
+        if let Some(lost) = self.link.lost_reason() {
+            return CrashReport {
+                exit_code: None,
+                signal: None,
+                signal_name: None,
+                message: format!("the kernel's worker is unreachable: {lost}; its state is gone"),
+                reason: Some(lost),
+            };
+        }
         match self.exit {
             Some(st) => {
                 let signal_num = st.signal();
@@ -302,6 +314,7 @@ impl<L: WorkerLink> Driver<L> {
                     signal: signal_num,
                     signal_name,
                     message,
+                    reason: None,
                 }
             }
             None => CrashReport {
@@ -309,6 +322,7 @@ impl<L: WorkerLink> Driver<L> {
                 signal: None,
                 signal_name: None,
                 message: "the worker's output ended without a result".into(),
+                reason: None,
             },
         }
     }

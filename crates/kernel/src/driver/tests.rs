@@ -53,6 +53,7 @@ async fn fixture_with(
         host_layers: Vec::new(),
         template: None,
         limits: None,
+        placement: None,
     };
     let kernel = Kernel::attach(cfg, link, launch)
         .await

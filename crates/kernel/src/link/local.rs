@@ -82,8 +82,9 @@ impl Drop for PipeGrant {
 }
 
 /// A worker process on this machine: its init, control socket, pipes,
-/// output rings and cgroups.
-pub(crate) struct LocalLink {
+/// output rings and cgroups. Built by [`LocalLink::spawn`]; the node agent
+/// of a remote kernel runs its worker through one.
+pub struct LocalLink {
     label: String,
     init: InitProc,
     init_pid: u32,
@@ -117,9 +118,11 @@ impl LocalLink {
     /// message, the worker under it.
     ///
     /// # Errors
-    /// As [`Prepared::new`]; [`KernelError::Spawn`] when the init cannot
-    /// start; [`KernelError::Io`].
-    pub(crate) async fn spawn(config: &KernelConfig) -> Result<(LocalLink, Launch), KernelError> {
+    /// As `Prepared::new` ([`KernelError::Io`] for boot files and the
+    /// session directory, [`KernelError::SandboxUnavailable`],
+    /// [`KernelError::Spawn`] for limits that cannot be set);
+    /// [`KernelError::Spawn`] when the init cannot start; [`KernelError::Io`].
+    pub async fn spawn(config: &KernelConfig) -> Result<(LocalLink, Launch), KernelError> {
         let prep = Prepared::new(config)?;
         let label = prep.label.clone();
         let (host_end, worker_end) =
@@ -226,6 +229,7 @@ impl LocalLink {
             // The driver names the limits in effect (the profile's defaults
             // included) when it explains a kill.
             limits: cgroup.is_some().then_some(limits),
+            placement: None,
         };
         Ok((
             LocalLink {

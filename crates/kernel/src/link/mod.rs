@@ -19,7 +19,7 @@ use cellhost_sandbox::profile::LayerStatus;
 
 #[cfg(test)]
 pub(crate) mod fake;
-pub(crate) mod local;
+pub mod local;
 
 /// One of the worker's two output byte streams (its fd 1 and fd 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,19 +78,27 @@ pub enum LinkEvent {
     Exited(ExitStatus),
 }
 
-/// What starting a link established before its worker runs.
+/// What starting a link established before its worker runs: handed to
+/// [`Kernel::attach`](crate::Kernel::attach) with the link. A link built
+/// outside this crate (a remote worker) fills it from what the side that
+/// started the worker reported (the node agent's own [`LocalLink`]).
+///
+/// [`LocalLink`]: local::LocalLink
 #[derive(Debug, Clone)]
-pub(crate) struct Launch {
+pub struct Launch {
     /// `session/generation`.
-    pub(crate) label: String,
+    pub label: String,
     /// A sandbox profile is active (the init reports its layers first).
-    pub(crate) sandboxed: bool,
-    /// Confinement layers the host applied itself (cgroups).
-    pub(crate) host_layers: Vec<LayerStatus>,
+    pub sandboxed: bool,
+    /// Confinement layers applied by whoever started the init (cgroups),
+    /// reported in `kernel.sandbox` next to the init's own.
+    pub host_layers: Vec<LayerStatus>,
     /// Pid of the template the worker was forked from.
-    pub(crate) template: Option<u32>,
+    pub template: Option<u32>,
     /// The limits in effect on the tree, when the link applies some.
-    pub(crate) limits: Option<CgroupLimits>,
+    pub limits: Option<CgroupLimits>,
+    /// Where the worker runs, for a worker on another node.
+    pub placement: Option<crate::cell::KernelPlacement>,
 }
 
 /// What a link found out about its worker once the worker said `ready`.
@@ -200,6 +208,14 @@ pub trait WorkerLink: Send + 'static {
     /// The worker is gone for good: release what the link holds for it
     /// (the local link removes its cgroups).
     fn release(&mut self) {}
+
+    /// Why the link lost its worker without an exit status of the worker's
+    /// own, e.g. `connection lost` for a remote worker whose connection
+    /// broke (its `Exited` is then synthetic). `None` (the default): the
+    /// exit status is the worker's.
+    fn lost_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Resource accounting of a worker's tree (the local link: its cgroups).

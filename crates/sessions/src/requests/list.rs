@@ -32,6 +32,9 @@ pub struct SessionSummary {
     pub sandbox: SandboxMode,
     /// Working directory (`None`: the session directory).
     pub cwd: Option<PathBuf>,
+    /// Where the kernel runs, for a remote kernel (placement, node, job).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<cellhost_kernel::KernelPlacement>,
 }
 
 impl ListRequest {
@@ -49,6 +52,7 @@ impl ListRequest {
                     python: k.python.clone(),
                     sandbox: k.sandbox,
                     cwd: k.cwd.clone(),
+                    placement: kern.info().placement.clone(),
                 })
             })
             .collect()

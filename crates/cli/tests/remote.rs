@@ -1,0 +1,305 @@
+//! Remote kernels through the real `cellhost` binary: `exec --placement`
+//! with a `[placement.NAME]` table of kind `loopback` (the agent is this
+//! build's `cellhost agent`, a child process), the host killed with
+//! SIGKILL (the agent kills its worker after its grace), the agent killed
+//! (the cell is `crashed` with `reason: connection lost`, the next kernel
+//! says `state_reset`).
+//!
+//! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cellhost_kernel::{CellStatus, ExecOptions, KernelConfig, LiveEvent, Session};
+use cellhost_remote::{
+    AnyPlacement, HostIdentity, HostOptions, LoopbackPlacement, MemoryNonces, RemoteHost, RemoteStarter,
+};
+use cellhost_sandbox::profile::SandboxMode;
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cellhost")
+}
+
+fn python() -> String {
+    std::env::var("CELLHOST_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cfg = format!(
+            "[placement.lo]\nkind = \"loopback\"\nprogram = {:?}\nargs = [\"--connect-grace\", \"1s\"]\n",
+            bin()
+        );
+        std::fs::write(dir.path().join("config.toml"), cfg).expect("config");
+        Env { dir }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(bin());
+        c.args(args)
+            .current_dir(self.dir.path())
+            .env("CELLHOST_STATE_DIR", self.dir.path().join("state"))
+            .env("XDG_RUNTIME_DIR", self.dir.path().join("run"))
+            .env("CELLHOST_CONFIG", self.dir.path().join("config.toml"))
+            .env_remove("CELLHOST_PLACEMENT");
+        c
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn pid_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z')),
+    }
+}
+
+/// Polls /proc until `pid` is gone (at most 30 s).
+fn wait_gone(pid: i32) -> bool {
+    for _ in 0..600 {
+        if pid_gone(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Polls until `path` holds a line (at most 60 s).
+fn wait_file(path: &Path) -> String {
+    for _ in 0..1200 {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{} never written", path.display());
+}
+
+fn ppid(pid: i32) -> i32 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    s.rsplit(')')
+        .next()
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .expect("ppid")
+}
+
+#[test]
+fn exec_with_a_placement_runs_the_cell_through_a_node_agent() {
+    let env = Env::new();
+    let py = python();
+    let o = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &py,
+            "--json",
+            "--placement",
+            "lo",
+            "x = 20\nx * 2 + 2",
+        ])
+        .output()
+        .expect("exec");
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(o.status.code(), Some(0), "{v}");
+    assert_eq!(v["result"]["text/plain"], "42", "{v}");
+    assert_eq!(v["kernel"]["placement"]["kind"], "loopback", "{v}");
+    assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
+    assert!(
+        v["kernel"]["placement"]["job"]
+            .as_str()
+            .is_some_and(|j| !j.is_empty()),
+        "{v}"
+    );
+}
+
+#[test]
+fn an_unknown_placement_is_a_usage_error() {
+    let env = Env::new();
+    let py = python();
+    let o = env
+        .cmd(&["exec", "--python", &py, "--placement", "nowhere", "1"])
+        .output()
+        .expect("exec");
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("unknown placement `nowhere`"), "{err}");
+}
+
+#[test]
+fn host_sigkill_makes_the_agent_kill_its_worker_after_the_grace() {
+    let env = Env::new();
+    let py = python();
+    let pids = env.path().join("pids");
+    let code = format!(
+        "import os, time\nopen({:?}, 'w').write(f'{{os.getpid()}} {{os.getppid()}}\\n')\ntime.sleep(300)",
+        pids.display()
+    );
+    let mut host = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &py,
+            "--sandbox",
+            "off",
+            "--placement",
+            "lo",
+            &code,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("host");
+    let line = wait_file(&pids);
+    let mut it = line.split_whitespace().map(|p| p.parse::<i32>().expect("pid"));
+    let (worker, init) = (it.next().expect("worker"), it.next().expect("init"));
+    let agent = ppid(init);
+    assert!(!pid_gone(worker) && !pid_gone(agent));
+    host.kill().expect("SIGKILL the host");
+    let _ = host.wait();
+    assert!(wait_gone(worker), "worker {worker} outlived the host");
+    assert!(wait_gone(agent), "agent {agent} outlived the host");
+}
+
+async fn remote_session(dir: &Path) -> (Session, RemoteHost) {
+    let host = RemoteHost::start(
+        HostOptions::default(),
+        HostIdentity::generate().expect("certificate"),
+        Arc::new(MemoryNonces::default()),
+    )
+    .await
+    .expect("listener");
+    let placement = LoopbackPlacement::with_program(bin(), vec!["--connect-grace".into(), "1s".into()]);
+    let mut cfg = KernelConfig::new(python(), dir.join("session"));
+    cfg.session = "remote".into();
+    cfg.sandbox.mode = SandboxMode::Off;
+    cfg.starter = Some(Arc::new(RemoteStarter::new(
+        "lo",
+        host.clone(),
+        AnyPlacement::Loopback(placement),
+        None,
+    )));
+    (Session::new(cfg), host)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_is_a_lost_connection_and_the_next_kernel_says_state_reset() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mut session, _host) = remote_session(dir.path()).await;
+    let r = session.execute("x = 1", ExecOptions::default()).await.expect("x");
+    assert_eq!(r.status, CellStatus::Ok, "{r:?}");
+    let place = session
+        .kernel()
+        .and_then(|k| k.info().placement.clone())
+        .expect("placement");
+    let agent: i32 = place.job.parse().expect("the loopback job is the agent's pid");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let opts = ExecOptions {
+        live: Some(tx),
+        ..ExecOptions::default()
+    };
+    let cell = session
+        .submit("import time\nprint('go', flush=True)\ntime.sleep(300)", opts)
+        .await
+        .expect("submit");
+    while let Some(ev) = rx.recv().await {
+        if matches!(&ev, LiveEvent::Stdout(s) if s.contains("go")) {
+            break;
+        }
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the agent");
+    let r = session.finish(cell).await.expect("the cell settles");
+    assert_eq!(r.status, CellStatus::Crashed, "{r:?}");
+    let crash = r.crash.clone().expect("crash report");
+    assert_eq!(crash.reason.as_deref(), Some("connection lost"), "{crash:?}");
+    let r = session
+        .execute("'x' in dir()", ExecOptions::default())
+        .await
+        .expect("next");
+    assert!(r.kernel.state_reset, "{r:?}");
+    assert_eq!(r.kernel.generation, 2);
+    assert_eq!(
+        r.result.as_ref().and_then(|m| m.get("text/plain")).cloned(),
+        Some(serde_json::json!("False"))
+    );
+    session.shutdown().await;
+}
+
+/// Stops the test's daemon, also when the test fails.
+struct DaemonGuard<'a>(&'a Env);
+
+impl Drop for DaemonGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.cmd(&["daemon", "stop"]).output();
+    }
+}
+
+#[test]
+fn daemon_sessions_use_the_configured_default_placement_and_list_where_they_run() {
+    let env = Env::new();
+    let cfg = format!(
+        "[placement]\ndefault = \"lo\"\n[placement.lo]\nkind = \"loopback\"\nprogram = {:?}\n",
+        bin()
+    );
+    std::fs::write(env.path().join("config.toml"), cfg).expect("config");
+    std::fs::create_dir_all(env.path().join("run")).expect("run dir");
+    let _daemon = DaemonGuard(&env);
+    let py = python();
+    let o = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &py,
+            "--session",
+            "s1",
+            "--json",
+            "y = 2\ny * 21",
+        ])
+        .output()
+        .expect("exec --session");
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(v["result"]["text/plain"], "42", "{v}");
+    assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
+    let o = env.cmd(&["sessions", "--json"]).output().expect("sessions");
+    let list: Value = serde_json::from_slice(&o.stdout).expect("sessions JSON");
+    assert_eq!(list[0]["name"], "s1", "{list}");
+    assert_eq!(list[0]["placement"]["kind"], "loopback", "{list}");
+    let o = env
+        .cmd(&[
+            "exec",
+            "--python",
+            &py,
+            "--session",
+            "s1",
+            "--placement",
+            "lo",
+            "1",
+        ])
+        .output()
+        .expect("exec --session --placement");
+    assert_eq!(o.status.code(), Some(2), "refused as usage");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("placement_unsupported"));
+}
