@@ -4,18 +4,23 @@
 //! enum; a scheduler is one more variant and one more arm in
 //! [`AnyPlacement::from_config`] and in the `Placement` impl below.
 
-use cellhost_placement::{Placed, PlacedState, Placement, PlacementError, PlacementRequest};
+use std::sync::Arc;
+
+use cellhost_placement::{Placed, PlacedState, Placement, PlacementError, PlacementOptions, PlacementRequest};
 
 use crate::loopback::LoopbackPlacement;
 
 /// Kinds [`AnyPlacement::from_config`] knows.
-pub const KINDS: &[&str] = &["loopback"];
+pub const KINDS: &[&str] = &["loopback", "slurm", "ssh", "kubernetes"];
 
 /// One configured placement.
 #[derive(Debug, Clone)]
 pub enum AnyPlacement {
     /// The agent as a local child process.
     Loopback(LoopbackPlacement),
+    /// A cluster scheduler of `cellhost-placement` (Slurm, SSH,
+    /// Kubernetes), its options parsed from the table by that crate.
+    Scheduler(Arc<cellhost_placement::config::AnyPlacement>),
 }
 
 impl AnyPlacement {
@@ -36,6 +41,15 @@ impl AnyPlacement {
         };
         match kind {
             "loopback" => LoopbackPlacement::from_options(name, table).map(AnyPlacement::Loopback),
+            "slurm" | "ssh" | "kubernetes" => {
+                // Keys of the host's own (`agent`: the agent binary on
+                // the node) are not the scheduler's options.
+                let mut options = table.clone();
+                options.remove("agent");
+                let options = PlacementOptions::from_value(name, toml::Value::Table(options))?;
+                cellhost_placement::config::AnyPlacement::new(name, options)
+                    .map(|p| AnyPlacement::Scheduler(Arc::new(p)))
+            }
             other => Err(PlacementError::Config {
                 name: name.into(),
                 message: format!("unknown kind `{other}` (known: {})", KINDS.join(", ")),
@@ -48,24 +62,28 @@ impl Placement for AnyPlacement {
     fn kind(&self) -> &'static str {
         match self {
             AnyPlacement::Loopback(p) => p.kind(),
+            AnyPlacement::Scheduler(p) => p.kind(),
         }
     }
 
     async fn place(&self, request: &PlacementRequest) -> Result<Placed, PlacementError> {
         match self {
             AnyPlacement::Loopback(p) => p.place(request).await,
+            AnyPlacement::Scheduler(p) => p.place(request).await,
         }
     }
 
     async fn state(&self, placed: &Placed) -> Result<PlacedState, PlacementError> {
         match self {
             AnyPlacement::Loopback(p) => p.state(placed).await,
+            AnyPlacement::Scheduler(p) => p.state(placed).await,
         }
     }
 
     async fn cancel(&self, placed: &Placed) -> Result<(), PlacementError> {
         match self {
             AnyPlacement::Loopback(p) => p.cancel(placed).await,
+            AnyPlacement::Scheduler(p) => p.cancel(placed).await,
         }
     }
 }
