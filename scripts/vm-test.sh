@@ -22,6 +22,8 @@
 # (-snapshot), and reads the results from a writable 9p share as they come:
 # a guest that runs out of time still leaves the suites it finished.
 #
+# CELLHOST_VM_PHASES (default "doctor,cgroup_limits limits,templates,bench,
+# escape") and CELLHOST_VM_WHO (default "root,user") run a part again.
 # CELLHOST_VM_BINARIES=DIR takes cellhost, cellhost-bench, escape, kernel and
 # cgroup_limits from DIR instead of building them.
 # CPU: CELLHOST_VM_ACCEL=auto (default) | kvm | tcg. `auto` takes KVM when
@@ -54,6 +56,7 @@ IMAGE_ONLY=0
 CACHE="${CELLHOST_VM_CACHE:-/var/tmp/cellhost-vm}"
 MEM_MIB="${CELLHOST_VM_MEM_MIB:-6144}"
 CPUS="${CELLHOST_VM_CPUS:-1}"
+CELLHOST_VM_WHO="${CELLHOST_VM_WHO:-root,user}"
 
 # ---------------------------------------------------------------- accelerator
 # Which KVM this host has: hw (VMX/SVM), pvm (kvm_pvm), unknown (/dev/kvm
@@ -284,11 +287,14 @@ as_user() {
     local rc=$?
     ((rc == 0)) || echo "user-run($*) $rc" >> "$OUT/user.rc"
 }
-for phase in doctor "cgroup_limits limits" templates bench escape; do
-    # shellcheck disable=SC2086
-    bash /mnt/cellhost/suites.sh root $phase
-    # shellcheck disable=SC2086
-    as_user $phase
+# One phase a line (suites run together), then who runs them.
+mapfile -t PHASES < /mnt/cellhost/phases
+read -r -a WHO < /mnt/cellhost/who
+for phase in "${PHASES[@]}"; do
+    for who in "${WHO[@]}"; do
+        # shellcheck disable=SC2086
+        if [[ "$who" == root ]]; then bash /mnt/cellhost/suites.sh root $phase; else as_user $phase; fi
+    done
 done
 date +%s > "$OUT/t_done"
 sync
@@ -297,6 +303,11 @@ sync
 echo o > /proc/sysrq-trigger
 EOF
 chmod a+rx "$SHARE"/*.sh
+# CELLHOST_VM_PHASES: comma-separated phases, each one or more suites
+# separated by spaces; CELLHOST_VM_WHO: root, user or both (a rerun of a part).
+tr ',' '\n' <<< "${CELLHOST_VM_PHASES:-doctor,cgroup_limits limits,templates,bench,escape}" > "$SHARE/phases"
+tr ',' ' ' <<< "${CELLHOST_VM_WHO:-root,user}" > "$SHARE/who"
+chmod a+r "$SHARE/phases" "$SHARE/who"
 
 say "boot the guest ($ACCEL_MODE, $CPUS vCPU, ${MEM_MIB} MiB; at most ${GUEST_TIMEOUT}s)"
 t="$(now)"
@@ -325,7 +336,7 @@ cat "$CACHE/last/capabilities.md"
 say "results"
 status=0
 ((FINISHED)) || status=1
-for who in root user; do
+for who in ${CELLHOST_VM_WHO//,/ }; do
     [[ -f "$OUT/$who.rc" ]] || { echo "$who: no results"; status=1; continue; }
     while read -r name rc secs; do
         printf '%-6s %-14s rc=%s %s\n' "$who" "$name" "$rc" "${secs:-}"
@@ -333,7 +344,7 @@ for who in root user; do
         [[ "$rc" == 0 || "$name" == doctor ]] || status=1
     done < "$OUT/$who.rc"
 done
-for who in root user; do
+for who in ${CELLHOST_VM_WHO//,/ }; do
     for f in "$OUT/$who".*.log; do
         [[ -f "$f" ]] || continue
         if grep -q "test result: FAILED" "$f"; then
