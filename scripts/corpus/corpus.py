@@ -39,6 +39,21 @@ Accepted differences (not counted as cellhost failures when they show):
   normalised away; ``%prun``'s table lists the functions it saw, which
   includes the runner's own frames (ipykernel's or cellhost's), so its
   stdout differs;
+* ``obj?``, ``obj??``, ``%magic``, ``%timeit?`` and ``%prun``: IPython
+  sends their text to the pager, a ``payload`` of the execute reply that
+  nbclient drops (Jupyter shows it in a pager pane); `cellhost run` writes
+  it to the cell's stdout, so the stdout differs;
+* ``%debug`` and ``%pdb on``: ipykernel's debugger asks for input, which
+  nbclient does not give (StdinNotImplementedError); cellhost's kernels have
+  no stdin, the post-mortem prints nothing and the cell succeeds;
+* ``%lsmagic`` lists ipykernel's own magics (``%connect_info``,
+  ``%autosave``, ``%clear``, …) that a kernel without ipykernel lacks;
+* ``%history``: cellhost keeps ``In``/``Out`` but IPython's history
+  database is off in its kernels, so ``%history`` prints nothing;
+* ``np.random`` without a seed: a different draw in each run;
+* a ``UsageError`` (``%lprun`` without line_profiler) is an error output
+  under cellhost and a stderr line under ipykernel, whose execute reply
+  says "error" too: the comparison counts both as failed;
 * cells a runner cannot run alike by design: ``<TAB>`` completion lines
   quoted in the book are left out, and the book's ``%load_ext
   line_profiler``/``memory_profiler`` cells fail in both (not installed).
@@ -278,8 +293,15 @@ _NUM_TIME = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?\s*(ns|\xb5s|μs|us|ms|s|min)\b"
 _TMP = re.compile(r"/(tmp|var/tmp|root)/[^\s'\"]*")
 
 
+_LOOPS = re.compile(r"\d[\d,]* loops? each")
+_SLOWEST = re.compile(r"^The slowest run took .* being cached\.\n?", re.M)
+
+
 def norm(text):
     text = _ADDR.sub("0x…", text)
+    # %timeit's loop count and its caching warning follow the machine's speed.
+    text = _SLOWEST.sub("", text)
+    text = _LOOPS.sub("<n> loops each", text)
     text = _NUM_TIME.sub("<time>", text)
     text = _TMP.sub("<path>", text)
     return "\n".join(l.rstrip() for l in text.strip().splitlines())
@@ -294,6 +316,14 @@ def summary(cell):
             status = "error:" + o.get("ename", "")
         elif t == "stream" and o.get("name") == "stdout":
             stdout.append(o.get("text", ""))
+        elif t == "stream" and o.get("name") == "stderr":
+            # ipykernel shows a UsageError (a magic that does not exist or
+            # was called wrongly) on stderr only, while its execute_reply
+            # says "error": the cell failed.
+            text = o.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            if text.startswith("UsageError:") and status == "ok":
+                status = "error:UsageError"
         elif t in ("display_data", "execute_result"):
             data = o.get("data", {})
             if any(k.startswith("image/") for k in data):
