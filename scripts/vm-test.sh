@@ -35,7 +35,7 @@
 # right after the real-mode setup ("Probing EDD"), so `auto` uses TCG.
 # CELLHOST_VM_CPUS (default 1) vCPUs, CELLHOST_VM_MEM_MIB (default 6144; the
 # memory test needs more than the default 4 GiB limit), CELLHOST_VM_TIMEOUT
-# seconds for the guest (default 3600 with KVM, 10800 with TCG).
+# seconds for the guest (default 3600 with KVM, 14400 with TCG).
 # Usage: scripts/vm-test.sh [--image-only]
 # Exit: 0 when every suite passed as root and as the user; 1 when one failed
 # or did not finish; 2 for a setup error (no root, the guest could not be
@@ -86,7 +86,7 @@ case "$ACCEL_MODE" in
 esac
 if [[ "$ACCEL_MODE" == tcg ]]; then
     ACCEL=(-accel tcg -cpu max)
-    GUEST_TIMEOUT="${CELLHOST_VM_TIMEOUT:-10800}"
+    GUEST_TIMEOUT="${CELLHOST_VM_TIMEOUT:-14400}"
 else
     ACCEL=(-accel kvm -cpu "${CELLHOST_VM_CPU:-host}")
     GUEST_TIMEOUT="${CELLHOST_VM_TIMEOUT:-3600}"
