@@ -115,7 +115,8 @@ if ((${#need[@]})); then
 fi
 
 # ---------------------------------------------------------------- the guest
-GUEST_PACKAGES="systemd,systemd-sysv,systemd-container,dbus,dbus-user-session,libpam-systemd,udev,kmod,procps,util-linux,linux-image-amd64,initramfs-tools,python3"
+# curl: the escape suite drives `cellhost serve` with it.
+GUEST_PACKAGES="systemd,systemd-sysv,systemd-container,dbus,dbus-user-session,libpam-systemd,udev,kmod,procps,util-linux,linux-image-amd64,initramfs-tools,python3,curl"
 read -r -d '' GUEST_UNIT <<'EOF' || true
 [Unit]
 Description=cellhost release check
