@@ -43,9 +43,14 @@ def record_input(namespace, count, source):
 def record_output(namespace, count, value):
     """Cell ``count``'s displayed result: ``Out[count]``, ``_count`` and the
     ``_``/``__``/``___`` shift, which stops while the cell's code has bound
-    one of them to something of its own (IPython's rule)."""
+    one of them to something of its own and skips ``Out`` itself
+    (IPython's rules)."""
     Out[count] = value
     namespace["_%d" % count] = value
+    if value is Out:
+        # IPython leaves the shift alone when the result is ``Out`` itself
+        # (no recursive reference in ``_``).
+        return
     update = True
     for i, name in enumerate(("_", "__", "___")):
         if name in namespace and namespace[name] is not _unders[i]:

@@ -60,7 +60,31 @@ def might_be_ipython(source):
         if m in source:
             return True
     first = source.lstrip("\r\n")[:1]
-    return first == " " or first == "\t"
+    return first == " " or first == "\t" or _one_command(source)
+
+
+def _one_command(source):
+    """A one-line cell that starts with a name (``cd dir``, ``ls``,
+    ``mkdir tmp``): IPython runs such a line as a magic without its ``%``
+    (automagic) or as a shell alias when the name is not bound."""
+    text = source.strip()
+    if not text or "\n" in text:
+        return False
+    word = text.split(None, 1)[0]
+    return word.isidentifier()
+
+
+def bare_command(source, namespace):
+    """A cell that is one unbound name which IPython would run as a magic
+    or a shell alias (``ls``, ``pwd``, ``who``): its transformed code, else
+    None. Such a cell compiles as Python and would only raise NameError, so
+    this costs a plain cell nothing but a string check."""
+    text = source.strip()
+    if not text.isidentifier() or text in namespace or hasattr(_builtins_module, text):
+        return None
+    if not ipython_available():
+        return None
+    return transform(source)
 
 
 def transform(source):
@@ -73,6 +97,10 @@ def transform(source):
             from IPython.core.inputtransformer2 import TransformerManager
             _tm = TransformerManager()
         out = _tm.transform_cell(source)
+        if len(out.splitlines()) == 1:
+            # IPython's dynamic transformations of a one-line cell
+            # (automagic, aliases, autocall), as its run_cell applies them.
+            out = get_ipython().prefilter_manager.prefilter_lines(out) + "\n"
     else:
         out = _builtin_transform(source)
     if out.rstrip() == source.rstrip():

@@ -238,6 +238,10 @@ def _compile(code, count, silent):
     source = code
     try:
         try:
+            bare = magics.bare_command(code, _namespace)
+            if bare is not None:
+                source = bare
+                return execute.compile_cell(bare, filename)
             return execute.compile_cell(code, filename)
         except SyntaxError:
             new = _transform(code)

@@ -4,21 +4,59 @@ and under nbclient + ipykernel in the same venv, and compares them cell by
 cell (status, normalised stdout, image count, text/plain of the result).
 
 The inputs come from PyPI source distributions that ship them, fetched
-through the package index the venv's pip uses (sha256-checked), so nothing
-is vendored and no cell needs the network:
+through the package index the venv's pip uses (sha256-checked), and from
+one small vendored file; no cell needs the network:
 
 * matplotlib's gallery (``galleries/examples`` and ``plot_types``,
   sphinx-gallery scripts split into cells at ``# %%`` and ``####`` lines as
   sphinx-gallery does; the scripts of one directory share a notebook, up
   to 40 cells each);
-* matplotlib's inline-backend test notebook (``%matplotlib inline``).
+* matplotlib's inline-backend test notebook (``%matplotlib inline``);
+* IPython-heavy chapters of Jake VanderPlas's *Python Data Science
+  Handbook* (``%timeit``, ``%%time``, ``%matplotlib inline``, ``!cmd``,
+  ``x = !cmd``, ``obj?``, ``obj??``, ``%cd``, ``In``/``Out``, ``%prun``):
+  the code cells of the chapters that need no data files and no packages
+  beyond numpy, pandas and matplotlib, and the ``In [n]:`` lines of the
+  ``ipython`` sessions quoted in chapter 1's text, vendored as
+  ``pdsh.json`` (code only; the code is MIT-licensed, ``PDSH-LICENSE``;
+  the book's text is not included). ``--vendor-pdsh CHECKOUT`` rebuilds it
+  from a checkout of github.com/jakevdp/PythonDataScienceHandbook.
 
 Usage (figures for the record, not a test):
 
     scripts/corpus/corpus.py --python .venv/bin/python --cellhost target/debug/cellhost
 
 Writes ``<work>/report.json`` and prints a summary; ``--show N`` lists the
-first N differing cells. Needs nbclient, ipykernel and nbformat in the venv.
+first N differing cells; ``--sources matplotlib`` or ``--sources pdsh``
+runs one part. Needs nbclient, ipykernel and nbformat in the venv.
+
+Accepted differences (not counted as cellhost failures when they show):
+
+* ``!ls`` and other commands that list the working directory: `cellhost
+  run` runs in a directory that holds its copy of the input notebook,
+  nbclient in an empty one;
+* timings (``%time``, ``%timeit``, ``%prun``) and memory addresses are
+  normalised away; ``%prun``'s table lists the functions it saw, which
+  includes the runner's own frames (ipykernel's or cellhost's), so its
+  stdout differs;
+* ``obj?``, ``obj??``, ``%magic``, ``%timeit?`` and ``%prun``: IPython
+  sends their text to the pager, a ``payload`` of the execute reply that
+  nbclient drops (Jupyter shows it in a pager pane); `cellhost run` writes
+  it to the cell's stdout, so the stdout differs;
+* ``%debug`` and ``%pdb on``: ipykernel's debugger asks for input, which
+  nbclient does not give (StdinNotImplementedError); cellhost's kernels have
+  no stdin, the post-mortem prints nothing and the cell succeeds;
+* ``%lsmagic`` lists ipykernel's own magics (``%connect_info``,
+  ``%autosave``, ``%clear``, …) that a kernel without ipykernel lacks;
+* ``%history``: cellhost keeps ``In``/``Out`` but IPython's history
+  database is off in its kernels, so ``%history`` prints nothing;
+* ``np.random`` without a seed: a different draw in each run;
+* a ``UsageError`` (``%lprun`` without line_profiler) is an error output
+  under cellhost and a stderr line under ipykernel, whose execute reply
+  says "error" too: the comparison counts both as failed;
+* cells a runner cannot run alike by design: ``<TAB>`` completion lines
+  quoted in the book are left out, and the book's ``%load_ext
+  line_profiler``/``memory_profiler`` cells fail in both (not installed).
 """
 import argparse
 import hashlib
@@ -31,6 +69,9 @@ import tarfile
 import time
 import urllib.parse
 import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PDSH = os.path.join(HERE, "pdsh.json")
 
 SOURCES = [
     # (distribution, version, member filter, kind)
@@ -109,7 +150,60 @@ def notebook(cells):
     return nb
 
 
-def gather(python, work, limit):
+def vendor_pdsh(checkout):
+    """Rebuilds pdsh.json from a checkout of the Python Data Science
+    Handbook: the code cells of PDSH_CHAPTERS, and the ``In [n]:`` lines
+    (with their ``...:`` or ``....:`` continuations) of the ``ipython`` blocks quoted in
+    the text of PDSH_SESSIONS, one cell each; ``<TAB>`` lines (completion,
+    not code) are left out."""
+    commit = subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    out = {"source": "https://github.com/jakevdp/PythonDataScienceHandbook", "commit": commit,
+           "license": "code: MIT (PDSH-LICENSE); the book's text is not included", "notebooks": []}
+    for name in PDSH_SESSIONS + PDSH_CHAPTERS:
+        with open(os.path.join(checkout, "notebooks", name + ".ipynb")) as fh:
+            nb = json.load(fh)
+        cells = []
+        for c in nb["cells"]:
+            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            if name in PDSH_SESSIONS:
+                if c["cell_type"] != "markdown":
+                    continue
+                for block in re.findall(r"```ipython\n(.*?)```", src, re.S):
+                    for m in re.finditer(r"^In \[\d+\]: (.*(?:\n\s*\.{3,}: ?.*)*)", block, re.M):
+                        code = re.sub(r"\n\s*\.{3,}: ?", "\n", m.group(1)).rstrip()
+                        if code and "<TAB>" not in code:
+                            cells.append(code)
+            elif c["cell_type"] == "code" and src.strip():
+                cells.append(src)
+        out["notebooks"].append({"name": name, "cells": cells})
+    with open(PDSH, "w") as fh:
+        json.dump(out, fh, indent=1)
+        fh.write("\n")
+    print("wrote %s: %d notebooks, %d cells" % (PDSH, len(out["notebooks"]),
+                                              sum(len(n["cells"]) for n in out["notebooks"])))
+
+
+# Chapters whose code cells need no data file and nothing beyond numpy,
+# pandas and matplotlib (a few cells need scipy, numexpr or a profiler
+# extension and fail under both runners).
+PDSH_CHAPTERS = [
+    "01.06-Errors-and-Debugging", "01.07-Timing-and-Profiling",
+    "02.02-The-Basics-Of-NumPy-Arrays", "02.03-Computation-on-arrays-ufuncs",
+    "02.05-Computation-on-arrays-broadcasting", "02.06-Boolean-Arrays-and-Masks",
+    "02.07-Fancy-Indexing", "02.08-Sorting", "03.04-Missing-Values",
+    "03.12-Performance-Eval-and-Query", "04.01-Simple-Line-Plots",
+    "04.02-Simple-Scatter-Plots", "04.05-Histograms-and-Binnings",
+    "04.08-Multiple-Subplots", "04.10-Customizing-Ticks",
+]
+# Chapter 1 sections whose IPython sessions are quoted in the text.
+PDSH_SESSIONS = [
+    "01.01-Help-And-Documentation", "01.03-Magic-Commands",
+    "01.04-Input-Output-History", "01.05-IPython-And-Shell-Commands",
+]
+
+
+def gather(python, work, limit, sources=()):
     import nbformat
     sd = os.path.join(work, "sdists")
     nbdir = os.path.join(work, "notebooks")
@@ -118,6 +212,8 @@ def gather(python, work, limit):
     items = []
     batches = []  # (source label, stem, cells): gallery scripts of one directory share a notebook
     for name, version, filt, kind in SOURCES:
+        if sources and name not in sources:
+            continue
         tar = fetch_sdist(python, name, version, sd)
         with tarfile.open(tar) as tf:
             for member in sorted(tf.getmembers(), key=lambda m: m.name):
@@ -138,6 +234,11 @@ def gather(python, work, limit):
                         c.outputs, c.execution_count = [], None
                 nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
                 batches.append(("%s-%s:%s" % (name, version, rel), re.sub(r"[^\w.-]+", "_", rel), nb))
+    if not sources or "pdsh" in sources:
+        with open(PDSH) as fh:
+            vendored = json.load(fh)
+        for chapter in vendored["notebooks"]:
+            batches.append(("pdsh:%s" % chapter["name"], "pdsh-" + chapter["name"], chapter["cells"]))
     for n, (label, stem, content) in enumerate(batches):
         nb = notebook(content) if isinstance(content, list) else content
         cells = sum(1 for c in nb.cells if c.cell_type == "code")
@@ -192,8 +293,15 @@ _NUM_TIME = re.compile(r"\d+(\.\d+)?(e[+-]?\d+)?\s*(ns|\xb5s|μs|us|ms|s|min)\b"
 _TMP = re.compile(r"/(tmp|var/tmp|root)/[^\s'\"]*")
 
 
+_LOOPS = re.compile(r"\d[\d,]* loops? each")
+_SLOWEST = re.compile(r"^The slowest run took .* being cached\.\n?", re.M)
+
+
 def norm(text):
     text = _ADDR.sub("0x…", text)
+    # %timeit's loop count and its caching warning follow the machine's speed.
+    text = _SLOWEST.sub("", text)
+    text = _LOOPS.sub("<n> loops each", text)
     text = _NUM_TIME.sub("<time>", text)
     text = _TMP.sub("<path>", text)
     return "\n".join(l.rstrip() for l in text.strip().splitlines())
@@ -208,6 +316,14 @@ def summary(cell):
             status = "error:" + o.get("ename", "")
         elif t == "stream" and o.get("name") == "stdout":
             stdout.append(o.get("text", ""))
+        elif t == "stream" and o.get("name") == "stderr":
+            # ipykernel shows a UsageError (a magic that does not exist or
+            # was called wrongly) on stderr only, while its execute_reply
+            # says "error": the cell failed.
+            text = o.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            if text.startswith("UsageError:") and status == "ok":
+                status = "error:UsageError"
         elif t in ("display_data", "execute_result"):
             data = o.get("data", {})
             if any(k.startswith("image/") for k in data):
@@ -248,16 +364,24 @@ def compare(item):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--python", required=True, help="venv interpreter (nbclient, ipykernel, nbformat)")
-    ap.add_argument("--cellhost", required=True, help="the cellhost binary")
+    ap.add_argument("--python", help="venv interpreter (nbclient, ipykernel, nbformat)")
+    ap.add_argument("--cellhost", help="the cellhost binary")
+    ap.add_argument("--sources", default="", help="comma-separated parts to run: matplotlib, pdsh (default: all)")
+    ap.add_argument("--vendor-pdsh", metavar="CHECKOUT", help="rebuild pdsh.json from this checkout and exit")
     ap.add_argument("--work", default="/var/tmp/cellhost-corpus")
     ap.add_argument("--limit", type=int, default=0, help="stop gathering after this many code cells")
     ap.add_argument("--timeout", type=int, default=120, help="per-cell deadline, seconds")
     ap.add_argument("--show", type=int, default=20, help="list this many differing cells")
     args = ap.parse_args()
+    if args.vendor_pdsh:
+        vendor_pdsh(args.vendor_pdsh)
+        return
+    if not args.python or not args.cellhost:
+        ap.error("--python and --cellhost are needed to run the corpus")
     python = os.path.abspath(args.python)
     cellhost = os.path.abspath(args.cellhost)
-    items = gather(python, args.work, args.limit)
+    sources = tuple(x for x in args.sources.split(",") if x)
+    items = gather(python, args.work, args.limit, sources)
     print("corpus: %d notebooks, %d code cells" % (len(items), sum(i["cells"] for i in items)))
     rows, t_ch, t_nb = [], 0.0, 0.0
     for n, item in enumerate(items, 1):

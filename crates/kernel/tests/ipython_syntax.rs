@@ -396,3 +396,46 @@ async fn escapes_inside_blocks_and_strings_and_real_syntax_errors() {
         f.session.shutdown().await;
     }
 }
+
+/// Regression (Python Data Science Handbook, chapter 1): one-line cells
+/// IPython runs as a magic without `%` (automagic: `cd dir`) or as a shell
+/// alias (`mkdir tmp`, `ls`) were a SyntaxError or a NameError under
+/// cellhost. IPython's path only; a bound name stays Python.
+#[tokio::test]
+async fn one_line_automagic_and_aliases_run_as_in_ipython() {
+    let Some(mut f) = fixture(Path_::IPython) else {
+        return;
+    };
+    f.ok("mkdir made_here").await;
+    assert!(f.dir.path().join("made_here").is_dir());
+    let r = f.ok("ls").await;
+    assert!(r.stdout.contains("made_here"), "{r:#?}");
+    let r = f.ok("cd made_here").await;
+    assert!(r.stdout.contains("made_here"), "{r:#?}");
+    let r = f.ok("import os; os.getcwd()").await;
+    assert!(plain(&r).contains("made_here"), "{r:#?}");
+    // A name the cell bound is Python, not the alias.
+    f.ok("ls = 'mine'").await;
+    let r = f.ok("ls").await;
+    assert_eq!(plain(&r), "'mine'", "{r:#?}");
+    // An unbound name that is neither stays a NameError.
+    let r = f.run("not_a_magic_or_alias").await;
+    assert_eq!(r.status, CellStatus::Error, "{r:#?}");
+    assert_eq!(r.error.as_ref().map(|e| e.ename.as_str()), Some("NameError"));
+    f.session.shutdown().await;
+}
+
+/// Regression: showing `Out` itself shifted `_`/`__`/`___` (IPython skips
+/// it, so `__` is the result before).
+#[tokio::test]
+async fn showing_out_leaves_the_underscores_alone() {
+    for path in PATHS {
+        let Some(mut f) = fixture(path) else { continue };
+        f.ok("1").await;
+        f.ok("2").await;
+        f.ok("Out").await;
+        let r = f.ok("(_, __)").await;
+        assert_eq!(plain(&r), "(2, 1)", "{path:?}: {r:#?}");
+        f.session.shutdown().await;
+    }
+}
