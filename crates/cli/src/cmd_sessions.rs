@@ -57,6 +57,7 @@ pub fn exec(
     timeout_s: Option<f64>,
     queue: bool,
     json: bool,
+    limits: cellhost_sessions::SessionLimits,
     arg: Option<&str>,
 ) -> u8 {
     // An explicit interpreter is resolved here (the daemon may run in
@@ -117,6 +118,7 @@ pub fn exec(
             sandbox: kernel.sandbox.map(|m| m.to_string()),
             cwd,
             env,
+            limits: (!limits.is_empty()).then_some(limits),
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");

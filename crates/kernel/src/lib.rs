@@ -35,6 +35,7 @@ mod cell;
 pub mod config;
 mod driver;
 pub mod error;
+pub mod fault;
 mod handshake;
 mod hints;
 pub mod kernel;
@@ -54,6 +55,7 @@ pub use cellhost_capture::hostfs;
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
 pub use config::{DisplayLimits, KernelConfig};
 pub use error::KernelError;
+pub use fault::Fault;
 pub use kernel::{
     CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, LiveEvent, Variables,
 };

@@ -108,6 +108,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         kernel,
         interrupt,
         crash,
+        fault: _,
         duration_ms: _,
         queued_ms: _,
         settled_at: _,

@@ -102,6 +102,12 @@ pub enum Request {
         /// reply says so.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env: Vec<EnvVar>,
+        /// Limits (`--memory`, `--pids`, `--cpus`, `--disk`, `--timeout`
+        /// for the session) of a session this request creates; a session
+        /// that already runs keeps its own, and a `note` reply says so. A
+        /// value over the daemon's maximum is refused with `limit_over_max`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limits: Option<cellhost_sessions::SessionLimits>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -590,6 +596,7 @@ async fn handle(
             sandbox,
             cwd,
             env,
+            limits,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -620,6 +627,7 @@ async fn handle(
                 sandbox: requested,
                 cwd,
                 env: session_env,
+                limits: limits.unwrap_or_default(),
             };
             let key = match spec.key(reg) {
                 Ok(k) => k,
@@ -627,6 +635,11 @@ async fn handle(
             };
             for note in session_notes(reg, &key, &spec.env) {
                 send(w, &Reply::Note { message: note }).await?;
+            }
+            match limits_note(reg, &key, &spec) {
+                Ok(Some(note)) => send(w, &Reply::Note { message: note }).await?,
+                Ok(None) => {}
+                Err(e) => return send(w, &request_error(&e)).await,
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));
@@ -884,6 +897,20 @@ fn file_spec(reg: &Registry, owner: &str, session: String, cwd: Option<PathBuf>)
         cwd,
         ..SessionSpec::new(owner, session)
     }
+}
+
+/// Applies the limits an `exec` asked for to `key`'s session; a note when
+/// the session already runs under other limits (kept).
+///
+/// # Errors
+/// `bad_request`, `limit_over_max`.
+fn limits_note(reg: &Registry, key: &Key, spec: &SessionSpec) -> Result<Option<String>, RequestError> {
+    Ok((!spec.apply_limits(reg, key, false)?).then(|| {
+        format!(
+            "session {} already runs with other limits; --memory/--pids/--cpus/--disk apply to new sessions only (kill it first)",
+            key.session
+        )
+    }))
 }
 
 /// What the caller of an `exec` into `key` should know: that the session

@@ -88,6 +88,12 @@ pub enum ErrorCode {
     KernelFailed,
     /// 422: a notebook's language has no runtime here.
     UnsupportedLanguage,
+    /// 422: a session limit over the operator's maximum (`field`, `value`,
+    /// `max`).
+    LimitOverMax,
+    /// 507: a write would pass the session's disk cap (`disk_mb`; `path`,
+    /// `bytes`, `used`, `max_mb`).
+    DiskFull,
     /// 500: a restore could not be done.
     RestoreFailed,
     /// 500: the journal could not be read or written.
@@ -102,7 +108,8 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             BadRequest => StatusCode::BAD_REQUEST,
-            InvalidRequest | UnsupportedLanguage => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidRequest | UnsupportedLanguage | LimitOverMax => StatusCode::UNPROCESSABLE_ENTITY,
+            DiskFull => StatusCode::INSUFFICIENT_STORAGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             NotFound | SessionNotFound | OutputNotFound | FileNotFound | DisplayNotFound | CellNotFound => {
@@ -153,6 +160,8 @@ impl ErrorCode {
             StaleGeneration => "stale_generation",
             KernelFailed => "kernel_failed",
             UnsupportedLanguage => "unsupported_language",
+            LimitOverMax => "limit_over_max",
+            DiskFull => "disk_full",
             RestoreFailed => "restore_failed",
             JournalFailed => "journal_failed",
             Internal => "internal",

@@ -12,6 +12,7 @@ pub mod detached;
 pub mod floor;
 pub mod journal;
 pub mod journal_schema;
+pub mod limits;
 pub mod pool;
 pub mod registry;
 pub mod requests;
@@ -25,6 +26,7 @@ pub use cellhost_notebook as notebook;
 pub use config::{Config, ConfigError, Source};
 pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
+pub use limits::{LimitsPolicy, SessionLimits};
 pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
 };

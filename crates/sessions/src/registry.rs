@@ -148,6 +148,9 @@ pub struct RegistryConfig {
     /// name (`r` → `/usr/bin/R`); a language not listed runs the
     /// interpreter its runtime finds on `PATH`.
     pub interpreters: std::collections::BTreeMap<String, PathBuf>,
+    /// Limits per session: maximum, default and per-pattern rules
+    /// ([`crate::limits`]; config `[limits]`).
+    pub limits: crate::limits::LimitsPolicy,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -175,6 +178,7 @@ impl RegistryConfig {
             session_workdirs: None,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             interpreters: std::collections::BTreeMap::new(),
+            limits: crate::limits::LimitsPolicy::default(),
         }
     }
 
@@ -254,6 +258,9 @@ struct SlotInner {
     spawning: bool,
     /// The session's own environment, applied to each of its kernels.
     env: crate::SessionEnv,
+    /// The session's limits as a request resolved them (`None`: the
+    /// policy's for its name), applied to each of its kernels.
+    limits: Option<crate::limits::ResolvedLimits>,
     /// The host path of the live kernel's working directory.
     workdir: Option<PathBuf>,
     /// The live kernel's own name for its working directory when that is
@@ -557,6 +564,71 @@ impl Registry {
         crate::EnvApplied::Applied
     }
 
+    /// The values a session gets when nothing is said of its limits: the
+    /// template's (or its sandbox profile's) cgroup limits and cell
+    /// deadline.
+    pub fn host_limits(&self) -> crate::limits::SessionLimits {
+        let t = &self.cfg.template;
+        let (l, d) = (&t.limits, &t.sandbox.limits);
+        crate::limits::SessionLimits {
+            memory_mb: l.memory_bytes.or(d.memory_bytes).map(|b| b >> 20),
+            pids: l.pids_max.or(d.pids_max),
+            cpu: l.cpu_cores.or(d.cpu_cores),
+            disk_mb: None,
+            cell_timeout_s: Some(t.cell_timeout.map_or(0.0, |d| d.as_secs_f64())),
+        }
+    }
+
+    /// Sets the limits of `key`'s session for the kernels it starts from
+    /// now on, unless it has a live (or starting) kernel under other limits
+    /// and `replace` is false (the daemon's `exec --session` on a running
+    /// session): then the session keeps its limits and this answers
+    /// `false`. Limits equal to the session's are always `true`.
+    pub fn set_session_limits(
+        &self,
+        key: &Key,
+        limits: crate::limits::ResolvedLimits,
+        replace: bool,
+    ) -> bool {
+        let slot = self.slot(key, None);
+        if self.slot_limits(&slot) == limits {
+            return true;
+        }
+        let mut g = slot.lock();
+        if !replace && (g.spawning || g.lineage.live().is_some()) {
+            return false;
+        }
+        g.limits = Some(limits);
+        true
+    }
+
+    /// The limits `key`'s session runs under (its kernels' next start
+    /// included): every value that applies, host defaults filled in.
+    pub fn session_limits(&self, key: &Key) -> crate::limits::SessionLimits {
+        let slot = self.slots.lock().ok().and_then(|s| s.get(key).cloned());
+        let resolved = match slot {
+            Some(slot) => self.slot_limits(&slot),
+            None => self
+                .cfg
+                .limits
+                .resolve(&key.session, &Default::default(), &self.host_limits())
+                .unwrap_or_default(),
+        };
+        resolved.effective().or(&self.host_limits())
+    }
+
+    /// The session's resolved limits: a request's, else the policy's for
+    /// its name (validated when the configuration was loaded).
+    fn slot_limits(&self, slot: &Slot) -> crate::limits::ResolvedLimits {
+        if let Some(l) = slot.lock().limits {
+            return l;
+        }
+        self.cfg
+            .limits
+            .resolve(&slot.key.session, &Default::default(), &self.host_limits())
+            .unwrap_or_default()
+    }
+
     /// Pins or unpins a session's kernels.
     pub fn set_pinned(&self, key: &Key, pinned: bool) {
         self.slot(key, None).pinned.store(pinned, Ordering::SeqCst);
@@ -636,10 +708,13 @@ impl Registry {
         g.lineage.live().map(|k| (k.clone(), g.lineage.generation()))
     }
 
-    /// Is the key's configuration the one the warm pool holds?
+    /// Is the key's configuration the one the warm pool holds? (Pooled
+    /// kernels run the host's default limits: a session with limits of its
+    /// own never adopts one.)
     fn poolable(&self, slot: &Slot) -> bool {
         let key = &slot.key;
         slot.lock().env.is_empty()
+            && self.slot_limits(slot).is_default()
             && key.python == self.cfg.template.python
             && key.language == self.cfg.template.runtime.name()
             && key.cwd == self.cfg.template.cwd
@@ -702,6 +777,7 @@ impl Registry {
         let key = &slot.key;
         let mut cfg = self.cfg.template.clone();
         slot.lock().env.apply(&mut cfg);
+        crate::limits::apply_to_kernel(&self.slot_limits(slot), &mut cfg);
         cfg.python = key.python.clone();
         if let Some(runtime) = cellhost_kernel::for_language(&key.language) {
             cfg.runtime = runtime;

@@ -32,6 +32,9 @@ pub struct SessionSummary {
     pub sandbox: SandboxMode,
     /// Working directory (`None`: the session directory).
     pub cwd: Option<PathBuf>,
+    /// The limits the session runs under ([`crate::limits`]): every value
+    /// that applies, host defaults filled in (a field absent: no limit).
+    pub limits: crate::limits::SessionLimits,
 }
 
 impl ListRequest {
@@ -49,6 +52,7 @@ impl ListRequest {
                     python: k.python.clone(),
                     sandbox: k.sandbox,
                     cwd: k.cwd.clone(),
+                    limits: reg.session_limits(&k),
                 })
             })
             .collect()
