@@ -12,8 +12,9 @@
 //!   kill and trap actions raise;
 //! - `disk`: the cell's error is the system's "no space" (`ENOSPC`), "quota
 //!   exceeded" (`EDQUOT`) or "file too large" (`EFBIG`, the `RLIMIT_FSIZE`
-//!   a session's `disk_mb` sets) — the error the cell's own write got
-//!   (a cell can only claim a disk fault for itself);
+//!   a session's `disk_mb` sets; a child process it killed with `SIGXFSZ`)
+//!   — the error the cell's own write got (a cell can only claim a disk
+//!   fault for itself);
 //! - `timeout`: the cell passed its deadline.
 
 use serde::{Deserialize, Serialize};
@@ -103,8 +104,9 @@ pub(crate) fn classify(status: CellStatus, ev: &Evidence<'_>) -> Option<Fault> {
 
 /// `ENOSPC`, `EDQUOT` or `EFBIG` as the runtimes spell an error's value:
 /// Python's `OSError` (`[Errno 28] No space left on device`), R's
-/// `cannot open file … : No space left on device`, or the C library's text
-/// anywhere in the value.
+/// `cannot open file … : No space left on device`, the C library's text
+/// anywhere in the value, or a child process the file-size limit killed
+/// (`SIGXFSZ`: `subprocess.CalledProcessError` of `dd` past the cap).
 fn is_disk_error(e: &CellError) -> bool {
     let v = e.evalue.as_str();
     let coded = v
@@ -113,9 +115,14 @@ fn is_disk_error(e: &CellError) -> bool {
         .and_then(|n| n.parse::<i32>().ok())
         .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT || n == libc::EFBIG);
     coded
-        || ["No space left on device", "Disk quota exceeded", "File too large"]
-            .iter()
-            .any(|t| v.contains(t))
+        || [
+            "No space left on device",
+            "Disk quota exceeded",
+            "File too large",
+            "SIGXFSZ",
+        ]
+        .iter()
+        .any(|t| v.contains(t))
 }
 
 #[cfg(test)]
@@ -162,6 +169,7 @@ mod tests {
             "[Errno 122] Disk quota exceeded",
             "[Errno 27] File too large",
             "cannot open file 'x': No space left on device",
+            "Command '['dd']' died with <Signals.SIGXFSZ: 25>.",
         ] {
             assert!(is_disk_error(&err(v)), "{v}");
         }

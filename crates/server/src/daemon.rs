@@ -252,6 +252,9 @@ pub struct SessionInfo {
     /// Working directory (`None`: its session directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<PathBuf>,
+    /// The limits the session runs under (each absent when not limited).
+    #[serde(default)]
+    pub limits: cellhost_sessions::SessionLimits,
 }
 
 /// A reply line.
@@ -688,6 +691,7 @@ async fn handle(
                     busy: s.busy,
                     python: s.python,
                     cwd: s.cwd,
+                    limits: s.limits,
                 })
                 .collect();
             send(w, &Reply::Sessions { sessions }).await

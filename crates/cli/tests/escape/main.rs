@@ -16,6 +16,7 @@ mod files;
 mod hostile_code;
 mod http_tenants;
 mod kernel_view;
+mod limits;
 mod modes;
 mod no_userns;
 mod redteam;

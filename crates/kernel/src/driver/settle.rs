@@ -307,6 +307,8 @@ impl<L: WorkerLink> Driver<L> {
                         ": the kernel's process limit (pids.max {}) was reached (threads count too)",
                         cg.pids_max().map_or_else(|| "?".into(), |n| n.to_string())
                     ));
+                } else if signal_num == Some(libc::SIGSYS) {
+                    message.push_str(": it made a system call the sandbox forbids (seccomp)");
                 } else if signal_num == Some(libc::SIGKILL) {
                     message.push_str(" (killed from outside: often the out-of-memory killer)");
                 }
