@@ -111,7 +111,7 @@ fn is_disk_error(e: &CellError) -> bool {
     let v = e.evalue.as_str();
     let coded = v
         .strip_prefix("[Errno ")
-        .and_then(|r| r.split(']').next())
+        .and_then(|r| r.split_once(']').map(|(n, _)| n))
         .and_then(|n| n.parse::<i32>().ok())
         .is_some_and(|n| n == libc::ENOSPC || n == libc::EDQUOT || n == libc::EFBIG);
     coded

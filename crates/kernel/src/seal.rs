@@ -435,6 +435,7 @@ mod tests {
                 signal_name: None,
                 message: s.clone(),
             }),
+            fault: Some(crate::fault::Fault::Oom),
             duration_ms: 0,
             queued_ms: 0,
             settled_at: None,

@@ -186,6 +186,7 @@ async def run(command, args):
         check("timeout status", t.startswith("status: timeout") and sc.get("status") == "timeout", t)
         check("timeout in time", elapsed < 20, f"{elapsed:.1f} s")
         check("timeout kept state", (sc.get("interrupt") or {}).get("state_kept") is True, sc.get("interrupt"))
+        check("timeout fault", sc.get("fault") == "timeout" and "[fault: timeout:" in t, t)
         r = await run_cell("survivor")
         check("variable survives the timeout", "42" in text_of(r), text_of(r))
 
@@ -256,6 +257,15 @@ async def run(command, args):
         r = await run_cell("z = 5", session="other", reset=True)
         r = await run_cell("'y' in globals()", session="other")
         check("reset dropped the state", "False" in text_of(r), text_of(r))
+
+        # --- a forbidden system call: the kernel ends, the fault says why ----
+        r = await run_cell("import ctypes\nctypes.CDLL(None).syscall(246, 0, 0, 0, 0)", session="other")
+        t = text_of(r)
+        sc = r.structured_content or {}
+        check("seccomp fault", sc.get("status") == "crashed" and sc.get("fault") == "seccomp"
+              and "[fault: seccomp:" in t, t)
+        r = await run_cell("6 * 7", session="other")
+        check("a new kernel after the seccomp fault", "42" in text_of(r), text_of(r))
 
 
 async def isolation(url):

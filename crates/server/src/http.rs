@@ -391,6 +391,7 @@ fn live_summary(st: &AppState, owner: &str, name: &str, sandbox: SandboxMode) ->
         description = "optional: no body gives a random name and the server's sandbox mode"),
     responses(
         (status = 201, description = "created, its kernel started", body = SessionInfo),
+        (status = 400, description = "`bad_request`: a limit out of its range", body = ErrorBody),
         (status = 403, description = "`sandbox_below_floor`: a sandbox mode below the server's", body = ErrorBody),
         (status = 409, description = "`session_exists`", body = ErrorBody),
         (status = 422, description = "`limit_over_max`: a limit over the server's maximum (`field`, `value`, `max`), or `invalid_request`", body = ErrorBody),

@@ -63,26 +63,32 @@ use serde::{Deserialize, Serialize};
 use crate::requests::RequestError;
 
 /// The limits of one session. Every field is optional: absent means "not
-/// said here" (the next source of [the resolution](self) decides).
+/// said here" (the next source of the resolution decides, see the `limits`
+/// module).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionLimits {
     /// Memory of the kernel's whole process tree, in MiB (16 and up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 16, maximum = 16777216))]
     pub memory_mb: Option<u64>,
     /// Processes and threads of the kernel's tree at once (8 and up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 8, maximum = 4194304))]
     pub pids: Option<u64>,
     /// CPU time as a number of cores (0.01 and up; `1.5` = one and a half).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.01, maximum = 1024.0))]
     pub cpu: Option<f64>,
-    /// Disk the session may fill, in MiB (1 and up; see [the module
-    /// docs](self) for what it bounds).
+    /// Disk the session may fill, in MiB (1 and up; the `limits` module says what it
+    /// bounds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 16777216))]
     pub disk_mb: Option<u64>,
     /// A cell's default deadline, in seconds (0 = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 604800.0))]
     pub cell_timeout_s: Option<f64>,
 }
 
