@@ -50,6 +50,8 @@ fn error_code(message: &str, usage: bool) -> u8 {
 /// Runs `exec --session NAME`: the cell runs in the daemon's session
 /// (started on first use), so state persists across invocations. Exit code
 /// by status, as `exec`.
+// The options of `exec --session`, one argument each as clap gives them.
+#[allow(clippy::too_many_arguments)]
 pub fn exec(
     kernel: &KernelArgs,
     session: String,

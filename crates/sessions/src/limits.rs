@@ -513,11 +513,11 @@ mod tests {
     fn config_tables_are_checked() {
         let mut p = policy();
         p.rules[0].limits.memory_mb = Some(4096);
-        assert!(p.validate().unwrap_err().contains("agent-*"));
+        assert!(p.validate().expect_err("rule over max").contains("agent-*"));
         let t: LimitsPolicy =
             toml::from_str("[max]\nmemory_mb = 10\n[[session]]\nmatch = \"a*\"\npids = 64\n").expect("toml");
         assert_eq!(t.rules[0].limits.pids, Some(64));
-        assert!(t.validate().unwrap_err().contains("memory_mb"));
+        assert!(t.validate().expect_err("max below range").contains("memory_mb"));
         assert!(toml::from_str::<LimitsPolicy>("[max]\nmemroy_mb = 1\n").is_err());
     }
 
