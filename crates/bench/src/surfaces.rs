@@ -84,6 +84,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 env: Vec::new(),
                 language: None,
                 network: None,
+                limits: None,
             })
             .await
             .map_err(s)?;

@@ -18,6 +18,8 @@ use crate::render;
 pub struct ExecArgs {
     #[command(flatten)]
     kernel: KernelArgs,
+    #[command(flatten)]
+    limits: crate::limit_args::LimitArgs,
     /// Deadline in seconds (default: `cell_timeout_s` of the configuration,
     /// 300 unless set; 0 = none). At the deadline the cell is interrupted,
     /// then killed after a 2 s grace.
@@ -73,6 +75,12 @@ pub fn run(args: ExecArgs) -> u8 {
             return EXIT_USAGE;
         }
         if args.detach {
+            if !args.limits.limits().is_empty() {
+                eprintln!(
+                    "cellhost: --memory/--pids/--cpus/--disk size a session when it starts: give them to `exec --session {session}` first, then --detach"
+                );
+                return EXIT_USAGE;
+            }
             return crate::cmd_wait::submit(&args.kernel, session, code, args.timeout, args.json);
         }
         let as_code = (args.code != "-").then(|| args.code.clone());
@@ -83,6 +91,7 @@ pub fn run(args: ExecArgs) -> u8 {
             args.timeout,
             args.queue,
             args.json,
+            args.limits.limits(),
             as_code.as_deref(),
         );
     }
@@ -117,7 +126,10 @@ pub fn run(args: ExecArgs) -> u8 {
                 return 1;
             }
         };
-        let spec = SessionSpec::new(common::cli_owner(), "exec");
+        let spec = SessionSpec {
+            limits: args.limits.limits(),
+            ..SessionSpec::new(common::cli_owner(), "exec")
+        };
         let key = match spec.key(&registry) {
             Ok(k) => k,
             Err(e) => {

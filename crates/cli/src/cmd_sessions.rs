@@ -50,6 +50,8 @@ fn error_code(message: &str, usage: bool) -> u8 {
 /// Runs `exec --session NAME`: the cell runs in the daemon's session
 /// (started on first use), so state persists across invocations. Exit code
 /// by status, as `exec`.
+// The options of `exec --session`, one argument each as clap gives them.
+#[allow(clippy::too_many_arguments)]
 pub fn exec(
     kernel: &KernelArgs,
     session: String,
@@ -57,6 +59,7 @@ pub fn exec(
     timeout_s: Option<f64>,
     queue: bool,
     json: bool,
+    limits: cellhost_sessions::SessionLimits,
     arg: Option<&str>,
 ) -> u8 {
     // An explicit interpreter is resolved here (the daemon may run in
@@ -118,6 +121,7 @@ pub fn exec(
             cwd,
             env,
             network: kernel.network.as_ref().map(|p| p.to_text()),
+            limits: (!limits.is_empty()).then_some(limits),
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");

@@ -22,6 +22,7 @@ mod cmd_serve;
 mod cmd_sessions;
 mod cmd_wait;
 mod common;
+mod limit_args;
 mod render;
 
 use std::path::PathBuf;

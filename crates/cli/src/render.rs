@@ -112,6 +112,9 @@ pub fn notes(r: &CellResult) -> Vec<String> {
     if let Some(c) = &r.crash {
         v.push(format!("crashed: {}", c.message));
     }
+    if let Some(f) = r.fault {
+        v.push(format!("fault: {f}: {}", f.explain()));
+    }
     if r.status != CellStatus::Ok
         && let Some(h) = &r.hint
     {

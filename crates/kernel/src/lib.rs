@@ -35,6 +35,7 @@ mod cell;
 pub mod config;
 mod driver;
 pub mod error;
+pub mod fault;
 mod handshake;
 mod hints;
 pub mod kernel;
@@ -55,6 +56,7 @@ pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, 
 pub use cellhost_egress as egress;
 pub use config::{DisplayLimits, KernelConfig, KernelStarter};
 pub use error::KernelError;
+pub use fault::Fault;
 pub use kernel::{
     CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent,
     Variables,

@@ -315,6 +315,11 @@ pub struct CellResult {
     /// Set for status `crashed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crash: Option<CrashReport>,
+    /// The resource limit the cell ran into, when it hit one (`oom`,
+    /// `pids`, `disk`, `timeout`, `seccomp`; see [`crate::fault`]): the
+    /// status says how the cell ended, this says which limit ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<crate::fault::Fault>,
     /// Wall time of the cell's own run, from the moment it started running
     /// to its settlement, in milliseconds (a queued cell's wait is not in
     /// it: see `queued_ms`).

@@ -259,6 +259,9 @@ pub fn text(r: &CellResult, image_notes: &[String]) -> String {
     if let Some(c) = &r.crash {
         let _ = writeln!(s, "[crash: {}]", c.message);
     }
+    if let Some(f) = r.fault {
+        let _ = writeln!(s, "[fault: {f}: {}]", f.explain());
+    }
     if let Some(bg) = &r.background_output
         && !bg.is_empty()
     {
@@ -330,6 +333,7 @@ mod tests {
             },
             interrupt: None,
             crash: None,
+            fault: None,
             duration_ms: 12,
             queued_ms: 0,
             settled_at: None,

@@ -186,6 +186,7 @@ async def run(command, args):
         check("timeout status", t.startswith("status: timeout") and sc.get("status") == "timeout", t)
         check("timeout in time", elapsed < 20, f"{elapsed:.1f} s")
         check("timeout kept state", (sc.get("interrupt") or {}).get("state_kept") is True, sc.get("interrupt"))
+        check("timeout fault", sc.get("fault") == "timeout" and "[fault: timeout:" in t, t)
         r = await run_cell("survivor")
         check("variable survives the timeout", "42" in text_of(r), text_of(r))
 
@@ -286,6 +287,15 @@ async def r_session(client):
     check("R: list_variables", "x" in text_of(res) and "numeric" in text_of(res), text_of(res))
     res = await client.call_tool("execute_code", {"code": "plot(1:10)", "session": "rs"})
     check("R: a plot as image content", any(c.type == "image" for c in res.content), [c.type for c in res.content])
+
+        # --- a forbidden system call: the kernel ends, the fault says why ----
+        r = await run_cell("import ctypes\nctypes.CDLL(None).syscall(246, 0, 0, 0, 0)", session="other")
+        t = text_of(r)
+        sc = r.structured_content or {}
+        check("seccomp fault", sc.get("status") == "crashed" and sc.get("fault") == "seccomp"
+              and "[fault: seccomp:" in t, t)
+        r = await run_cell("6 * 7", session="other")
+        check("a new kernel after the seccomp fault", "42" in text_of(r), text_of(r))
 
 
 async def isolation(url):

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use cellhost_placement::{Placed, PlacedState, Placement, PlacementError, PlacementOptions, PlacementRequest};
+use cellhost_placement::{
+    Placed, PlacedState, Placement, PlacementError, PlacementOptions, PlacementRequest,
+};
 
 use crate::loopback::LoopbackPlacement;
 

@@ -322,17 +322,9 @@ const DENIED: &[(&str, libc::c_long)] = &[
     ("setns", libc::SYS_setns),
     ("bpf", libc::SYS_bpf),
     ("perf_event_open", libc::SYS_perf_event_open),
-    ("kexec_load", libc::SYS_kexec_load),
-    ("kexec_file_load", libc::SYS_kexec_file_load),
     ("keyctl", libc::SYS_keyctl),
     ("add_key", libc::SYS_add_key),
     ("request_key", libc::SYS_request_key),
-    ("init_module", libc::SYS_init_module),
-    ("finit_module", libc::SYS_finit_module),
-    ("delete_module", libc::SYS_delete_module),
-    ("reboot", libc::SYS_reboot),
-    ("swapon", libc::SYS_swapon),
-    ("swapoff", libc::SYS_swapoff),
     ("open_by_handle_at", libc::SYS_open_by_handle_at),
     ("name_to_handle_at", libc::SYS_name_to_handle_at),
     ("userfaultfd", libc::SYS_userfaultfd),
@@ -353,21 +345,42 @@ const DENIED: &[(&str, libc::c_long)] = &[
     ("io_uring_register", libc::SYS_io_uring_register),
 ];
 
-/// The denied syscalls that exist on this architecture only (port I/O:
-/// x86's `iopl` and `ioperm`; aarch64 has no such calls).
-#[cfg(target_arch = "x86_64")]
-const DENIED_ARCH: &[(&str, libc::c_long)] = &[("iopl", libc::SYS_iopl), ("ioperm", libc::SYS_ioperm)];
-#[cfg(not(target_arch = "x86_64"))]
-const DENIED_ARCH: &[(&str, libc::c_long)] = &[];
-
-/// Every denied syscall of this architecture: [`DENIED`] and [`DENIED_ARCH`].
+/// Every denied syscall: [`DENIED`].
 fn denied() -> impl Iterator<Item = &'static (&'static str, libc::c_long)> {
-    DENIED.iter().chain(DENIED_ARCH)
+    DENIED.iter()
 }
 
 /// `fchmodat2` (Linux 6.6): 452 on every architecture (the unified syscall
 /// table); the libc crate names it for x86_64 only.
 const SYS_FCHMODAT2: libc::c_long = 452;
+
+/// Syscalls that end the calling process (`SIGSYS`, `SECCOMP_RET_KILL_PROCESS`)
+/// instead of failing: machine administration (loading a kernel or a module,
+/// rebooting, swap, port I/O) that no cell has a use for and no library
+/// probes for a fallback, so a call is an attack or a bug, and the result
+/// says so (`fault: seccomp`) rather than hiding an `EPERM` inside the cell.
+const KILLED: &[(&str, libc::c_long)] = &[
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    ("reboot", libc::SYS_reboot),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+];
+
+/// The killed syscalls that exist on this architecture only (port I/O:
+/// x86's `iopl` and `ioperm`; aarch64 has no such calls).
+#[cfg(target_arch = "x86_64")]
+const KILLED_ARCH: &[(&str, libc::c_long)] = &[("iopl", libc::SYS_iopl), ("ioperm", libc::SYS_ioperm)];
+#[cfg(not(target_arch = "x86_64"))]
+const KILLED_ARCH: &[(&str, libc::c_long)] = &[];
+
+/// Every killed syscall of this architecture: [`KILLED`] and [`KILLED_ARCH`].
+fn killed() -> impl Iterator<Item = &'static (&'static str, libc::c_long)> {
+    KILLED.iter().chain(KILLED_ARCH)
+}
 
 const NEW_NS_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWUSER,
@@ -380,10 +393,10 @@ const NEW_NS_FLAGS: &[libc::c_int] = &[
     0x80, // CLONE_NEWTIME
 ];
 
-/// The two seccomp programs: the denied syscalls and namespace-creating
-/// `clone` fail with `EPERM`; `clone3` fails with `ENOSYS`.
-pub(crate) fn seccomp_filters()
--> Result<(seccompiler::BpfProgram, seccompiler::BpfProgram), seccompiler::Error> {
+/// The seccomp programs: the denied syscalls and namespace-creating
+/// `clone` fail with `EPERM`; `clone3` fails with `ENOSYS`; the
+/// [`KILLED`] ones end the process with `SIGSYS`.
+pub(crate) fn seccomp_filters() -> Result<Vec<seccompiler::BpfProgram>, seccompiler::Error> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
         TargetArch,
@@ -427,10 +440,18 @@ pub(crate) fn seccomp_filters()
         arch,
     )
     .map_err(seccompiler::Error::Backend)?;
-    Ok((
+    let kill = SeccompFilter::new(
+        killed().map(|(_, n)| (*n, Vec::new())).collect(),
+        SeccompAction::Allow,
+        SeccompAction::KillProcess,
+        arch,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    Ok(vec![
         deny.try_into().map_err(seccompiler::Error::Backend)?,
         clone3.try_into().map_err(seccompiler::Error::Backend)?,
-    ))
+        kill.try_into().map_err(seccompiler::Error::Backend)?,
+    ])
 }
 
 /// Calls that would give a file the set-user-ID or set-group-ID bit, as
@@ -492,8 +513,9 @@ fn setid_mode_rules() -> Result<Vec<(i64, seccompiler::SeccompRule)>, seccompile
 /// What the seccomp layer reports once installed.
 pub(crate) fn seccomp_detail() -> String {
     format!(
-        "EPERM for {} syscalls (ptrace, mount, bpf, kexec, keyctl, perf_event_open, unshare/setns, modules, …), namespace-creating clone and set-user/group-ID file modes",
-        denied().count()
+        "EPERM for {} syscalls (ptrace, mount, bpf, keyctl, perf_event_open, unshare/setns, …), namespace-creating clone and set-user/group-ID file modes; SIGSYS for {} (kexec, modules, reboot, swap, port I/O)",
+        denied().count(),
+        killed().count()
     )
 }
 
@@ -504,10 +526,7 @@ pub fn apply_seccomp(sys: &dyn Sys) -> LayerStatus {
     let _ = sys.set_no_new_privs();
     let installed = seccomp_filters()
         .map_err(std::io::Error::other)
-        .and_then(|(a, b)| {
-            sys.seccomp_install(&a)?;
-            sys.seccomp_install(&b)
-        });
+        .and_then(|programs| programs.iter().try_for_each(|p| sys.seccomp_install(p)));
     match installed {
         Ok(()) => LayerStatus::on("seccomp", seccomp_detail()),
         Err(e) => LayerStatus::missing("seccomp", format!("cannot install the filter: {e}")),

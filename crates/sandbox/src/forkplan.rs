@@ -212,7 +212,7 @@ pub fn fork_plan_as(spec: Option<&InitSpec>, uid: u32, gid: u32) -> ForkPlan {
         static PROGRAMS: std::sync::OnceLock<Result<Vec<String>, String>> = std::sync::OnceLock::new();
         let built = PROGRAMS.get_or_init(|| {
             confine::seccomp_filters()
-                .map(|(a, b)| vec![program_hex(&a), program_hex(&b)])
+                .map(|programs| programs.iter().map(program_hex).collect())
                 .map_err(|e| e.to_string())
         });
         match built {
@@ -404,7 +404,7 @@ mod tests {
     #[test]
     fn seccomp_programs_are_whole_sock_filters() {
         let p = fork_plan_as(Some(&spec()), 1002, 1002);
-        assert_eq!(p.seccomp.len(), 2);
+        assert_eq!(p.seccomp.len(), 3);
         for prog in &p.seccomp {
             assert!(!prog.is_empty());
             assert_eq!(prog.len() % 16, 0, "8 bytes per instruction");

@@ -108,6 +108,12 @@ pub enum Request {
         /// `note` reply says so. `None`: the daemon's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         network: Option<String>,
+        /// Limits (`--memory`, `--pids`, `--cpus`, `--disk`, `--timeout`
+        /// for the session) of a session this request creates; a session
+        /// that already runs keeps its own, and a `note` reply says so. A
+        /// value over the daemon's maximum is refused with `limit_over_max`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limits: Option<cellhost_sessions::SessionLimits>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -281,6 +287,9 @@ pub struct SessionInfo {
     /// Where a remote kernel runs (placement, kind, node, job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<cellhost_sessions::cell::KernelPlacement>,
+    /// The limits the session runs under (each absent when not limited).
+    #[serde(default)]
+    pub limits: cellhost_sessions::SessionLimits,
 }
 
 /// A reply line.
@@ -633,6 +642,7 @@ async fn handle(
             cwd,
             env,
             network,
+            limits,
         } => {
             let network = match network.as_deref().map(cellhost_sessions::network::parse_request) {
                 None => None,
@@ -668,6 +678,7 @@ async fn handle(
                 sandbox: requested,
                 cwd,
                 env: session_env,
+                limits: limits.unwrap_or_default(),
             };
             let key = match spec.key(reg) {
                 Ok(k) => k,
@@ -685,6 +696,11 @@ async fn handle(
                     );
                     send(w, &Reply::Note { message }).await?;
                 }
+                Err(e) => return send(w, &request_error(&e)).await,
+            }
+            match limits_note(reg, &key, &spec) {
+                Ok(Some(note)) => send(w, &Reply::Note { message: note }).await?,
+                Ok(None) => {}
                 Err(e) => return send(w, &request_error(&e)).await,
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
@@ -790,6 +806,7 @@ async fn handle(
                     python: s.python,
                     cwd: s.cwd,
                     placement: s.placement,
+                    limits: s.limits,
                 })
                 .collect();
             send(w, &Reply::Sessions { sessions }).await
@@ -999,6 +1016,20 @@ fn file_spec(reg: &Registry, owner: &str, session: String, cwd: Option<PathBuf>)
         cwd,
         ..SessionSpec::new(owner, session)
     }
+}
+
+/// Applies the limits an `exec` asked for to `key`'s session; a note when
+/// the session already runs under other limits (kept).
+///
+/// # Errors
+/// `bad_request`, `limit_over_max`.
+fn limits_note(reg: &Registry, key: &Key, spec: &SessionSpec) -> Result<Option<String>, RequestError> {
+    Ok((!spec.apply_limits(reg, key, false)?).then(|| {
+        format!(
+            "session {} already runs with other limits; --memory/--pids/--cpus/--disk apply to new sessions only (kill it first)",
+            key.session
+        )
+    }))
 }
 
 /// What the caller of an `exec` into `key` should know: that the session

@@ -88,6 +88,12 @@ pub enum ErrorCode {
     KernelFailed,
     /// 422: a notebook's language has no runtime here.
     UnsupportedLanguage,
+    /// 422: a session limit over the operator's maximum (`field`, `value`,
+    /// `max`).
+    LimitOverMax,
+    /// 507: a write would pass the session's disk cap (`disk_mb`; `path`,
+    /// `bytes`, `used`, `max_mb`).
+    DiskFull,
     /// 500: a restore could not be done.
     RestoreFailed,
     /// 500: the journal could not be read or written.
@@ -112,10 +118,13 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             BadRequest => StatusCode::BAD_REQUEST,
-            InvalidRequest | UnsupportedLanguage | InvalidPackageSpec => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidRequest | UnsupportedLanguage | InvalidPackageSpec | LimitOverMax => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             SharedVenvRefused => StatusCode::FORBIDDEN,
             InstallFailed => StatusCode::BAD_GATEWAY,
             InstallerUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            DiskFull => StatusCode::INSUFFICIENT_STORAGE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             NotFound | SessionNotFound | OutputNotFound | FileNotFound | DisplayNotFound | CellNotFound => {
@@ -166,6 +175,8 @@ impl ErrorCode {
             StaleGeneration => "stale_generation",
             KernelFailed => "kernel_failed",
             UnsupportedLanguage => "unsupported_language",
+            LimitOverMax => "limit_over_max",
+            DiskFull => "disk_full",
             RestoreFailed => "restore_failed",
             JournalFailed => "journal_failed",
             InvalidPackageSpec => "invalid_package_spec",

@@ -315,6 +315,10 @@ pub struct CreateSession {
     /// configured); a list needs a sandbox (`bad_request` with mode `off`).
     #[schema(value_type = Option<crate::http_network::NetworkField>)]
     pub network: Option<cellhost_sessions::egress::NetworkPolicy>,
+    /// The session's limits (each optional; absent: the server's for the
+    /// session's name). A value over the server's maximum is refused with
+    /// 422 `limit_over_max` naming the `field` and the `max`.
+    pub limits: Option<cellhost_sessions::SessionLimits>,
 }
 
 /// A session of the caller.
@@ -342,6 +346,11 @@ pub struct SessionInfo {
     /// The interpreter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python: Option<String>,
+    /// The limits the session's kernel runs under (live kernels only):
+    /// `memory_mb`, `pids`, `cpu`, `disk_mb`, `cell_timeout_s`, each absent
+    /// when not limited.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<cellhost_sessions::SessionLimits>,
 }
 
 /// The caller's sessions.
@@ -366,6 +375,7 @@ fn session_info(name: &str, meta: &SessionMeta, live: Option<&SessionSummary>) -
             generation: Some(l.generation),
             pid: Some(l.pid),
             python: Some(l.python.display().to_string()),
+            limits: Some(l.limits),
         },
         None => SessionInfo {
             name: name.to_string(),
@@ -376,6 +386,7 @@ fn session_info(name: &str, meta: &SessionMeta, live: Option<&SessionSummary>) -
             generation: None,
             pid: None,
             python: None,
+            limits: None,
         },
     }
 }
@@ -396,10 +407,10 @@ fn live_summary(st: &AppState, owner: &str, name: &str, sandbox: SandboxMode) ->
         description = "optional: no body gives a random name and the server's sandbox mode"),
     responses(
         (status = 201, description = "created, its kernel started", body = SessionInfo),
-        (status = 400, description = "`bad_request`: a network allowlist with sandbox mode `off`", body = ErrorBody),
-        (status = 422, description = "`invalid_request`: a malformed body (a bad network rule, say)", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a network allowlist with sandbox mode `off`, or a limit out of its range", body = ErrorBody),
         (status = 403, description = "`sandbox_below_floor`: a sandbox mode below the server's", body = ErrorBody),
         (status = 409, description = "`session_exists`", body = ErrorBody),
+        (status = 422, description = "`limit_over_max`: a limit over the server's maximum (`field`, `value`, `max`), or `invalid_request`: a malformed body (a bad network rule, say)", body = ErrorBody),
         (status = 429, description = "`too_many_sessions` (64 an owner)", body = ErrorBody),
         (status = 502, description = "`kernel_failed`: the kernel could not start", body = ErrorBody),
         (status = 503, description = "`sandbox_unavailable`, `registry_full` or `shut_down`", body = ErrorBody),
@@ -456,7 +467,7 @@ async fn create_session(
     }
     // A new session has no kernel yet: a restart starts its first one.
     let started = RestartRequest {
-        session: spec(&owner, &name, &meta),
+        session: with_limits(spec(&owner, &name, &meta), body.limits),
     }
     .execute(&st.registry)
     .await;
@@ -472,6 +483,12 @@ async fn create_session(
         Json(session_info(&name, &meta, live.as_ref())),
     )
         .into_response())
+}
+
+/// A session's spec with the limits a create request asked for.
+fn with_limits(mut spec: SessionSpec, limits: Option<cellhost_sessions::SessionLimits>) -> SessionSpec {
+    spec.limits = limits.unwrap_or_default();
+    spec
 }
 
 /// The caller's sessions.

@@ -278,6 +278,9 @@ pub struct Config {
     pub egress: crate::NetworkSettings,
     /// Where kernels run: `placement` and the `[placement.<name>]` tables.
     pub placements: crate::placement::Placements,
+    /// Limits per session (`[limits.max]`, `[limits.default]`,
+    /// `[[limits.session]]`; see [`crate::limits`]).
+    pub limits: crate::limits::LimitsPolicy,
 }
 
 fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
@@ -430,6 +433,18 @@ impl Config {
         };
         let placements = crate::placement::Placements::parse(placement_raw)
             .map_err(|e| ConfigError::Invalid(format!("placement: {e}")))?;
+        let limits = match (table.remove("limits"), &file) {
+            (Some(v), Some(p)) => {
+                let policy: crate::limits::LimitsPolicy = v
+                    .try_into()
+                    .map_err(|e| ConfigError::Invalid(format!("{}: [limits]: {e}", p.display())))?;
+                policy
+                    .validate()
+                    .map_err(|e| ConfigError::Invalid(format!("{}: {e}", p.display())))?;
+                policy
+            }
+            _ => crate::limits::LimitsPolicy::default(),
+        };
         let mut values = BTreeMap::new();
         for (key, kind, default, _) in SETTINGS {
             let envk = format!("CELLHOST_{}", key.to_uppercase().replace('.', "_"));
@@ -458,7 +473,7 @@ impl Config {
         if let Some((k, _)) = table.iter().next() {
             let known: Vec<&str> = SETTINGS.iter().map(|s| s.0).collect();
             return Err(ConfigError::Invalid(format!(
-                "{}: unknown key `{k}` (known: {}, placement, [tools.NAME], [egress], [placement.NAME])",
+                "{}: unknown key `{k}` (known: {}, placement, [tools.NAME], [egress], [limits], [placement.NAME])",
                 file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
                 known.join(", ")
             )));
@@ -484,6 +499,7 @@ impl Config {
             tools_source,
             egress,
             placements,
+            limits,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -697,6 +713,7 @@ impl Config {
             allow_urls: self.bool("packages.allow_urls"),
             timeout: Duration::from_secs_f64(self.float("packages.timeout_s").clamp(1.0, 86400.0)),
         };
+        rc.limits = self.limits.clone();
     }
 
     /// `key = value  # source` lines, then the tools.
@@ -710,6 +727,21 @@ impl Config {
             if let Some(e) = self.values.get(*key) {
                 out.push_str(&format!("{key} = {}  # {} ({doc})\n", e.value, e.source));
             }
+        }
+        let l = &self.limits;
+        if !l.max.is_empty() || !l.default.is_empty() || !l.rules.is_empty() {
+            let table = |l: &crate::limits::SessionLimits| toml::to_string(l).unwrap_or_default();
+            out.push_str(&format!("\n[limits.max]\n{}", table(&l.max)));
+            out.push_str(&format!("\n[limits.default]\n{}", table(&l.default)));
+            for r in &l.rules {
+                out.push_str(&format!(
+                    "\n[[limits.session]]\nmatch = {}\n{}",
+                    toml::Value::String(r.pattern.clone()),
+                    table(&r.limits)
+                ));
+            }
+        } else {
+            out.push_str("# limits: host defaults, no maximum ([limits] not configured)\n");
         }
         if self.tools.is_empty() {
             out.push_str(&format!("# tools: none ({})\n", self.tools_source));
@@ -783,6 +815,35 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn limits_tables_are_read_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[limits.max]\nmemory_mb = 2048\npids = 256\n[limits.default]\ncpu = 1.0\n[[limits.session]]\nmatch = \"agent-*\"\nmemory_mb = 512\n",
+        )
+        .expect("write");
+        let c = Config::load_with(Some(&p), |_| None).expect("load");
+        assert_eq!(c.limits.max.memory_mb, Some(2048));
+        assert_eq!(c.limits.rules[0].pattern, "agent-*");
+        let text = c.render();
+        assert!(
+            text.contains("[[limits.session]]") && text.contains("\"agent-*\""),
+            "{text}"
+        );
+        std::fs::write(
+            &p,
+            "[limits.max]\npids = 64\n[[limits.session]]\nmatch = \"a\"\npids = 65\n",
+        )
+        .expect("write");
+        let e = Config::load_with(Some(&p), |_| None).expect_err("rule over max");
+        assert!(e.to_string().contains("pids"), "{e}");
+        std::fs::write(&p, "[limits.max]\nmemory = 64\n").expect("write");
+        let e = Config::load_with(Some(&p), |_| None).expect_err("unknown field");
+        assert!(e.to_string().contains("memory"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod detached;
 pub mod floor;
 pub mod journal;
 pub mod journal_schema;
+pub mod limits;
 pub mod network;
 pub mod packages;
 pub mod placement;
@@ -30,6 +31,7 @@ pub use cellhost_notebook as notebook;
 pub use config::{Config, ConfigError, Source};
 pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
+pub use limits::{LimitsPolicy, SessionLimits};
 pub use network::NetworkSettings;
 pub use registry::{
     Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,

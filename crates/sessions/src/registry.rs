@@ -155,6 +155,9 @@ pub struct RegistryConfig {
     pub network: crate::NetworkSettings,
     /// Package installs (config `package_index`, `packages.*`).
     pub packages: crate::packages::PackageSettings,
+    /// Limits per session: maximum, default and per-pattern rules
+    /// ([`crate::limits`]; config `[limits]`).
+    pub limits: crate::limits::LimitsPolicy,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -184,6 +187,7 @@ impl RegistryConfig {
             interpreters: std::collections::BTreeMap::new(),
             network: crate::NetworkSettings::default(),
             packages: crate::packages::PackageSettings::default(),
+            limits: crate::limits::LimitsPolicy::default(),
         }
     }
 
@@ -265,6 +269,9 @@ struct SlotInner {
     env: crate::SessionEnv,
     /// The session's own network policy (`None`: the configured one).
     network: Option<cellhost_kernel::egress::NetworkPolicy>,
+    /// The session's limits as a request resolved them (`None`: the
+    /// policy's for its name), applied to each of its kernels.
+    limits: Option<crate::limits::ResolvedLimits>,
     /// The host path of the live kernel's working directory.
     workdir: Option<PathBuf>,
     /// The live kernel's own name for its working directory when that is
@@ -636,6 +643,71 @@ impl Registry {
         own.unwrap_or_else(|| self.configured_network(&key.session))
     }
 
+    /// The values a session gets when nothing is said of its limits: the
+    /// template's (or its sandbox profile's) cgroup limits and cell
+    /// deadline.
+    pub fn host_limits(&self) -> crate::limits::SessionLimits {
+        let t = &self.cfg.template;
+        let (l, d) = (&t.limits, &t.sandbox.limits);
+        crate::limits::SessionLimits {
+            memory_mb: l.memory_bytes.or(d.memory_bytes).map(|b| b >> 20),
+            pids: l.pids_max.or(d.pids_max),
+            cpu: l.cpu_cores.or(d.cpu_cores),
+            disk_mb: None,
+            cell_timeout_s: Some(t.cell_timeout.map_or(0.0, |d| d.as_secs_f64())),
+        }
+    }
+
+    /// Sets the limits of `key`'s session for the kernels it starts from
+    /// now on, unless it has a live (or starting) kernel under other limits
+    /// and `replace` is false (the daemon's `exec --session` on a running
+    /// session): then the session keeps its limits and this answers
+    /// `false`. Limits equal to the session's are always `true`.
+    pub fn set_session_limits(
+        &self,
+        key: &Key,
+        limits: crate::limits::ResolvedLimits,
+        replace: bool,
+    ) -> bool {
+        let slot = self.slot(key, None);
+        if self.slot_limits(&slot) == limits {
+            return true;
+        }
+        let mut g = slot.lock();
+        if !replace && (g.spawning || g.lineage.live().is_some()) {
+            return false;
+        }
+        g.limits = Some(limits);
+        true
+    }
+
+    /// The limits `key`'s session runs under (its kernels' next start
+    /// included): every value that applies, host defaults filled in.
+    pub fn session_limits(&self, key: &Key) -> crate::limits::SessionLimits {
+        let slot = self.slots.lock().ok().and_then(|s| s.get(key).cloned());
+        let resolved = match slot {
+            Some(slot) => self.slot_limits(&slot),
+            None => self
+                .cfg
+                .limits
+                .resolve(&key.session, &Default::default(), &self.host_limits())
+                .unwrap_or_default(),
+        };
+        resolved.effective().or(&self.host_limits())
+    }
+
+    /// The session's resolved limits: a request's, else the policy's for
+    /// its name (validated when the configuration was loaded).
+    fn slot_limits(&self, slot: &Slot) -> crate::limits::ResolvedLimits {
+        if let Some(l) = slot.lock().limits {
+            return l;
+        }
+        self.cfg
+            .limits
+            .resolve(&slot.key.session, &Default::default(), &self.host_limits())
+            .unwrap_or_default()
+    }
+
     /// Pins or unpins a session's kernels.
     pub fn set_pinned(&self, key: &Key, pinned: bool) {
         self.slot(key, None).pinned.store(pinned, Ordering::SeqCst);
@@ -715,9 +787,12 @@ impl Registry {
         g.lineage.live().map(|k| (k.clone(), g.lineage.generation()))
     }
 
-    /// Is the key's configuration the one the warm pool holds?
+    /// Is the key's configuration the one the warm pool holds? (Pooled
+    /// kernels run the host's default limits: a session with limits of its
+    /// own never adopts one.)
     fn poolable(&self, slot: &Slot) -> bool {
         let key = &slot.key;
+        let default_limits = self.slot_limits(slot).is_default();
         let g = slot.lock();
         let network = g
             .network
@@ -731,6 +806,7 @@ impl Registry {
         };
         g.env.is_empty()
             && same_network
+            && default_limits
             && key.python == self.cfg.template.python
             && key.language == self.cfg.template.runtime.name()
             && key.cwd == self.cfg.template.cwd
@@ -826,6 +902,7 @@ impl Registry {
         };
         let network = network.unwrap_or_else(|| self.configured_network(&key.session));
         self.cfg.network.apply(&network, &mut cfg);
+        crate::limits::apply_to_kernel(&self.slot_limits(slot), &mut cfg);
         cfg.python = key.python.clone();
         if let Some(runtime) = cellhost_kernel::for_language(&key.language) {
             cfg.runtime = runtime;

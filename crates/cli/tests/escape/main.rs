@@ -17,6 +17,7 @@ mod files;
 mod hostile_code;
 mod http_tenants;
 mod kernel_view;
+mod limits;
 mod modes;
 mod no_userns;
 mod packages;

@@ -469,6 +469,7 @@ impl<L: WorkerLink> Driver<L> {
             background: self.background.take(),
             dir,
             pid_hits_at_start: self.link.usage().map_or(0, |u| u.pids_limit_hits()),
+            oom_kills_at_start: self.link.usage().map_or(0, |u| u.oom_kills()),
             tool_calls: Vec::new(),
             tool_count: 0,
             tree_killed: None,

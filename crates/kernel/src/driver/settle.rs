@@ -158,7 +158,7 @@ impl<L: WorkerLink> Driver<L> {
             });
         } else {
             status = CellStatus::Crashed;
-            crash = Some(self.crash_report(a.pid_hits_at_start));
+            crash = Some(self.crash_report(a.pid_hits_at_start, a.oom_kills_at_start));
         }
         let mut interrupt = None;
         if let Some(why) = &a.tree_killed {
@@ -226,6 +226,16 @@ impl<L: WorkerLink> Driver<L> {
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| result.is_some() && n < displays.len());
         displays.extend(a.budget.drop_note());
+        let fault = {
+            let cg = self.link.usage();
+            let evidence = crate::fault::Evidence {
+                oom_kills: cg.map_or(0, |u| u.oom_kills().saturating_sub(a.oom_kills_at_start)),
+                pids_hits: cg.map_or(0, |u| u.pids_limit_hits().saturating_sub(a.pid_hits_at_start)),
+                signal: crash.as_ref().and_then(|c| c.signal),
+                error: error.as_ref(),
+            };
+            crate::fault::classify(status, &evidence)
+        };
         let mut res = CellResult {
             cell_id: a.q.id.clone(),
             status,
@@ -250,6 +260,7 @@ impl<L: WorkerLink> Driver<L> {
             },
             interrupt,
             crash,
+            fault,
             duration_ms: a.started.elapsed().as_millis() as u64,
             queued_ms: a.started.saturating_duration_since(a.q.submitted).as_millis() as u64,
             settled_at: Some(std::time::SystemTime::now()),
@@ -275,7 +286,7 @@ impl<L: WorkerLink> Driver<L> {
 
     /// How the worker died; `pid_hits_at_start` is the tree's
     /// process-limit hits when the cell started.
-    fn crash_report(&self, pid_hits_at_start: u64) -> CrashReport {
+    fn crash_report(&self, pid_hits_at_start: u64, oom_kills_at_start: u64) -> CrashReport {
         if let Some(lost) = self.link.lost_reason() {
             return CrashReport {
                 exit_code: None,
@@ -291,7 +302,10 @@ impl<L: WorkerLink> Driver<L> {
                 let code = st.code();
                 let signal_name = signal_num.map(signal::signal_name);
                 let mut message = format!("the worker process {}", describe_exit(st));
-                let oom = self.link.usage().map_or(0, |u| u.oom_kills());
+                let oom = self
+                    .link
+                    .usage()
+                    .map_or(0, |u| u.oom_kills().saturating_sub(oom_kills_at_start));
                 if oom > 0 {
                     message.push_str(&format!(
                         ": out of memory, the kernel's memory limit ({}) was reached and the OOM killer ended it",
@@ -306,6 +320,8 @@ impl<L: WorkerLink> Driver<L> {
                         ": the kernel's process limit (pids.max {}) was reached (threads count too)",
                         cg.pids_max().map_or_else(|| "?".into(), |n| n.to_string())
                     ));
+                } else if signal_num == Some(libc::SIGSYS) {
+                    message.push_str(": it made a system call the sandbox forbids (seccomp)");
                 } else if signal_num == Some(libc::SIGKILL) {
                     message.push_str(" (killed from outside: often the out-of-memory killer)");
                 }

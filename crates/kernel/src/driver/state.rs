@@ -132,6 +132,8 @@ pub(super) struct ActiveCell {
     pub(super) tool_count: u32,
     /// The tree's process-limit hits when the cell started.
     pub(super) pid_hits_at_start: u64,
+    /// The tree's OOM kills when the cell started.
+    pub(super) oom_kills_at_start: u64,
     /// Set when the host killed the tree after the cell's code ended.
     pub(super) tree_killed: Option<String>,
 }

@@ -60,6 +60,7 @@ impl ExecuteRequest {
     pub async fn execute(self, reg: &Registry) -> Result<Executed, RequestError> {
         let key = self.session.key(reg)?;
         reg.set_session_env(&key, &self.session.env);
+        self.session.apply_limits(reg, &key, false)?;
         let opts = ExecOptions {
             timeout: self.deadline.as_exec_timeout(),
             fail_if_busy: !self.queue,

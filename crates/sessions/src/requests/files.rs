@@ -295,9 +295,26 @@ impl WriteFileRequest {
     ) -> Result<FileWritten, RequestError> {
         let rel = validate_path(&self.path, false)?;
         let shown = rel.display().to_string();
-        let (root, _) = open_workdir(reg, &self.session)?;
+        let (root, root_path) = open_workdir(reg, &self.session)?;
         let (dir, name) = parent_of(&root, &rel, true, &shown)?;
         let existing = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).ok();
+        // The session's disk cap (`disk_mb`) bounds the workdir after the
+        // write: what it holds now, less the file this one replaces.
+        let budget = match reg.session_limits(&self.session.key(reg)?).disk_bytes() {
+            Some(cap) => {
+                let replaced = existing
+                    .as_ref()
+                    .filter(|st| FileKind::of(st.st_mode) == FileKind::File)
+                    .map_or(0, |st| st.st_size as u64);
+                let used = tokio::task::spawn_blocking(move || {
+                    crate::limits::disk_usage(&root_path, crate::limits::USAGE_MAX_ENTRIES)
+                })
+                .await
+                .unwrap_or(0);
+                Some((cap, used.saturating_sub(replaced)))
+            }
+            None => None,
+        };
         if existing
             .as_ref()
             .is_some_and(|st| FileKind::of(st.st_mode) == FileKind::Dir)
@@ -335,6 +352,17 @@ impl WriteFileRequest {
                 return Err(RequestError::FileTooLarge {
                     path: shown,
                     max_bytes: self.max_bytes,
+                });
+            }
+            if let Some((cap, used)) = budget
+                && used.saturating_add(size) > cap
+            {
+                cleanup(&dir);
+                return Err(RequestError::DiskFull {
+                    path: shown,
+                    bytes: size,
+                    used,
+                    max_mb: cap >> 20,
                 });
             }
             if let Err(e) = file.write_all(&buf[..n]).await {

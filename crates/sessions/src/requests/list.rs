@@ -35,6 +35,9 @@ pub struct SessionSummary {
     /// Where the kernel runs, for a remote kernel (placement, node, job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<cellhost_kernel::KernelPlacement>,
+    /// The limits the session runs under ([`crate::limits`]): every value
+    /// that applies, host defaults filled in (a field absent: no limit).
+    pub limits: crate::limits::SessionLimits,
 }
 
 impl ListRequest {
@@ -53,6 +56,7 @@ impl ListRequest {
                     sandbox: k.sandbox,
                     cwd: k.cwd.clone(),
                     placement: kern.info().placement.clone(),
+                    limits: reg.session_limits(&k),
                 })
             })
             .collect()

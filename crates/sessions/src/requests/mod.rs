@@ -297,6 +297,32 @@ pub enum RequestError {
     /// ([`crate::packages::PackageError::code`]).
     #[error(transparent)]
     Package(#[from] crate::packages::PackageError),
+    /// A session's limit asked for more than the operator's maximum
+    /// (`[limits.max]`, see [`crate::limits`]).
+    #[error("limits.{field} = {value} is over the maximum of {max} this host allows")]
+    LimitOverMax {
+        /// The field (`memory_mb`, `pids`, `cpu`, `disk_mb`, `cell_timeout_s`).
+        field: &'static str,
+        /// The value asked for (0 for `cell_timeout_s`: no deadline).
+        value: f64,
+        /// The maximum.
+        max: f64,
+    },
+    /// A write into the session's workdir would pass its disk cap
+    /// (`disk_mb`).
+    #[error(
+        "{path:?}: writing {bytes} bytes would pass the session's disk cap of {max_mb} MiB ({used} bytes used)"
+    )]
+    DiskFull {
+        /// The path, relative to the workdir.
+        path: String,
+        /// Bytes the write brings.
+        bytes: u64,
+        /// Bytes the workdir holds now.
+        used: u64,
+        /// The cap, in MiB.
+        max_mb: u64,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -313,6 +339,7 @@ impl RequestError {
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
     /// the package codes (`invalid_package_spec`, `shared_venv_refused`,
     /// `install_failed`, `installer_unavailable`),
+    /// `limit_over_max`, `disk_full`,
     /// `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
@@ -336,6 +363,8 @@ impl RequestError {
             RequestError::CellNotFound { .. } => "cell_not_found",
             RequestError::UnsupportedLanguage { .. } => "unsupported_language",
             RequestError::Package(e) => e.code(),
+            RequestError::LimitOverMax { .. } => "limit_over_max",
+            RequestError::DiskFull { .. } => "disk_full",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -366,6 +395,8 @@ impl RequestError {
                 | "unsupported_language"
                 | "invalid_package_spec"
                 | "shared_venv_refused"
+                | "limit_over_max"
+                | "disk_full"
         )
     }
 
@@ -435,6 +466,22 @@ impl RequestError {
                 v["supported"] = supported.clone().into();
                 v["runtime"] = runtime.clone().into();
             }
+            RequestError::LimitOverMax { field, value, max } => {
+                v["field"] = (*field).into();
+                v["value"] = (*value).into();
+                v["max"] = (*max).into();
+            }
+            RequestError::DiskFull {
+                path,
+                bytes,
+                used,
+                max_mb,
+            } => {
+                v["path"] = path.clone().into();
+                v["bytes"] = (*bytes).into();
+                v["used"] = (*used).into();
+                v["max_mb"] = (*max_mb).into();
+            }
             RequestError::Registry(RegistryError::Full { max }) => {
                 v["max_live_kernels"] = (*max as u64).into()
             }
@@ -491,6 +538,11 @@ pub struct SessionSpec {
     /// start ([`Registry::set_session_env`]); a session that already runs
     /// keeps its own.
     pub env: crate::SessionEnv,
+    /// The limits the request asks for ([`crate::limits`]); empty: the
+    /// configured ones for the session's name. Applied when the session's
+    /// kernels start: a session that already runs keeps its limits unless
+    /// the request restarts it.
+    pub limits: crate::limits::SessionLimits,
 }
 
 impl SessionSpec {
@@ -504,7 +556,27 @@ impl SessionSpec {
             sandbox: None,
             cwd: None,
             env: crate::SessionEnv::new(),
+            limits: crate::limits::SessionLimits::default(),
         }
+    }
+
+    /// Resolves the request's limits against the configured policy and
+    /// sets them as the session's ([`Registry::set_session_limits`]);
+    /// `replace`: also for a session that runs (its next kernel gets them).
+    /// `false` when a running session kept other limits. A request without
+    /// limits changes nothing (a session keeps what it was created with).
+    ///
+    /// # Errors
+    /// `bad_request` (a value out of range), `limit_over_max`.
+    pub fn apply_limits(&self, reg: &Registry, key: &Key, replace: bool) -> Result<bool, RequestError> {
+        if self.limits.is_empty() {
+            return Ok(true);
+        }
+        let resolved = reg
+            .config()
+            .limits
+            .resolve(&key.session, &self.limits, &reg.host_limits())?;
+        Ok(reg.set_session_limits(key, resolved, replace))
     }
 
     /// The registry key, validated.

@@ -33,6 +33,7 @@ impl RestartRequest {
     /// `registry_full`, `shut_down`.
     pub async fn execute(&self, reg: &Registry) -> Result<RestartReport, RequestError> {
         let key = self.session.key(reg)?;
+        self.session.apply_limits(reg, &key, true)?;
         let killed_previous = match reg.kernel(&key) {
             Some(k) => {
                 k.kill().await;

@@ -1,0 +1,333 @@
+//! Limits per session (`limits` of `POST /v1/sessions`, `exec --session
+//! --memory/--pids/--disk`, config `[limits]`): a cell that runs into a
+//! limit — a memory hog, a fork bomb, `dd` past the disk cap, a sleep past
+//! the deadline, a forbidden system call — must come back as a result with
+//! that limit's `fault` (never a bare crash or a hung call), a request over
+//! the operator's maximum must be refused naming the field and the maximum,
+//! the host's own writes must respect the disk cap, and the session's info
+//! must show its limits. Runs as root and, through
+//! `scripts/escape-nonroot.sh`, as an unprivileged user: where that user
+//! has no cgroup to set memory or process limits in, a session asking for
+//! them is refused (`kernel_failed`), never started without them.
+
+use serde_json::{Value, json};
+
+use crate::common::{self, Env, text};
+use crate::http_tenants::{ALICE, Answer, Serve};
+
+const CONFIG: &str = r#"
+[limits.max]
+memory_mb = 1024
+pids = 256
+disk_mb = 64
+cell_timeout_s = 120
+
+[[limits.session]]
+match = "agent-*"
+disk_mb = 4
+"#;
+
+fn auth() -> String {
+    format!("Bearer {ALICE}")
+}
+
+fn json_of(a: &Answer) -> Value {
+    serde_json::from_str(&a.body).unwrap_or_else(|e| panic!("not JSON ({e}): {a:?}"))
+}
+
+/// `serve` with [`CONFIG`] as its configuration (the directory kept by the
+/// caller).
+fn serve_with_limits() -> (Serve, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("cellhost-limits-")
+        .tempdir()
+        .expect("tmp");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, CONFIG).expect("config");
+    let cfg = cfg.display().to_string();
+    (Serve::start(&[("CELLHOST_CONFIG", cfg.as_str())]), dir)
+}
+
+fn create(serve: &Serve, body: &Value) -> Answer {
+    let a = auth();
+    serve.request(
+        "POST",
+        "/v1/sessions",
+        &[
+            ("Authorization", a.as_str()),
+            ("Content-Type", "application/json"),
+        ],
+        &body.to_string(),
+    )
+}
+
+fn execute(serve: &Serve, name: &str, code: &str) -> Value {
+    let a = auth();
+    let ans = serve.request(
+        "POST",
+        &format!("/v1/sessions/{name}/execute"),
+        &[
+            ("Authorization", a.as_str()),
+            ("Content-Type", "application/json"),
+        ],
+        &json!({ "code": code, "timeout_s": 60 }).to_string(),
+    );
+    assert_eq!(ans.status, 200, "{ans:?}");
+    json_of(&ans)
+}
+
+/// Executes `code` with the session's own deadline (no `timeout_s`).
+fn execute_default_deadline(serve: &Serve, name: &str, code: &str) -> Value {
+    let a = auth();
+    let ans = serve.request(
+        "POST",
+        &format!("/v1/sessions/{name}/execute"),
+        &[
+            ("Authorization", a.as_str()),
+            ("Content-Type", "application/json"),
+        ],
+        &json!({ "code": code }).to_string(),
+    );
+    assert_eq!(ans.status, 200, "{ans:?}");
+    json_of(&ans)
+}
+
+/// The `limits` of the caller's live session `name` in `GET /v1/sessions`.
+fn listed_limits(serve: &Serve, name: &str) -> Value {
+    let a = auth();
+    let ans = serve.request("GET", "/v1/sessions", &[("Authorization", a.as_str())], "");
+    assert_eq!(ans.status, 200, "{ans:?}");
+    let v = json_of(&ans);
+    v["sessions"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .map(|s| s["limits"].clone())
+        .unwrap_or_else(|| panic!("{name} not listed: {v}"))
+}
+
+const DD_PAST_CAP: &str = "import subprocess\nsubprocess.run(['dd', 'if=/dev/zero', 'of=big.bin', 'bs=1M', 'count=12'], check=True, capture_output=True)";
+const KEXEC: &str = "import ctypes\nctypes.CDLL(None).syscall(246, 0, 0, 0, 0)";
+
+/// HTTP: disk cap, deadline and seccomp need no cgroup: each hit is its
+/// fault; the host's PUT past the cap is refused (507 `disk_full`); the
+/// session's limits are listed; a rule of the config applies by name.
+#[test]
+fn limits_http_disk_timeout_seccomp_faults() {
+    let (serve, _cfg) = serve_with_limits();
+    let a = create(
+        &serve,
+        &json!({"name": "lim1", "limits": {"disk_mb": 8, "cell_timeout_s": 2}}),
+    );
+    assert_eq!(a.status, 201, "{a:?}");
+    let created = json_of(&a);
+    assert_eq!(created["limits"]["disk_mb"], 8, "{created}");
+    let listed = listed_limits(&serve, "lim1");
+    assert_eq!(listed["disk_mb"], 8, "{listed}");
+    assert_eq!(listed["cell_timeout_s"], 2.0, "{listed}");
+    // The operator's maximum stands in for the host's default (4096 MiB).
+    assert_eq!(listed["memory_mb"], 1024, "{listed}");
+
+    let v = execute(&serve, "lim1", DD_PAST_CAP);
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(v["fault"], "disk", "{v}");
+    let v = execute(
+        &serve,
+        "lim1",
+        "with open('big2.bin', 'wb') as f:\n    f.write(b'0' * (9 << 20))",
+    );
+    assert_eq!(v["fault"], "disk", "{v}");
+    assert!(
+        v["error"]["evalue"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Errno 27"),
+        "{v}"
+    );
+    // The same session still runs cells.
+    assert_eq!(execute(&serve, "lim1", "print(6 * 7)")["stdout"], "42\n");
+
+    // The host's own write into the workdir respects the cap: the cell's
+    // files leave 64 KiB of it, a PUT of 256 KiB is refused (the body is
+    // small enough for the socket to take it all while the server stops
+    // reading at the cap).
+    let v = execute(
+        &serve,
+        "lim1",
+        "import os
+for f in os.listdir('.'):
+    os.remove(f)
+with open('fill.bin', 'wb') as f:
+    f.write(b'0' * ((8 << 20) - (64 << 10)))",
+    );
+    assert_eq!(v["status"], "ok", "{v}");
+    let a = auth();
+    let put = serve.request(
+        "PUT",
+        "/v1/sessions/lim1/files/in.bin",
+        &[
+            ("Authorization", a.as_str()),
+            ("Content-Type", "application/octet-stream"),
+        ],
+        &"0".repeat(256 << 10),
+    );
+    assert_eq!(put.status, 507, "{put:?}");
+    let e = json_of(&put);
+    assert_eq!(e["error"]["code"], "disk_full", "{e}");
+    assert_eq!(e["error"]["max_mb"], 8, "{e}");
+    let small = serve.request(
+        "PUT",
+        "/v1/sessions/lim1/files/small.txt",
+        &[
+            ("Authorization", a.as_str()),
+            ("Content-Type", "application/octet-stream"),
+        ],
+        "hello",
+    );
+    assert_eq!(small.status, 201, "{small:?}");
+
+    // The session's deadline, not the host's 300 s.
+    let v = execute_default_deadline(&serve, "lim1", "import time\ntime.sleep(30)");
+    assert_eq!(v["status"], "timeout", "{v}");
+    assert_eq!(v["fault"], "timeout", "{v}");
+
+    // A forbidden system call ends the kernel with its fault; the next
+    // cell gets a new kernel under the same limits.
+    let v = execute(&serve, "lim1", KEXEC);
+    assert_eq!(v["status"], "crashed", "{v}");
+    assert_eq!(v["fault"], "seccomp", "{v}");
+    assert_eq!(v["crash"]["signal_name"], "SIGSYS", "{v}");
+    let v = execute(&serve, "lim1", "print('again')");
+    assert_eq!(v["stdout"], "again\n", "{v}");
+    assert_eq!(listed_limits(&serve, "lim1")["disk_mb"], 8);
+
+    // A config rule by session name.
+    let a = create(&serve, &json!({"name": "agent-7"}));
+    assert_eq!(a.status, 201, "{a:?}");
+    assert_eq!(listed_limits(&serve, "agent-7")["disk_mb"], 4);
+    let v = execute(&serve, "agent-7", DD_PAST_CAP);
+    assert_eq!(v["fault"], "disk", "{v}");
+}
+
+/// HTTP: a value over the maximum is refused with the field and the max,
+/// and no session is left behind; a value out of range is a usage error.
+#[test]
+fn limits_http_over_max_refused() {
+    let (serve, _cfg) = serve_with_limits();
+    for (field, value, max) in [
+        ("memory_mb", json!(4096), 1024.0),
+        ("pids", json!(100000), 256.0),
+        ("disk_mb", json!(65), 64.0),
+        ("cell_timeout_s", json!(0), 120.0),
+    ] {
+        let a = create(&serve, &json!({"name": "big", "limits": { field: value }}));
+        assert_eq!(a.status, 422, "{field}: {a:?}");
+        let e = json_of(&a);
+        assert_eq!(e["error"]["code"], "limit_over_max", "{e}");
+        assert_eq!(e["error"]["field"], field, "{e}");
+        assert_eq!(e["error"]["max"], max, "{e}");
+    }
+    let a = create(&serve, &json!({"name": "big", "limits": {"memory_mb": 1}}));
+    assert_eq!(a.status, 400, "{a:?}");
+    let a = create(&serve, &json!({"name": "big", "limits": {"memroy_mb": 1}}));
+    assert_eq!(a.status, 422, "{a:?}");
+    // Nothing was created by the refused requests.
+    let t = auth();
+    let list = serve.request("GET", "/v1/sessions", &[("Authorization", t.as_str())], "");
+    assert!(!list.body.contains("\"big\""), "{list:?}");
+}
+
+/// HTTP: memory and process limits (the kernel's cgroup): a memory hog is
+/// `oom`, a fork bomb `pids`, each in a kernel the session restarts; where
+/// no cgroup can be set (a non-root user without delegation) the session
+/// is refused, never started without its limits.
+#[test]
+fn limits_http_oom_and_pids_faults() {
+    let (serve, _cfg) = serve_with_limits();
+    let a = create(
+        &serve,
+        &json!({"name": "lim2", "limits": {"memory_mb": 128, "pids": 32, "cpu": 1.0}}),
+    );
+    if a.status == 502 {
+        assert!(!common::is_root(), "root must have cgroups here: {a:?}");
+        let e = json_of(&a);
+        assert_eq!(e["error"]["code"], "kernel_failed", "{e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("limit"),
+            "{e}"
+        );
+        return;
+    }
+    assert_eq!(a.status, 201, "{a:?}");
+    let listed = listed_limits(&serve, "lim2");
+    assert_eq!(listed["memory_mb"], 128, "{listed}");
+    assert_eq!(listed["pids"], 32, "{listed}");
+    assert_eq!(listed["cpu"], 1.0, "{listed}");
+    let v = execute(
+        &serve,
+        "lim2",
+        "x = bytearray(512 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1",
+    );
+    assert_eq!(v["fault"], "oom", "{v}");
+    assert_eq!(v["status"], "crashed", "{v}");
+    let v = execute(
+        &serve,
+        "lim2",
+        "import os, time\nkids = []\nfor i in range(200):\n    pid = os.fork()\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    kids.append(pid)",
+    );
+    assert_eq!(v["fault"], "pids", "{v}");
+    let v = execute(&serve, "lim2", "print('alive')");
+    assert_eq!(v["stdout"], "alive\n", "{v}");
+}
+
+/// The daemon (`exec --session`): `--disk` gives `dd` past the cap its
+/// fault, `sessions --json` lists the limits, a value over the config's
+/// maximum exits 2 naming the field, and a running session keeps its
+/// limits (a note says so).
+#[test]
+fn limits_daemon_flags() {
+    let env = Env::new();
+    std::fs::write(env.path().join("config.toml"), CONFIG).expect("config");
+    let py = common::python();
+    let exec = |extra: &[&str], code: &str| {
+        let mut args = vec!["exec", "--session", "d1", "--python", py.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        args.push(code);
+        env.run(&args)
+    };
+    let o = exec(&["--disk", "8"], DD_PAST_CAP);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(v["fault"], "disk", "{v}");
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let o = env.run(&["sessions", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    let s = listed
+        .as_array()
+        .or_else(|| listed["sessions"].as_array())
+        .and_then(|a| a.iter().find(|s| s["name"] == "d1").cloned())
+        .unwrap_or_else(|| panic!("d1 not listed: {listed}"));
+    assert_eq!(s["limits"]["disk_mb"], 8, "{s}");
+    let o = exec(&["--disk", "16"], "print(1)");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("other limits"),
+        "{}",
+        text(&o)
+    );
+    let o = exec(&["--pids", "100000"], "print(1)");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("pids") && err.contains("256"), "{}", text(&o));
+    let o = exec(&["--timeout", "1"], "import time\ntime.sleep(30)");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(v["fault"], "timeout", "{v}");
+    assert_eq!(o.status.code(), Some(124), "{}", text(&o));
+    // The terminal rendering names the fault too.
+    let o = env.run(&["exec", "--session", "d1", "--python", py.as_str(), DD_PAST_CAP]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("fault: disk"),
+        "{}",
+        text(&o)
+    );
+}
