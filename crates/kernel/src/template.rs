@@ -135,9 +135,15 @@ impl Template {
                 runtime.name()
             )));
         };
+        let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
+        if sandboxed && !runtime.templates_sandboxed() {
+            return Err(KernelError::InvalidRequest(format!(
+                "templates of the {} runtime fork unsandboxed kernels only",
+                runtime.name()
+            )));
+        }
         let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
-        let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
         let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         cmd.stdout(Stdio::null());
         let mut env = worker_env(&config, sandboxed);
@@ -278,6 +284,14 @@ impl Template {
     /// (with the reason the forked processes gave); the errors of
     /// [`Kernel::spawn`]'s handshake.
     pub async fn fork(&self, config: KernelConfig) -> Result<Kernel, KernelError> {
+        if config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off
+            && !config.runtime.templates_sandboxed()
+        {
+            return Err(KernelError::InvalidRequest(format!(
+                "templates of the {} runtime fork unsandboxed kernels only",
+                config.runtime.name()
+            )));
+        }
         if config.python != self.inner.base.python {
             return Err(KernelError::InvalidRequest(format!(
                 "template of {} cannot fork a kernel of {}",

@@ -81,12 +81,14 @@ impl Templates {
     /// # Errors
     /// The errors of [`Kernel::spawn`].
     pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
-        // Templates apply only where the runtime has them (not R's).
+        // Templates apply only where the runtime has them, and to
+        // sandboxed kernels only where its templates confine their forks.
         if !self.preload.is_empty()
             && cfg
                 .runtime
                 .template_argv(&cfg.python, std::path::Path::new(""))
                 .is_some()
+            && (cfg.sandbox.mode == SandboxMode::Off || cfg.runtime.templates_sandboxed())
             && let Some(t) = self.template_for(&cfg).await
         {
             match t.fork(cfg.clone()).await {
