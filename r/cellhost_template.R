@@ -15,7 +15,9 @@
 # worker C, execs the Rust init in adopt mode) and C, which puts its
 # descriptors in place and evaluates the worker script as a fresh worker
 # does. The system calls are in cellhost_fork.c (built with R CMD SHLIB on
-# first use). The template runs no user code. Sandboxed kernels are not
+# first use). The template runs no user code. Threads a package started in
+# the template (reported as "threads") are not in the forked kernels: only
+# the forking thread is copied, as with parallel::mcfork. Sandboxed kernels are not
 # forked from R templates (the host starts them cold).
 local({
   t0 <- proc.time()[["elapsed"]]
@@ -105,7 +107,7 @@ local({
   }
   reply(list(type = "template_ready", pid = Sys.getpid(), preloaded = I(preloaded),
              failed = failed, import_ms = round((proc.time()[["elapsed"]] - t0) * 1000, 1),
-             threads = 1L))
+             threads = length(list.files("/proc/self/task"))))
 
   # Process C: becomes a fresh worker.
   become_worker <- function(req, fds) {
@@ -124,7 +126,11 @@ local({
     if (!is.null(req$cwd)) setwd(req$cwd)
     parent <- Sys.getenv("TMPDIR", "/tmp")
     if (!nzchar(parent)) parent <- "/tmp"
-    C("ch_new_tempdir", parent, path = "", rc = 0L)
+    if (C("ch_new_tempdir", parent, path = "", rc = 0L)$rc != 0L) {
+      cat("cellhost template: worker: cannot create a temporary directory under ", parent, "\n",
+          sep = "", file = stderr())
+      .Internal(quit("no", 72L, FALSE))
+    }
     # A fork shares its parent's random state: R seeds a fresh one (from
     # the time and the new pid) once .Random.seed is gone.
     if (exists(".Random.seed", envir = globalenv(), inherits = FALSE)) {

@@ -32,6 +32,11 @@
 //!   (the worker exits with status 72 and says why on stderr, say where
 //!   user namespaces are disabled) is an error: callers start a cold
 //!   kernel instead.
+//! * A runtime whose template cannot confine its forks
+//!   ([`WorkerRuntime::templates_sandboxed`](crate::runtime::WorkerRuntime::templates_sandboxed)
+//!   false: R) has templates for unsandboxed configurations only;
+//!   [`Template::start`] and [`Template::fork`] refuse a sandboxed one
+//!   ([`KernelError::InvalidRequest`]) and callers start it cold.
 //! * Retiring a template (dropping the last handle) kills the template
 //!   only; kernels forked from it live on. The host's death kills them all.
 
@@ -120,7 +125,7 @@ impl Template {
     ///
     /// # Errors
     /// [`KernelError::InvalidRequest`] (templates do not apply to the
-    /// runtime), [`KernelError::Spawn`] (the interpreter cannot run or the template
+    /// runtime, or not to a sandboxed configuration of it), [`KernelError::Spawn`] (the interpreter cannot run or the template
     /// died, with its stderr), [`KernelError::StartupTimeout`] (no answer
     /// within 120 s), [`KernelError::Io`].
     pub async fn start(config: KernelConfig, preload: Vec<String>) -> Result<Template, KernelError> {
@@ -279,7 +284,9 @@ impl Template {
     /// template's) and waits for its `ready`.
     ///
     /// # Errors
-    /// [`KernelError::InvalidRequest`] for another interpreter;
+    /// [`KernelError::InvalidRequest`] for another interpreter, or a
+    /// sandboxed configuration of a runtime whose templates cannot confine
+    /// their forks;
     /// [`KernelError::Spawn`] when the template is gone or the fork failed
     /// (with the reason the forked processes gave); the errors of
     /// [`Kernel::spawn`]'s handshake.
