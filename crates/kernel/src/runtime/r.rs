@@ -296,6 +296,27 @@ mod tests {
     }
 
     #[test]
+    fn template_argv_names_the_template_script_and_its_boot_dir() {
+        let argv = RRuntime
+            .template_argv(Path::new("/usr/bin/R"), Path::new("/cache/r"))
+            .expect("R has templates");
+        assert_eq!(argv[0], "/bin/sh");
+        assert!(argv[2].contains("--args \"$2\" 0<&3 3<&-"), "{argv:?}");
+        assert_eq!(argv[3], "/usr/bin/R");
+        assert_eq!(argv[4], "/cache/r/cellhost_template.R");
+        assert_eq!(argv[5], "/cache/r");
+        assert!(!RRuntime.templates_sandboxed());
+    }
+
+    #[test]
+    fn boot_files_are_written() {
+        let dir = worker_dir().expect("cache");
+        for (name, text) in FILES {
+            assert_eq!(fs::read_to_string(dir.join(name)).expect("file"), *text, "{name}");
+        }
+    }
+
+    #[test]
     fn worker_script_is_written_once() {
         let dir = worker_dir().expect("cache");
         let text = fs::read_to_string(dir.join(WORKER_FILE)).expect("script");
