@@ -32,6 +32,11 @@
 //!   (the worker exits with status 72 and says why on stderr, say where
 //!   user namespaces are disabled) is an error: callers start a cold
 //!   kernel instead.
+//! * A runtime whose template cannot confine its forks
+//!   ([`WorkerRuntime::templates_sandboxed`](crate::runtime::WorkerRuntime::templates_sandboxed)
+//!   false: R) has templates for unsandboxed configurations only;
+//!   [`Template::start`] and [`Template::fork`] refuse a sandboxed one
+//!   ([`KernelError::InvalidRequest`]) and callers start it cold.
 //! * Retiring a template (dropping the last handle) kills the template
 //!   only; kernels forked from it live on. The host's death kills them all.
 
@@ -120,7 +125,7 @@ impl Template {
     ///
     /// # Errors
     /// [`KernelError::InvalidRequest`] (templates do not apply to the
-    /// runtime), [`KernelError::Spawn`] (the interpreter cannot run or the template
+    /// runtime, or not to a sandboxed configuration of it), [`KernelError::Spawn`] (the interpreter cannot run or the template
     /// died, with its stderr), [`KernelError::StartupTimeout`] (no answer
     /// within 120 s), [`KernelError::Io`].
     pub async fn start(config: KernelConfig, preload: Vec<String>) -> Result<Template, KernelError> {
@@ -135,9 +140,15 @@ impl Template {
                 runtime.name()
             )));
         };
+        let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
+        if sandboxed && !runtime.templates_sandboxed() {
+            return Err(KernelError::InvalidRequest(format!(
+                "templates of the {} runtime fork unsandboxed kernels only",
+                runtime.name()
+            )));
+        }
         let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
-        let sandboxed = config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off;
         let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         cmd.stdout(Stdio::null());
         let mut env = worker_env(&config, sandboxed);
@@ -273,7 +284,9 @@ impl Template {
     /// template's) and waits for its `ready`.
     ///
     /// # Errors
-    /// [`KernelError::InvalidRequest`] for another interpreter;
+    /// [`KernelError::InvalidRequest`] for another interpreter, or a
+    /// sandboxed configuration of a runtime whose templates cannot confine
+    /// their forks;
     /// [`KernelError::Spawn`] when the template is gone or the fork failed
     /// (with the reason the forked processes gave); the errors of
     /// [`Kernel::spawn`]'s handshake.
@@ -283,6 +296,14 @@ impl Template {
             return Err(KernelError::InvalidRequest(
                 "a kernel with an egress allowlist starts cold, not from a template".into(),
             ));
+        }
+        if config.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off
+            && !config.runtime.templates_sandboxed()
+        {
+            return Err(KernelError::InvalidRequest(format!(
+                "templates of the {} runtime fork unsandboxed kernels only",
+                config.runtime.name()
+            )));
         }
         if config.python != self.inner.base.python {
             return Err(KernelError::InvalidRequest(format!(

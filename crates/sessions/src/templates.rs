@@ -81,8 +81,10 @@ impl Templates {
     /// # Errors
     /// The errors of [`Kernel::spawn`].
     pub async fn spawn(self: &Arc<Self>, cfg: KernelConfig) -> Result<Kernel, KernelError> {
-        // Templates apply only where the runtime has them (not R's), and
-        // to local kernels only (a placement starts its own worker).
+        // Templates apply only where the runtime has them, to sandboxed
+        // kernels only where its templates confine their forks, and to
+        // local kernels only (a placement starts its own worker; an egress
+        // allowlist needs a cold kernel's init).
         if !self.preload.is_empty()
             && cfg.egress.is_none()
             && cfg.starter.is_none()
@@ -90,6 +92,7 @@ impl Templates {
                 .runtime
                 .template_argv(&cfg.python, std::path::Path::new(""))
                 .is_some()
+            && (cfg.sandbox.mode == SandboxMode::Off || cfg.runtime.templates_sandboxed())
             && let Some(t) = self.template_for(&cfg).await
         {
             match t.fork(cfg.clone()).await {

@@ -95,6 +95,14 @@ pub trait WorkerRuntime: Send + Sync + 'static {
         None
     }
 
+    /// Whether the runtime's templates fork sandboxed kernels (apply the
+    /// confinement steps of `cellhost_sandbox::forkplan`). When false, a
+    /// template is started, and kernels forked, only with the sandbox off;
+    /// sandboxed kernels start cold.
+    fn templates_sandboxed(&self) -> bool {
+        true
+    }
+
     /// Variables the runtime adds to the worker's (allowlisted)
     /// environment.
     fn worker_env(&self) -> Vec<(OsString, OsString)> {

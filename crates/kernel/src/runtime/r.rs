@@ -26,7 +26,24 @@
 //!   cell is ended by the driver's escalation.
 //! * Sandbox: `R_HOME` (from `R RHOME`) and R's library directories
 //!   read-only, besides the interpreter's prefix.
-//! * No templates.
+//! * Templates (unsandboxed kernels): `r/cellhost_template.R` attaches the
+//!   configured packages (`library()`) and forks a kernel per request over
+//!   the Python template's wire protocol, so the host side
+//!   ([`crate::template`]) is shared. R has no functions for descriptor
+//!   passing, `fork`, `dup2` or `posix_spawn`: `r/cellhost_fork.c` has
+//!   them, built with `R CMD SHLIB` (a C compiler) into the boot directory
+//!   on the template's first start; without one the template fails to
+//!   start and kernels start cold. The forked worker (C) gets the control
+//!   socket, stdout and stderr on fds 0, 1, 2 and every other descriptor
+//!   closed, the kernel's environment (plus the `R_*` variables R's front
+//!   end sets), its cwd, a session temporary directory of its own
+//!   (`tempdir()`; the template's would be removed by the first kernel to
+//!   quit) and no `.Random.seed` (R seeds afresh from the time and the new
+//!   pid), then evaluates the worker script as a cold worker does.
+//!   Sandboxed kernels are not forked from R templates
+//!   ([`WorkerRuntime::templates_sandboxed`] is false): the confinement
+//!   steps of `cellhost_sandbox::forkplan` have no R implementation, and
+//!   the host starts those kernels cold with every layer.
 //! * Hints: a missing package (install it for that R), a file that is not
 //!   there (relative to the kernel's cwd), a tool error.
 
@@ -48,6 +65,23 @@ const WORKER: &str = include_str!("../../../../r/cellhost_worker.R");
 
 /// The file name of the worker script in its boot directory.
 const WORKER_FILE: &str = "cellhost_worker.R";
+
+/// The template script.
+const TEMPLATE: &str = include_str!("../../../../r/cellhost_template.R");
+
+/// The template's native part (built by the template with `R CMD SHLIB`).
+const FORK_C: &str = include_str!("../../../../r/cellhost_fork.c");
+
+/// The boot files: name and content.
+const FILES: &[(&str, &str)] = &[
+    (WORKER_FILE, WORKER),
+    ("cellhost_template.R", TEMPLATE),
+    ("cellhost_fork.c", FORK_C),
+];
+
+/// The shell line that starts a template like the worker; `$2` is the boot
+/// directory.
+const TEMPLATE_BOOT: &str = "exec \"$0\" --no-echo --no-restore --no-save -f \"$1\" --args \"$2\" 0<&3 3<&-";
 
 /// The shell line that hands the control socket to R as fd 0 (see the
 /// module docs); `$0` is R, `$1` the worker script.
@@ -78,6 +112,21 @@ impl WorkerRuntime for RRuntime {
             interpreter.display().to_string(),
             boot_dir.join(WORKER_FILE).display().to_string(),
         ]
+    }
+
+    fn template_argv(&self, interpreter: &Path, boot_dir: &Path) -> Option<Vec<String>> {
+        Some(vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            TEMPLATE_BOOT.to_string(),
+            interpreter.display().to_string(),
+            boot_dir.join("cellhost_template.R").display().to_string(),
+            boot_dir.display().to_string(),
+        ])
+    }
+
+    fn templates_sandboxed(&self) -> bool {
+        false
     }
 
     fn readonly_paths(&self, interpreter: &Path) -> Vec<PathBuf> {
@@ -132,18 +181,22 @@ fn worker_dir() -> io::Result<&'static Path> {
         return Ok(d);
     }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in WORKER.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    for (_, text) in FILES {
+        for b in text.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
     }
     let dir = super::python::files::cache_root().join(format!("r-worker-{h:016x}"));
-    if !dir.join(WORKER_FILE).is_file() {
-        fs::create_dir_all(&dir)?;
-        // Written under a temporary name and renamed: a concurrent start in
-        // another process never sees half a script.
-        let tmp = dir.join(format!(".{WORKER_FILE}.{}", std::process::id()));
-        fs::write(&tmp, WORKER)?;
-        fs::rename(&tmp, dir.join(WORKER_FILE))?;
+    fs::create_dir_all(&dir)?;
+    for (name, text) in FILES {
+        if !dir.join(name).is_file() {
+            // Written under a temporary name and renamed: a concurrent start
+            // in another process never sees half a file.
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            fs::write(&tmp, text)?;
+            fs::rename(&tmp, dir.join(name))?;
+        }
     }
     Ok(DIR.get_or_init(|| dir))
 }
@@ -240,6 +293,27 @@ mod tests {
         assert!(argv[2].contains("0<&3 3<&-"), "{argv:?}");
         assert_eq!(argv[3], "/usr/bin/R");
         assert_eq!(argv[4], "/cache/r/cellhost_worker.R");
+    }
+
+    #[test]
+    fn template_argv_names_the_template_script_and_its_boot_dir() {
+        let argv = RRuntime
+            .template_argv(Path::new("/usr/bin/R"), Path::new("/cache/r"))
+            .expect("R has templates");
+        assert_eq!(argv[0], "/bin/sh");
+        assert!(argv[2].contains("--args \"$2\" 0<&3 3<&-"), "{argv:?}");
+        assert_eq!(argv[3], "/usr/bin/R");
+        assert_eq!(argv[4], "/cache/r/cellhost_template.R");
+        assert_eq!(argv[5], "/cache/r");
+        assert!(!RRuntime.templates_sandboxed());
+    }
+
+    #[test]
+    fn boot_files_are_written() {
+        let dir = worker_dir().expect("cache");
+        for (name, text) in FILES {
+            assert_eq!(fs::read_to_string(dir.join(name)).expect("file"), *text, "{name}");
+        }
     }
 
     #[test]

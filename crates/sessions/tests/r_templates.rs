@@ -1,0 +1,131 @@
+//! Real R through the registry: with `preload`, R sessions are forked from
+//! an R template (unsandboxed), a dead template is replaced, and sandboxed
+//! R sessions start cold.
+//!
+//! The interpreter is `CELLHOST_TEST_R` or `R` on PATH; the tests are
+//! skipped, saying why, without R, its jsonlite package or a C compiler.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cellhost_kernel::{ExecOptions, KernelConfig, RRuntime};
+use cellhost_sandbox::profile::SandboxProfile;
+use cellhost_sessions::{Origin, Registry, RegistryConfig};
+
+fn r() -> Option<PathBuf> {
+    let path = match std::env::var_os("CELLHOST_TEST_R") {
+        Some(p) => PathBuf::from(p),
+        None => match cellhost_kernel::resolve_r(None) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("skipped: no R to test with: {e}");
+                return None;
+            }
+        },
+    };
+    let jsonlite = std::process::Command::new(&path)
+        .args([
+            "--no-echo",
+            "-e",
+            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    let cc = std::process::Command::new(&path)
+        .args(["CMD", "config", "CC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let compiler = cc.split_whitespace().next().is_some_and(|c| {
+        std::process::Command::new(c)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !jsonlite || !compiler {
+        eprintln!(
+            "skipped: R {} lacks jsonlite or a C compiler ({cc:?})",
+            path.display()
+        );
+        return None;
+    }
+    Some(path)
+}
+
+fn reg_config(r: &Path, dir: &Path, sandbox: SandboxProfile) -> RegistryConfig {
+    let mut cfg = KernelConfig::new(r.to_path_buf(), dir.join("unused"));
+    cfg.runtime = Arc::new(RRuntime);
+    cfg.cwd = Some(dir.to_path_buf());
+    cfg.sandbox = sandbox;
+    let mut c = RegistryConfig::new(dir.join("state"), cfg);
+    c.pool_size = 0;
+    c.preload = vec!["tools".into()];
+    c
+}
+
+const PROBE: &str = "'package:tools' %in% search()";
+
+fn plain(r: &cellhost_kernel::CellResult) -> Option<&str> {
+    r.result.as_ref()?.get("text/plain")?.as_str()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r_sessions_fork_from_a_template_and_a_dead_one_is_replaced() {
+    let Some(r) = r() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = Registry::start(reg_config(&r, dir.path(), SandboxProfile::off()), None)
+        .await
+        .expect("registry");
+    let o = Origin::new("test");
+    let a = reg.key("o", "a");
+    let res = reg
+        .execute(&a, PROBE, ExecOptions::default(), &o)
+        .await
+        .expect("a");
+    assert_eq!(plain(&res), Some("[1] TRUE"), "{res:#?}");
+    let t = reg
+        .kernel(&a)
+        .and_then(|k| k.info().template)
+        .expect("forked from a template");
+    // Kill the template behind the registry's back and wait for its end.
+    let pid = rustix::process::Pid::from_raw(t as i32).expect("pid");
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).expect("pidfd");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill");
+    let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+    rustix::event::poll(&mut fds, None).expect("poll");
+    // Its kernel lives on; the next session gets a kernel all the same
+    // (from a new template once it is ready, else cold).
+    let res = reg
+        .execute(&a, "cat('still here')", ExecOptions::default(), &o)
+        .await
+        .expect("a");
+    assert_eq!(res.stdout, "still here");
+    let b = reg.key("o", "b");
+    let res = reg
+        .execute(&b, "1 + 1", ExecOptions::default(), &o)
+        .await
+        .expect("b");
+    assert_eq!(plain(&res), Some("[1] 2"), "{res:#?}");
+    assert_ne!(reg.kernel(&b).and_then(|k| k.info().template), Some(t));
+    reg.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxed_r_sessions_start_cold_with_preload() {
+    let Some(r) = r() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = Registry::start(reg_config(&r, dir.path(), SandboxProfile::default()), None)
+        .await
+        .expect("registry");
+    let o = Origin::new("test");
+    let a = reg.key("o", "a");
+    let res = reg
+        .execute(&a, "1 + 1", ExecOptions::default(), &o)
+        .await
+        .expect("a");
+    assert_eq!(plain(&res), Some("[1] 2"), "{res:#?}");
+    assert_eq!(reg.kernel(&a).and_then(|k| k.info().template), None);
+    reg.shutdown().await;
+}
