@@ -257,6 +257,15 @@ async def run(command, args):
         r = await run_cell("z = 5", session="other", reset=True)
         r = await run_cell("'y' in globals()", session="other")
         check("reset dropped the state", "False" in text_of(r), text_of(r))
+
+        # --- a forbidden system call: the kernel ends, the fault says why ----
+        r = await run_cell("import ctypes\nctypes.CDLL(None).syscall(246, 0, 0, 0, 0)", session="other")
+        t = text_of(r)
+        sc = r.structured_content or {}
+        check("seccomp fault", sc.get("status") == "crashed" and sc.get("fault") == "seccomp"
+              and "[fault: seccomp:" in t, t)
+        r = await run_cell("6 * 7", session="other")
+        check("a new kernel after the seccomp fault", "42" in text_of(r), text_of(r))
         await r_session(client)
 
 
@@ -288,14 +297,6 @@ async def r_session(client):
     res = await client.call_tool("execute_code", {"code": "plot(1:10)", "session": "rs"})
     check("R: a plot as image content", any(c.type == "image" for c in res.content), [c.type for c in res.content])
 
-        # --- a forbidden system call: the kernel ends, the fault says why ----
-        r = await run_cell("import ctypes\nctypes.CDLL(None).syscall(246, 0, 0, 0, 0)", session="other")
-        t = text_of(r)
-        sc = r.structured_content or {}
-        check("seccomp fault", sc.get("status") == "crashed" and sc.get("fault") == "seccomp"
-              and "[fault: seccomp:" in t, t)
-        r = await run_cell("6 * 7", session="other")
-        check("a new kernel after the seccomp fault", "42" in text_of(r), text_of(r))
 
 
 async def isolation(url):

@@ -1031,10 +1031,11 @@ impl Registry {
                 (Some(_), None) => false,
             };
             // The kernel's overlay becomes the session's (its view keeps the
-            // directory it was started with).
+            // directory it was started with). Runtimes without package
+            // overlays (R) have none to move.
             let overlay_placed = match &pool_overlay {
                 Some(po) => crate::pool::move_overlay(po, &overlay),
-                None => false,
+                None => slot.key.language != "python",
             };
             if placed && overlay_placed {
                 if let Some(t) = tools {

@@ -243,9 +243,22 @@ def test_e2b_facade():
 
 def test_bad_arguments_are_refused():
     with pytest.raises(cellhost.InvalidRequest):
-        Session(language="r")
+        Session(language="julia")
     with pytest.raises(cellhost.InvalidRequest):
-        Session(placement="k8s")
+        Session(placement="../k8s")
+    # A name no config table defines: the host refuses to start, naming it.
+    with pytest.raises(cellhost.CellhostError) as e:
+        Session(python=PY, placement="k8s")
+    assert "k8s" in str(e.value)
+
+
+def test_session_limits_and_network_go_with_the_session():
+    with Session(python=PY, limits={"cell_timeout_s": 2, "pids": 64}, network="off") as s:
+        r = s.run("import time\ntime.sleep(30)")
+        assert r.status == "timeout", r.raw if hasattr(r, "raw") else r
+        listed = s._host.call("GET", "/v1/sessions")
+        mine = [x for x in listed["sessions"] if x.get("name") == "default"]
+        assert mine and mine[0]["limits"]["pids"] == 64, listed
 
 
 def test_overhead_over_the_raw_round_trip(session):

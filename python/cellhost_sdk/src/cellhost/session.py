@@ -8,7 +8,7 @@ import os
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._host import Host, raise_for_event
 from .files import Files
@@ -17,6 +17,10 @@ from .result import Result
 
 #: Seconds the HTTP read waits beyond a cell's own deadline.
 MARGIN_S = 30.0
+
+#: Keys of ``Session(limits=...)`` sent as the session's own limits
+#: (``POST /v1/sessions {"limits": ...}``); other keys configure the host.
+SESSION_LIMITS = ("memory_mb", "pids", "cpu", "disk_mb", "cell_timeout_s")
 
 
 class Submitted:
@@ -33,10 +37,15 @@ class Session:
 
     ``python`` is the interpreter of the kernel (default: the host's
     choice), ``sandbox`` a mode (``auto``, ``enforce``, ``off``, ...),
-    ``limits`` config keys for the host (``{"cell_timeout_s": 60}``),
-    ``language`` ``"python"``, ``placement`` ``"local"`` (the only one this
-    package starts), ``tools`` host tools as callables, called from cells as
-    ``cellhost.tools.NAME(**kwargs)``. Use it as a context manager; the
+    ``limits`` the session's limits (``memory_mb``, ``pids``, ``cpu``,
+    ``disk_mb``, ``cell_timeout_s``: sent with the session, bounded by the
+    host's maximum; any other key is a config key of the host),
+    ``language`` ``"python"`` or ``"r"``, ``network`` ``"off"`` (default),
+    ``"on"`` or a list of ``"HOST[:PORT]"`` rules reached through the
+    host's egress proxy, ``placement`` ``"local"`` or the name of a
+    ``[placement.NAME]`` table of the cellhost config file (a Slurm, SSH or
+    Kubernetes node), ``tools`` host tools as callables, called from cells
+    as ``cellhost.tools.NAME(**kwargs)``. Use it as a context manager; the
     kernel and its host end at :meth:`close`.
     """
 
@@ -49,13 +58,17 @@ class Session:
         placement: str = "local",
         tools: Optional[Mapping[str, Callable[..., Any]]] = None,
         name: str = "default",
+        network: Optional[Union[str, Sequence[str]]] = None,
     ):
-        if language != "python":
-            raise InvalidRequest("invalid_request", f"language {language!r}: this host runs python")
-        if placement != "local":
-            raise InvalidRequest("invalid_request", f"placement {placement!r}: this package starts local hosts only")
+        if language not in ("python", "r"):
+            raise InvalidRequest("invalid_request", f"language {language!r}: this host runs python or r")
+        if not placement or not placement.replace("-", "").replace("_", "").isalnum():
+            raise InvalidRequest("invalid_request", f"placement {placement!r}: not a placement name")
         self.name = name
-        self._host = Host(python=python, sandbox=sandbox, limits=limits, tools=tools)
+        session_limits = {k: v for k, v in (limits or {}).items() if k in SESSION_LIMITS}
+        host_keys = {k: v for k, v in (limits or {}).items() if k not in SESSION_LIMITS}
+        env = {"CELLHOST_PLACEMENT": placement} if placement != "local" else None
+        self._host = Host(python=python, sandbox=sandbox, limits=host_keys, tools=tools, env=env)
         self._path = "/v1/sessions/" + urllib.parse.quote(name, safe="")
         #: The session's files (:class:`~cellhost.files.Files`): upload,
         #: download, list, delete, by paths relative to its workdir.
@@ -64,6 +77,12 @@ class Session:
             body: Dict[str, Any] = {"name": name}
             if sandbox:
                 body["sandbox"] = sandbox
+            if language != "python":
+                body["language"] = language
+            if session_limits:
+                body["limits"] = session_limits
+            if network is not None:
+                body["network"] = network if isinstance(network, str) else list(network)
             self._host.call("POST", "/v1/sessions", body, timeout=120)
         except BaseException:
             self._host.close()
