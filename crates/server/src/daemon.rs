@@ -703,26 +703,12 @@ async fn handle(
                 Ok(None) => {}
                 Err(e) => return send(w, &request_error(&e)).await,
             }
-            let (tx, mut rx) = mpsc::unbounded_channel();
+            let (tx, rx) = mpsc::unbounded_channel();
             let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));
             req.deadline = deadline;
             req.queue = queue;
             req.live = live.then_some(tx);
-            let run = req.execute(reg);
-            tokio::pin!(run);
-            let mut live_open = live;
-            let out = loop {
-                tokio::select! {
-                    ev = rx.recv(), if live_open => match ev {
-                        Some(ev) => send(w, &live_reply(ev)).await?,
-                        None => live_open = false,
-                    },
-                    r = &mut run => break r,
-                }
-            };
-            while let Ok(ev) = rx.try_recv() {
-                send(w, &live_reply(ev)).await?;
-            }
+            let out = relay_live(w, rx, live, req.execute(reg)).await?;
             match out {
                 Ok(done) => {
                     if let Some(e) = &done.journal_error {
@@ -761,25 +747,11 @@ async fn handle(
             if requested.is_some() {
                 spec.sandbox = requested;
             }
-            let (tx, mut rx) = mpsc::unbounded_channel();
+            let (tx, rx) = mpsc::unbounded_channel();
             let mut req = InstallRequest::new(spec, packages, Origin::new("cli:install"));
             req.shared_venv = shared_venv;
             req.live = live.then_some(tx);
-            let run = req.execute(reg);
-            tokio::pin!(run);
-            let mut live_open = live;
-            let out = loop {
-                tokio::select! {
-                    ev = rx.recv(), if live_open => match ev {
-                        Some(ev) => send(w, &live_reply(ev)).await?,
-                        None => live_open = false,
-                    },
-                    r = &mut run => break r,
-                }
-            };
-            while let Ok(ev) = rx.try_recv() {
-                send(w, &live_reply(ev)).await?;
-            }
+            let out = relay_live(w, rx, live, req.execute(reg)).await?;
             match out {
                 Ok(done) => {
                     send(
@@ -1063,6 +1035,34 @@ fn session_notes(reg: &Registry, key: &Key, env: &SessionEnv) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// Awaits `run` while passing the live output it sends to `rx` on to the
+/// client (when it asked for live output), then whatever is left of it.
+///
+/// # Errors
+/// Writing to the client failed.
+async fn relay_live<T>(
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<LiveEvent>,
+    live: bool,
+    run: impl std::future::Future<Output = T>,
+) -> std::io::Result<T> {
+    tokio::pin!(run);
+    let mut live_open = live;
+    let out = loop {
+        tokio::select! {
+            ev = rx.recv(), if live_open => match ev {
+                Some(ev) => send(w, &live_reply(ev)).await?,
+                None => live_open = false,
+            },
+            r = &mut run => break r,
+        }
+    };
+    while let Ok(ev) = rx.try_recv() {
+        send(w, &live_reply(ev)).await?;
+    }
+    Ok(out)
 }
 
 fn live_reply(ev: LiveEvent) -> Reply {
