@@ -543,6 +543,29 @@ fn sigint_library(dir: &std::path::Path) -> Option<PathBuf> {
     Some(lib)
 }
 
+/// Polls `/proc/PID/status` until the process catches SIGINT (`SigCgt`
+/// bit 2), at most 30 s.
+async fn wait_catches_sigint(pid: u32) {
+    for _ in 0..3000 {
+        let caught = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("SigCgt:"))
+                    .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            })
+            .is_some_and(|mask| mask & (1 << (SIGINT - 1)) != 0);
+        if caught {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("worker {pid} never caught SIGINT again");
+}
+
+/// SIGINT's number on Linux.
+const SIGINT: u32 = 2;
+
 /// A package's native code that ignores SIGINT: a cell waiting in R
 /// (`Sys.sleep`, which installs R's handler around its wait) is still
 /// interrupted with the session kept; a cell computing in R cannot be
@@ -579,6 +602,11 @@ async fn r_a_package_that_ignores_sigint() {
             rx.recv().await,
             Some(cellhost_kernel::LiveEvent::Stdout("go\n".into()))
         );
+        if kept {
+            // Between `cat` and `Sys.sleep` SIGINT is still ignored; wait
+            // for the event that matters: R's handler in place again.
+            wait_catches_sigint(k.info().pid).await;
+        }
         assert!(k.interrupt().await.delivered);
         let r = f.session.finish(h).await.expect("result");
         assert_eq!(r.status, CellStatus::Interrupted, "{code}: {r:#?}");
