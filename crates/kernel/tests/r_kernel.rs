@@ -653,13 +653,25 @@ async fn r_system_children_die_with_an_escalated_interrupt() {
     );
     let k = f.session.kernel().cloned().expect("kernel");
     let init = i32::try_from(k.info().init_pid).expect("pid");
-    let sleeps: Vec<i32> = cellhost_sandbox::procfs::descendants(init)
-        .iter()
-        .map(|p| p.pid)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x0030"))
-        })
-        .collect();
+    // A backgrounded child may not have exec'd `sleep` yet when `system`
+    // returns: poll until both are there (at most 30 s).
+    let find = || -> Vec<i32> {
+        cellhost_sandbox::procfs::descendants(init)
+            .iter()
+            .map(|p| p.pid)
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\x0030"))
+            })
+            .collect()
+    };
+    let mut sleeps = find();
+    for _ in 0..3000 {
+        if sleeps.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        sleeps = find();
+    }
     assert_eq!(sleeps.len(), 2, "both sleeps run under the kernel");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let opts = ExecOptions {
