@@ -261,6 +261,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{name}/packages": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Install packages into the session (its kernel started on first use): the host runs the installer with the configured index; the kernel stays offline. */
+        post: operations["installPackages"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{name}/restart": {
         parameters: {
             query?: never;
@@ -370,12 +387,14 @@ export interface components {
              * @description Jupyter's execution_count of this cell (0 if it never started).
              */
             execution_count: number;
+            fault?: null | components["schemas"]["Fault"];
             files?: null | components["schemas"]["FilesOpened"];
             /** @description One line for a language model on how to proceed after a common failure. */
             hint?: string | null;
             interrupt?: null | components["schemas"]["InterruptReport"];
             /** @description The kernel that ran it. */
             kernel: components["schemas"]["KernelRef"];
+            network?: null | components["schemas"]["NetworkReport"];
             /**
              * Format: int64
              * @description Milliseconds the cell waited behind earlier cells of its kernel
@@ -446,6 +465,12 @@ export interface components {
             /** @description One line for a reader: what died and the likely cause. */
             message: string;
             /**
+             * @description A short stable cause when the worker's own exit status is not the
+             *     story: `connection lost` (a remote kernel whose node agent's
+             *     connection broke).
+             */
+            reason?: string | null;
+            /**
              * Format: int32
              * @description Signal number, when a signal killed it.
              */
@@ -460,10 +485,34 @@ export interface components {
              *     another is refused with `bad_request`. The session keeps it.
              */
             language?: string | null;
+            limits?: null | components["schemas"]["SessionLimits"];
             /** @description The session's name (default: a random `s-…` name). */
             name?: string | null;
+            network?: null | components["schemas"]["NetworkField"];
             sandbox?: null | components["schemas"]["SandboxMode"];
         };
+        /** @description One refused connection. */
+        Denial: {
+            /**
+             * @description The host asked for, as sent (at most 255 characters; empty when the
+             *     request named none).
+             */
+            host: string;
+            /**
+             * Format: int32
+             * @description The port asked for (0 when the request named none).
+             */
+            port: number;
+            /** @description Why it was refused. */
+            reason: components["schemas"]["DenyReason"];
+            /** @description For `sni_mismatch`: the server name the ClientHello carried. */
+            sni?: string | null;
+        };
+        /**
+         * @description Why a connection was refused (a stable code on every surface).
+         * @enum {string}
+         */
+        DenyReason: "not_allowed" | "ip_literal" | "bad_host" | "private_address" | "resolve_failed" | "sni_mismatch" | "no_sni" | "not_tls" | "host_mismatch" | "bad_request" | "head_too_large" | "connection_cap";
         /**
          * @description Where a submitted cell is.
          * @enum {string}
@@ -510,7 +559,7 @@ export interface components {
          *     is [`ErrorCode::status`].
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "restore_failed" | "journal_failed" | "internal";
+        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "internal";
         /**
          * @description The error itself: a code, a message for a reader, and fields a caller
          *     can act on (e.g. `session` and `cell` for `session_busy`, `limit` for
@@ -562,6 +611,11 @@ export interface components {
              */
             timeout_s?: number | null;
         };
+        /**
+         * @description A resource limit a cell hit.
+         * @enum {string}
+         */
+        Fault: "oom" | "pids" | "disk" | "timeout" | "seccomp";
         /**
          * Format: binary
          * @description A file body (any bytes).
@@ -650,6 +704,75 @@ export interface components {
          * @enum {string}
          */
         ImagesMode: "url" | "inline" | "none";
+        /** @description Body of `POST /v1/sessions/{name}/packages`. */
+        InstallBody: {
+            /**
+             * @description Requirement specs: `name`, `name[extra]`, `name>=1.0,<2`. Options
+             *     (`-r`, `-e`, `--index-url`), markers, paths and URLs are refused
+             *     with `invalid_package_spec`.
+             */
+            packages: string[];
+            /** @description Wait behind a running cell instead of `session_busy`. */
+            queue?: boolean;
+            /**
+             * @description Install into the interpreter's own environment, shared by every
+             *     session using it (refused with `shared_venv_refused` unless the
+             *     server's config sets `packages.shared_venv = true`).
+             */
+            shared_venv?: boolean;
+        };
+        /** @description What an install did. */
+        InstallReport: {
+            /**
+             * Format: int64
+             * @description Milliseconds the installer ran.
+             */
+            duration_ms: number;
+            /**
+             * @description Distributions added (new, or at another version); empty when every
+             *     requirement was already satisfied.
+             */
+            installed: components["schemas"]["InstalledDist"][];
+            /** @description `uv` or `pip`. */
+            installer: string;
+            /** @description The specs, as validated. */
+            packages: string[];
+            /** @description The imported modules that make a restart needed. */
+            restart_modules?: string[];
+            /**
+             * @description A module of an added distribution was already imported by the
+             *     kernel: the new version is used only after a restart.
+             */
+            restart_needed: boolean;
+            /** @description The installer's stderr (its tail, at most [`OUTPUT_KEEP`] bytes). */
+            stderr: string;
+            /** @description The installer's stdout (its tail, at most [`OUTPUT_KEEP`] bytes). */
+            stdout: string;
+            /** @description `overlay` (the session's own directory) or `shared_venv`. */
+            target: string;
+        };
+        /** @description What an install did. */
+        InstallResponse: {
+            /**
+             * @description The installer's report: the distributions added, whether a restart
+             *     is needed, its output.
+             */
+            report: components["schemas"]["InstallReport"];
+            /**
+             * @description The `%pip install` cell the install ran as (journaled; `restore`
+             *     replays it).
+             */
+            result: components["schemas"]["CellResult"];
+        };
+        /** @description One distribution an install added. */
+        InstalledDist: {
+            /** @description Top-level import names it provides. */
+            modules: string[];
+            /** @description Distribution name as its metadata spells it. */
+            name: string;
+            /** @description Its version. */
+            version: string;
+        };
         /** @description What an interrupt did. */
         InterruptAnswer: {
             /** @description The cell the interrupt applies to. */
@@ -679,6 +802,23 @@ export interface components {
             /** @description Thread the signal was sent to (`pid/tid`). */
             target?: string | null;
         };
+        /**
+         * @description Where a remote kernel runs: the placement that started its node agent
+         *     and what the scheduler and the agent said about it.
+         */
+        KernelPlacement: {
+            /**
+             * @description The scheduler's id of the agent: Slurm job id, Pod name, ssh
+             *     destination and pid, local pid for `loopback`.
+             */
+            job: string;
+            /** @description Placement kind: `loopback`, `slurm`, `kubernetes`, `ssh`. */
+            kind: string;
+            /** @description Name of the `[placement.<name>]` table. */
+            name: string;
+            /** @description The node the agent runs on (its host name as the agent reports it). */
+            node: string;
+        };
         /** @description Which kernel ran the cell. */
         KernelRef: {
             /**
@@ -691,6 +831,7 @@ export interface components {
              * @description Host-side pid of the worker.
              */
             pid: number;
+            placement?: null | components["schemas"]["KernelPlacement"];
             /** @description Why the state was reset, when it was. */
             reset_reason?: string | null;
             /** @description The kernel had run earlier cells of this session. */
@@ -702,6 +843,32 @@ export interface components {
             /** @description The session's namespace was lost before this cell (a new kernel). */
             state_reset: boolean;
         };
+        /**
+         * @description A session's network policy: `"off"` (default: a private loopback
+         *     only), `"on"` (the host's network), or a list of `HOST[:PORT]` rules
+         *     reached through the host's egress proxy: a DNS name, `*.` and a name
+         *     (every name below it), an IPv4 address or `[IPv6]`; the port 1–65535
+         *     or `*`, none meaning 443 and 80.
+         */
+        NetworkField: components["schemas"]["NetworkWord"] | string[];
+        /**
+         * @description The network part of a cell's result: what the proxy refused while the
+         *     cell ran (or since the previous cell settled).
+         */
+        NetworkReport: {
+            /** @description The refused connections, oldest first (at most [`MAX_DENIALS`]). */
+            denied: components["schemas"]["Denial"][];
+            /**
+             * Format: int64
+             * @description Refused connections past [`MAX_DENIALS`], counted only.
+             */
+            dropped?: number;
+        };
+        /**
+         * @description `off` or `on`.
+         * @enum {string}
+         */
+        NetworkWord: "off" | "on";
         /** @description A page of a cell's spilled output. */
         OutputChunk: {
             /** @description The cell id. */
@@ -852,6 +1019,12 @@ export interface components {
              * @description The session's kernel generation (1 for its first kernel).
              */
             generation?: number | null;
+            /**
+             * @description The language of the session's kernels (`python`, `r`), kept from
+             *     its creation.
+             */
+            language: string;
+            limits?: null | components["schemas"]["SessionLimits"];
             /** @description The name. */
             name: string;
             /**
@@ -863,6 +1036,39 @@ export interface components {
             python?: string | null;
             /** @description The sandbox mode of the session's kernels. */
             sandbox: components["schemas"]["SandboxMode"];
+        };
+        /**
+         * @description The limits of one session. Every field is optional: absent means "not
+         *     said here" (the next source of the resolution decides, see the `limits`
+         *     module).
+         */
+        SessionLimits: {
+            /**
+             * Format: double
+             * @description A cell's default deadline, in seconds (0 = none).
+             */
+            cell_timeout_s?: number | null;
+            /**
+             * Format: double
+             * @description CPU time as a number of cores (0.01 and up; `1.5` = one and a half).
+             */
+            cpu?: number | null;
+            /**
+             * Format: int64
+             * @description Disk the session may fill, in MiB (1 and up; the `limits` module says what it
+             *     bounds).
+             */
+            disk_mb?: number | null;
+            /**
+             * Format: int64
+             * @description Memory of the kernel's whole process tree, in MiB (16 and up).
+             */
+            memory_mb?: number | null;
+            /**
+             * Format: int64
+             * @description Processes and threads of the kernel's tree at once (8 and up).
+             */
+            pids?: number | null;
         };
         /** @description The caller's sessions. */
         SessionList: {
@@ -1458,7 +1664,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description `bad_request`: the body is not JSON, or could not be read */
+            /** @description `bad_request`: a network allowlist with sandbox mode `off`, or a limit out of its range */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1512,7 +1718,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `invalid_request`: a value the document does not allow */
+            /** @description `limit_over_max`: a limit over the server's maximum (`field`, `value`, `max`), or `invalid_request`: a malformed body (a bad network rule, say) */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -2466,6 +2672,132 @@ export interface operations {
             };
             /** @description `internal`: a fault of the server */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    installPackages: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["InstallBody"];
+            };
+        };
+        responses: {
+            /** @description installed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InstallResponse"];
+                };
+            };
+            /** @description `bad_request`: the body is not JSON, or could not be read */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `unauthorized`: missing or unknown bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `shared_venv_refused` */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_not_found` */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_busy` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `payload_too_large`: the body is over 4 MiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `unsupported_media_type`: the body is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `invalid_package_spec` (`spec`, `reason`) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `internal`: a fault of the server */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `install_failed` (`status`, `stderr_tail`) or `kernel_failed` */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `installer_unavailable` */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
