@@ -19,6 +19,9 @@ use cellhost_remote::{
 use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 
+mod procs;
+use procs::{pid_gone, wait_gone};
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cellhost")
 }
@@ -56,27 +59,6 @@ impl Env {
     fn path(&self) -> &Path {
         self.dir.path()
     }
-}
-
-fn pid_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('Z')),
-    }
-}
-
-/// Polls /proc until `pid` is gone (at most 30 s).
-fn wait_gone(pid: i32) -> bool {
-    for _ in 0..600 {
-        if pid_gone(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 /// Polls until `path` holds a line (at most 60 s).

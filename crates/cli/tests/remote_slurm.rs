@@ -15,6 +15,9 @@ use cellhost_kernel::{CellStatus, ExecOptions, KernelConfig, LiveEvent, Session}
 use cellhost_remote::{AnyPlacement, HostIdentity, HostOptions, MemoryNonces, RemoteHost, RemoteStarter};
 use serde_json::Value;
 
+mod procs;
+use procs::wait_gone;
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cellhost")
 }
@@ -116,26 +119,6 @@ fn wait_job_gone(job: &str) -> bool {
             return true;
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
-    false
-}
-
-fn pid_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('Z')),
-    }
-}
-
-fn wait_gone(pid: i32) -> bool {
-    for _ in 0..600 {
-        if pid_gone(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
     false
 }
