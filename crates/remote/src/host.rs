@@ -379,18 +379,24 @@ async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, host: std::sy
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let deadline = host.inner.opts.handshake_timeout;
-            let outcome = tokio::time::timeout(deadline, handshake(&host, &acceptor, tcp)).await;
-            drop(permit);
-            match outcome {
-                Ok(Ok(())) => {}
-                Ok(Err(code)) => {
-                    tracing::warn!(%peer, code, "remote agent refused");
-                }
-                Err(_) => {
-                    host.refused("handshake_timeout");
-                    tracing::warn!(%peer, "remote agent handshake timed out");
+            // Pinned here so that on a timeout the connection (owned by the
+            // handshake) is closed only after the refusal is recorded.
+            {
+                let hs = handshake(&host, &acceptor, tcp);
+                tokio::pin!(hs);
+                let outcome = tokio::time::timeout(deadline, &mut hs).await;
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(code)) => {
+                        tracing::warn!(%peer, code, "remote agent refused");
+                    }
+                    Err(_) => {
+                        host.refused("handshake_timeout");
+                        tracing::warn!(%peer, "remote agent handshake timed out");
+                    }
                 }
             }
+            drop(permit);
         });
     }
 }
@@ -403,7 +409,16 @@ async fn handshake(host: &RemoteHost, acceptor: &TlsAcceptor, tcp: TcpStream) ->
         host.refused(code);
         code
     };
-    let mut tls = acceptor.accept(tcp).await.map_err(|_| fail("tls_failed"))?;
+    // Fallible: a failed handshake hands the socket back, so it is closed
+    // only after the refusal is recorded.
+    let mut tls = match acceptor.accept(tcp).into_fallible().await {
+        Ok(tls) => tls,
+        Err((_, tcp)) => {
+            let code = fail("tls_failed");
+            drop(tcp);
+            return Err(code);
+        }
+    };
     let hello = match read_msg(&mut tls, HANDSHAKE_CAP).await {
         Ok(Some(Msg::Hello(b))) => b,
         Ok(Some(_)) => {

@@ -60,18 +60,53 @@ fn closed(s: &mut std::net::TcpStream) -> bool {
 async fn remote_listener_garbage_instead_of_tls_is_refused() {
     let host = listener().await;
     let addr = host.addr();
-    tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(30)))
-            .expect("timeout");
-        std::io::Write::write_all(&mut s, &[0xff; 4096]).expect("garbage");
-        assert!(closed(&mut s), "garbage connection left open");
-    })
-    .await
-    .expect("attacker");
-    assert!(host.refusals().contains(&"tls_failed"), "{:?}", host.refusals());
+    // Each refusal is on record by the time the attacker sees its
+    // connection closed (repeated: the order is what is tested).
+    for i in 1..=20 {
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(30)))
+                .expect("timeout");
+            std::io::Write::write_all(&mut s, &[0xff; 4096]).expect("garbage");
+            assert!(closed(&mut s), "garbage connection left open");
+        })
+        .await
+        .expect("attacker");
+        let refusals = host.refusals();
+        assert_eq!(refusals.len(), i, "{refusals:?}");
+        assert!(refusals.iter().all(|c| *c == "tls_failed"), "{refusals:?}");
+    }
     assert_eq!(host.admitted(), 0);
     still_serves(&host).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_listener_silent_connection_times_out_and_is_counted_first() {
+    let host = RemoteHost::start(
+        HostOptions {
+            handshake_timeout: Duration::from_millis(300),
+            ..HostOptions::default()
+        },
+        HostIdentity::generate().expect("certificate"),
+        Arc::new(MemoryNonces::default()),
+    )
+    .await
+    .expect("listener");
+    let addr = host.addr();
+    for i in 1..=3 {
+        // Connects and says nothing: the handshake's deadline closes it.
+        tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(30)))
+                .expect("timeout");
+            assert!(closed(&mut s), "silent connection left open");
+        })
+        .await
+        .expect("attacker");
+        let refusals = host.refusals();
+        assert_eq!(refusals, vec!["handshake_timeout"; i], "{refusals:?}");
+    }
+    assert_eq!(host.admitted(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
