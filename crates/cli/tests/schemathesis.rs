@@ -117,7 +117,9 @@ fn schemathesis_finds_no_server_error_and_no_answer_off_the_document() {
         let _ = err.read_to_string(&mut s);
         s
     });
-    let deadline = Instant::now() + Duration::from_secs(150);
+    // A hang guard, not a speed check: on a loaded machine the bounded run
+    // takes minutes.
+    let deadline = Instant::now() + Duration::from_secs(900);
     let status = loop {
         if let Some(s) = run.0.try_wait().expect("wait") {
             break Some(s);
@@ -131,7 +133,9 @@ fn schemathesis_finds_no_server_error_and_no_answer_off_the_document() {
         let _ = run.0.kill();
     }
     let log = reader.join().unwrap_or_default();
-    let status = status.unwrap_or_else(|| panic!("schemathesis ran past 150 s:\n{log}"));
+    let status = status.unwrap_or_else(|| {
+        panic!("schemathesis ran past 900 s (a hang: its work is bounded by --max-examples):\n{log}")
+    });
     assert!(status.success(), "schemathesis found problems:\n{log}");
     assert!(log.contains("passed"), "{log}");
     // The server is healthy after the run.
