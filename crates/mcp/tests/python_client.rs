@@ -139,7 +139,7 @@ fn python_sdk_client_over_streamable_http() {
     let joined = client.join();
     // The client ended its MCP session (DELETE): its owner's kernels end too.
     let live = rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while registry.stats().live > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
