@@ -20,6 +20,34 @@ local({
   devnull <- file("/dev/null", open = "r")
 
   exit_now <- function() .Internal(quit("no", 0L, FALSE))
+
+  # The native part (cellhost_native.R): a forked worker has it loaded
+  # already; a cold one loads it from the boot directory, building it when
+  # that directory is writable. Without it (no C compiler, or a sandboxed
+  # kernel before the host's background build is done) R's SIGINT handler
+  # cannot be re-armed.
+  native <- local({
+    if ("cellhost_fork" %in% names(getLoadedDLLs())) return("cellhost_fork")
+    args <- commandArgs()
+    i <- match("-f", args)
+    if (is.na(i) || i >= length(args)) return(NULL)
+    boot <- dirname(args[i + 1L])
+    f <- file.path(boot, "cellhost_native.R")
+    if (!file.exists(f)) return(NULL)
+    e <- new.env(parent = baseenv())
+    tryCatch({
+      sys.source(f, envir = e)
+      e$cellhost_native(boot, build = "if_possible")
+    }, error = function(err) NULL)
+  })
+  # R's own SIGINT handler, recorded before any user code runs.
+  sigint_saved <- !is.null(native) &&
+    isTRUE(.C("ch_sigint_save", saved = 0L, PACKAGE = native)$saved == 1L)
+  # Puts R's handler back (and unblocks SIGINT) when native code of a
+  # package replaced it; TRUE when it had to.
+  rearm_sigint <- function() {
+    sigint_saved && isTRUE(.C("ch_sigint_rearm", rearmed = 0L, PACKAGE = native)$rearmed == 1L)
+  }
   pending <- list()         # frames read while waiting for a host_response
   current <- NULL           # id of the running cell
   execution_count <- 0L
@@ -260,7 +288,7 @@ local({
 
   # What the process does with SIGINT now, from /proc/self/status: R's own
   # handler ("worker"), or what native code of a package set in its place
-  # ("ignored", "default"). R code has no way to re-install R's handler.
+  # ("ignored", "default") — put back before the next cell (rearm_sigint).
   sigint_handler <- function() {
     s <- tryCatch(readLines("/proc/self/status", warn = FALSE), error = function(e) character(0))
     bit <- function(field) {
@@ -285,6 +313,9 @@ local({
     marker <- if (is.character(frame$marker)) frame$marker else ""
     silent <- isTRUE(frame$options$silent)
     current <<- id
+    # Interrupt keeps the session even after native code replaced R's
+    # SIGINT handler in an earlier cell: re-armed before this one runs.
+    if (rearm_sigint()) log_msg("worker: R's SIGINT handler re-armed (native code had replaced it)")
     if (!silent) execution_count <<- execution_count + 1L
     cell_warnings <<- list()
     cpu_before <- cpu_now()
@@ -508,6 +539,7 @@ local({
       inspect(frame)
     } else if (identical(kind, "interrupt")) {
       # Only read between cells: the cell it was meant for has ended.
+      rearm_sigint()
       send(list(type = "interrupt_ack", id = frame$id, running = FALSE,
                 handler = sigint_handler(), raised = 0L))
     } else if (identical(kind, "shutdown")) {

@@ -55,7 +55,7 @@ const EXIT_USAGE: u8 = 2;
 /// Every workload this build measures, in run order (W3 first: it resets
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
-    "W3", "W1", "W2", "W2S", "W2T", "R2T", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5",
+    "W3", "W1", "W2", "W2S", "W2T", "R2T", "R2TS", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5",
     "IDLE200", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK",
 ];
 
@@ -124,7 +124,7 @@ pub struct BenchArgs {
     /// executable.
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
-    /// R of the R workloads (R2T); default: R on PATH.
+    /// R of the R workloads (R2T, R2TS); default: R on PATH.
     #[arg(long, value_name = "PATH")]
     pub r: Option<PathBuf>,
     /// Sandbox mode of the kernels this process starts: `off`, `auto` or
@@ -142,7 +142,7 @@ pub struct BenchArgs {
     /// executable.
     #[arg(long, value_name = "PATH")]
     pub cellhost: Option<PathBuf>,
-    /// Comma-separated workloads (W1, W2, W2S, W2T, R2T, W3, W4, KILL, HOSTKILL, W7, POOL,
+    /// Comma-separated workloads (W1, W2, W2S, W2T, R2T, R2TS, W3, W4, KILL, HOSTKILL, W7, POOL,
     /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50, PYSDK), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,

@@ -74,6 +74,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "W2S" => w2s(ctx).await,
         "W2T" => super::template::w2t(ctx).await,
         "R2T" => super::rtemplate::r2t(ctx).await,
+        "R2TS" => super::rtemplate::r2ts(ctx).await,
         "W3" => w3(ctx).await,
         "W4" => w4(ctx).await,
         "KILL" => kill_tree(ctx).await,

@@ -284,6 +284,7 @@ async fn start_registry_with(
     }
     if one_shot {
         rc.preload.clear();
+        rc.r_preload.clear();
     }
     rc.session_workdirs = session_workdirs;
     let probe = (!one_shot).then(|| rc.template.clone());

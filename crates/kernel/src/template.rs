@@ -34,7 +34,8 @@
 //!   kernel instead.
 //! * A runtime whose template cannot confine its forks
 //!   ([`WorkerRuntime::templates_sandboxed`](crate::runtime::WorkerRuntime::templates_sandboxed)
-//!   false: R) has templates for unsandboxed configurations only;
+//!   false; Python's and R's both confine them) has templates for
+//!   unsandboxed configurations only;
 //!   [`Template::start`] and [`Template::fork`] refuse a sandboxed one
 //!   ([`KernelError::InvalidRequest`]) and callers start it cold.
 //! * Retiring a template (dropping the last handle) kills the template

@@ -122,7 +122,13 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "preload",
         Kind::Str,
         "\"\"",
-        "modules a template imports before forking kernels, comma-separated (empty: no template)",
+        "Python modules a template imports before forking Python kernels, comma-separated (empty: no template)",
+    ),
+    (
+        "r_preload",
+        Kind::Str,
+        "\"\"",
+        "R packages a template attaches before forking R kernels, comma-separated (empty: no template)",
     ),
     (
         "staging_max_age_days",
@@ -698,12 +704,16 @@ impl Config {
         rc.max_live = self.int("max_live_kernels") as usize;
         rc.idle_timeout = self.secs("idle_timeout_s");
         rc.pool_size = self.int("pool_size") as usize;
-        rc.preload = self
-            .string("preload")
-            .split(',')
-            .map(|m| m.trim().to_string())
-            .filter(|m| !m.is_empty())
-            .collect();
+        let list = |key: &str| -> Vec<String> {
+            self.string(key)
+                .split(',')
+                .map(|m| m.trim().to_string())
+                .filter(|m| !m.is_empty())
+                .collect()
+        };
+        // One list per language: a Python module name never reaches R.
+        rc.preload = list("preload");
+        rc.r_preload = list("r_preload");
         rc.staging_max_age = Duration::from_secs_f64(self.float("staging_max_age_days") * 86400.0);
         rc.network = self.egress.clone();
         rc.packages = crate::packages::PackageSettings {
@@ -762,6 +772,30 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preload_lists_are_kept_per_language() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "preload = \"numpy, pandas\"\nr_preload = \"dplyr,  ggplot2 ,\"\n",
+        )
+        .expect("write");
+        let c = Config::load_with(Some(&p), |_| None).expect("load");
+        let mut rc = crate::registry::RegistryConfig::new(
+            dir.path().join("state"),
+            cellhost_kernel::KernelConfig::new(std::path::PathBuf::from("python3"), dir.path().join("s")),
+        );
+        c.apply_to_registry(&mut rc);
+        assert_eq!(rc.preload, vec!["numpy", "pandas"]);
+        assert_eq!(rc.r_preload, vec!["dplyr", "ggplot2"]);
+        let env = |k: &str| (k == "CELLHOST_R_PRELOAD").then(|| "data.table".to_string());
+        let c = Config::load_with(None, env).expect("load");
+        c.apply_to_registry(&mut rc);
+        assert!(rc.preload.is_empty());
+        assert_eq!(rc.r_preload, vec!["data.table"]);
+    }
 
     #[test]
     fn precedence_env_over_file_over_default() {

@@ -136,9 +136,14 @@ pub struct RegistryConfig {
     pub reaper_interval: Option<Duration>,
     /// Prespawned kernels for the default configuration (2; 0 = no pool).
     pub pool_size: usize,
-    /// Modules a per-interpreter template imports before it forks kernels
-    /// (pooled ones and the rest); empty: every kernel starts cold.
+    /// Python modules a per-interpreter template imports before it forks
+    /// Python kernels (pooled ones and the rest); empty: every Python
+    /// kernel starts cold (config `preload`).
     pub preload: Vec<String>,
+    /// R packages a per-interpreter R template attaches before it forks R
+    /// kernels; empty: every R kernel starts cold (config `r_preload`).
+    /// Each language's template gets its own list only.
+    pub r_preload: Vec<String>,
     /// Give each session a working directory of its own under this root
     /// (`<root>/<owner>/<session>`, kept across its kernels) instead of the
     /// template's cwd; `None` (default): kernels work in the template's cwd,
@@ -182,6 +187,7 @@ impl RegistryConfig {
             reaper_interval: None,
             pool_size: 2,
             preload: Vec::new(),
+            r_preload: Vec::new(),
             session_workdirs: None,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             interpreters: std::collections::BTreeMap::new(),
@@ -431,7 +437,14 @@ impl Registry {
         if swept > 0 {
             tracing::info!("swept {swept} staging directories of dead hosts");
         }
-        let templates = Arc::new(Templates::new(cfg.preload.clone()));
+        let templates = Arc::new(Templates::new(
+            [
+                ("python".to_string(), cfg.preload.clone()),
+                ("r".to_string(), cfg.r_preload.clone()),
+            ]
+            .into_iter()
+            .collect(),
+        ));
         let packages = Arc::new(crate::pool::PackageHost {
             settings: cfg.packages.clone(),
             log: Default::default(),

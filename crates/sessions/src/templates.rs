@@ -1,5 +1,6 @@
 //! Templates of the registry: one fork server per interpreter (and sandbox
-//! on/off) that has imported the configured `preload` modules, so a
+//! on/off) that has imported its language's configured preload list
+//! (`preload` for Python modules, `r_preload` for R packages), so a
 //! session's kernel — from the warm pool or beyond it — appears with that
 //! stack ready in milliseconds ([`cellhost_kernel::Template`]).
 //!
@@ -13,7 +14,7 @@
 //! template is retired and tried again after 60 s. A template that died is
 //! replaced by the next kernel that needs it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,7 +44,8 @@ enum Entry {
 
 /// The templates of one registry.
 pub struct Templates {
-    preload: Vec<String>,
+    /// Preload lists by runtime name ([`cellhost_kernel::WorkerRuntime::name`]).
+    preload: BTreeMap<String, Vec<String>>,
     map: Mutex<HashMap<Key, Entry>>,
     closed: AtomicBool,
 }
@@ -57,8 +59,10 @@ impl std::fmt::Debug for Templates {
 }
 
 impl Templates {
-    /// Templates importing `preload` (no template at all when empty).
-    pub fn new(preload: Vec<String>) -> Self {
+    /// Templates importing, for each runtime name (`python`, `r`), that
+    /// language's list: a kernel of a language whose list is empty or
+    /// absent starts cold, and no list reaches another language's template.
+    pub fn new(preload: BTreeMap<String, Vec<String>>) -> Self {
         Templates {
             preload,
             map: Mutex::new(HashMap::new()),
@@ -66,9 +70,10 @@ impl Templates {
         }
     }
 
-    /// Modules a template imports.
-    pub fn preload(&self) -> &[String] {
-        &self.preload
+    /// What a template of the runtime named `language` imports (empty:
+    /// none is started).
+    pub fn preload(&self, language: &str) -> &[String] {
+        self.preload.get(language).map_or(&[], Vec::as_slice)
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
@@ -85,7 +90,7 @@ impl Templates {
         // kernels only where its templates confine their forks, and to
         // local kernels only (a placement starts its own worker; an egress
         // allowlist needs a cold kernel's init).
-        if !self.preload.is_empty()
+        if !self.preload(cfg.runtime.name()).is_empty()
             && cfg.egress.is_none()
             && cfg.starter.is_none()
             && cfg
@@ -155,7 +160,8 @@ impl Templates {
         base.tool_host = None;
         let me = self.clone();
         tokio::spawn(async move {
-            let started = Template::start(base, me.preload.clone()).await;
+            let preload = me.preload(base.runtime.name()).to_vec();
+            let started = Template::start(base, preload).await;
             let out = {
                 let mut map = me.map();
                 match started {

@@ -760,6 +760,41 @@ async fn preload_forks_pooled_and_other_kernels_from_a_template() {
     assert!(wait_dead(r2.kernel.pid).await);
 }
 
+/// Python's template imports `preload` only: the R packages of
+/// `r_preload` never reach it, and with only `r_preload` set Python
+/// kernels start cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r_preload_never_reaches_python() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = reg_config(dir.path());
+    cfg.pool_size = 0;
+    cfg.r_preload = vec!["ggplot2".into()];
+    let reg = start(cfg, false).await;
+    let k = reg.key("o", "a");
+    let r = reg
+        .execute(&k, "print(1)", ExecOptions::default(), &o())
+        .await
+        .expect("cell");
+    assert_eq!(r.stdout, "1\n", "{r:#?}");
+    assert_eq!(reg.kernel(&k).and_then(|k| k.info().template), None);
+    reg.shutdown().await;
+    let templates = std::sync::Arc::new(cellhost_sessions::templates::Templates::new(
+        [
+            ("python".to_string(), vec!["colorsys".to_string()]),
+            ("r".to_string(), vec!["ggplot2".to_string()]),
+        ]
+        .into_iter()
+        .collect(),
+    ));
+    let t = templates
+        .template_for(&template(dir.path()))
+        .await
+        .expect("Python template");
+    assert_eq!(t.info().preloaded, vec!["colorsys".to_string()]);
+    assert!(t.info().failed.is_empty(), "{:?}", t.info().failed);
+    templates.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_template_is_replaced_and_its_kernels_live_on() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -17,33 +17,47 @@
 //!   the cell's end.
 //! * Interrupt: R's own SIGINT handler (it sets R's pending interrupt,
 //!   checked between R operations and in `Sys.sleep`). R code cannot replace
-//!   it; native code of a package can (`signal(SIGINT, SIG_IGN)`), and the
-//!   worker reports the disposition it finds (`/proc/self/status`) in every
-//!   response. The worker reads control frames only between cells (R has
-//!   no second thread, [`WorkerRuntime::reads_control_during_cells`] is
+//!   it; native code of a package can (`signal(SIGINT, SIG_IGN)`, a handler
+//!   of its own, a blocked SIGINT), so the worker records R's handler at its
+//!   start and puts it back (and unblocks SIGINT) before every cell and on
+//!   every `interrupt` frame, through the native part (`r/cellhost_fork.c`,
+//!   `ch_sigint_save`/`ch_sigint_rearm`). A cell that replaces the handler
+//!   and then computes is ended by the escalation (the handler is back for
+//!   the next cell); the response's `sigint_handler` says what
+//!   `/proc/self/status` shows at the cell's end. The worker reads control
+//!   frames only between cells (R
+//!   has no second thread, [`WorkerRuntime::reads_control_during_cells`] is
 //!   false): an interrupt that reached the host before the cell's `started`
 //!   is delivered by the wake-up the driver sends on `started`, and a stuck
 //!   cell is ended by the driver's escalation.
 //! * Sandbox: `R_HOME` (from `R RHOME`) and R's library directories
 //!   read-only, besides the interpreter's prefix.
-//! * Templates (unsandboxed kernels): `r/cellhost_template.R` attaches the
-//!   configured packages (`library()`) and forks a kernel per request over
-//!   the Python template's wire protocol, so the host side
-//!   ([`crate::template`]) is shared. R has no functions for descriptor
-//!   passing, `fork`, `dup2` or `posix_spawn`: `r/cellhost_fork.c` has
-//!   them, built with `R CMD SHLIB` (a C compiler) into the boot directory
-//!   on the template's first start; without one the template fails to
-//!   start and kernels start cold. The forked worker (C) gets the control
-//!   socket, stdout and stderr on fds 0, 1, 2 and every other descriptor
-//!   closed, the kernel's environment (plus the `R_*` variables R's front
-//!   end sets), its cwd, a session temporary directory of its own
-//!   (`tempdir()`; the template's would be removed by the first kernel to
-//!   quit) and no `.Random.seed` (R seeds afresh from the time and the new
-//!   pid), then evaluates the worker script as a cold worker does.
-//!   Sandboxed kernels are not forked from R templates
-//!   ([`WorkerRuntime::templates_sandboxed`] is false): the confinement
-//!   steps of `cellhost_sandbox::forkplan` have no R implementation, and
-//!   the host starts those kernels cold with every layer.
+//! * Native part: `r/cellhost_fork.c` (descriptor passing, `fork`,
+//!   `dup2`, `posix_spawn`, the confinement steps, the SIGINT re-arm),
+//!   found or built with `R CMD SHLIB` (a C compiler) into the boot
+//!   directory by `r/cellhost_native.R`: by the template on its first
+//!   start, by an unsandboxed worker whose boot directory is writable, and
+//!   for sandboxed workers by the host in the background
+//!   ([`WorkerRuntime::sandbox_assets`]). Without a compiler templates fail
+//!   to start (kernels start cold) and workers run without the re-arm.
+//! * Templates: `r/cellhost_template.R` attaches the configured packages
+//!   (`library()`) and forks a kernel per request over the Python
+//!   template's wire protocol, so the host side ([`crate::template`]) is
+//!   shared. The forked worker (C) gets the control socket, stdout and
+//!   stderr on fds 0, 1, 2 and every other descriptor closed, the kernel's
+//!   environment (plus the `R_*` variables R's front end sets), its cwd, a
+//!   session temporary directory of its own (`tempdir()`; the template's
+//!   would be removed by the first kernel to quit) and no `.Random.seed`
+//!   (R seeds afresh from the time and the new pid), then evaluates the
+//!   worker script as a cold worker does. Sandboxed kernels are forked too
+//!   ([`WorkerRuntime::templates_sandboxed`] is true): the forked processes
+//!   apply the steps of `cellhost_sandbox::forkplan` in the plan's order,
+//!   as the Python template does — rlimits and namespaces (a user
+//!   namespace of the kernel's own first when the host is not root) in
+//!   the kernel init, the mounts in the ns-init, then in the worker its
+//!   cgroups and cgroup namespace, bounding set, uid, Landlock,
+//!   capabilities and seccomp — and the worker reports the layers in a
+//!   `sandbox` frame (mode `enforce` ends a fork with a layer missing).
 //! * Hints: a missing package (install it for that R), a file that is not
 //!   there (relative to the kernel's cwd), a tool error.
 
@@ -69,14 +83,21 @@ const WORKER_FILE: &str = "cellhost_worker.R";
 /// The template script.
 const TEMPLATE: &str = include_str!("../../../../r/cellhost_template.R");
 
-/// The template's native part (built by the template with `R CMD SHLIB`).
+/// The native part of the template and the worker (built with `R CMD SHLIB`).
 const FORK_C: &str = include_str!("../../../../r/cellhost_fork.c");
+
+/// The file name of the script that finds or builds the native part.
+const NATIVE_FILE: &str = "cellhost_native.R";
+
+/// The script that finds or builds the native part.
+const NATIVE: &str = include_str!("../../../../r/cellhost_native.R");
 
 /// The boot files: name and content.
 const FILES: &[(&str, &str)] = &[
     (WORKER_FILE, WORKER),
     ("cellhost_template.R", TEMPLATE),
     ("cellhost_fork.c", FORK_C),
+    (NATIVE_FILE, NATIVE),
 ];
 
 /// The shell line that starts a template like the worker; `$2` is the boot
@@ -126,7 +147,16 @@ impl WorkerRuntime for RRuntime {
     }
 
     fn templates_sandboxed(&self) -> bool {
-        false
+        true
+    }
+
+    fn sandbox_assets(&self, interpreter: &Path, boot_dir: &Path) -> Option<PathBuf> {
+        // A sandboxed worker cannot write its boot directory: the native
+        // part it loads (R's SIGINT handler re-armed) is built here, in
+        // the background, once per interpreter and process. It lives in
+        // the boot directory, which the sandbox already reads.
+        build_native_in_background(interpreter, boot_dir);
+        None
     }
 
     fn readonly_paths(&self, interpreter: &Path) -> Vec<PathBuf> {
@@ -199,6 +229,43 @@ fn worker_dir() -> io::Result<&'static Path> {
         }
     }
     Ok(DIR.get_or_init(|| dir))
+}
+
+/// Starts `R -f cellhost_native.R --args <boot dir>` (which builds the
+/// native part unless it is there) in a thread of its own, once per
+/// interpreter and process; its outcome is only logged.
+fn build_native_in_background(interpreter: &Path, boot_dir: &Path) {
+    static STARTED: Mutex<Option<std::collections::HashSet<PathBuf>>> = Mutex::new(None);
+    {
+        let mut guard = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+        if !guard
+            .get_or_insert_with(Default::default)
+            .insert(interpreter.to_path_buf())
+        {
+            return;
+        }
+    }
+    let (r, boot) = (interpreter.to_path_buf(), boot_dir.to_path_buf());
+    std::thread::spawn(move || {
+        let out = Command::new(&r)
+            .args(["--no-echo", "--no-restore", "--no-save", "-f"])
+            .arg(boot.join(NATIVE_FILE))
+            .arg("--args")
+            .arg(&boot)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => tracing::warn!(
+                "cannot build cellhost's native part for {}: {}",
+                r.display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+            Err(e) => tracing::warn!("cannot run {} to build cellhost's native part: {e}", r.display()),
+        }
+    });
 }
 
 /// `R_HOME` of `interpreter` as `R RHOME` prints it (no R session is
@@ -305,7 +372,7 @@ mod tests {
         assert_eq!(argv[3], "/usr/bin/R");
         assert_eq!(argv[4], "/cache/r/cellhost_template.R");
         assert_eq!(argv[5], "/cache/r");
-        assert!(!RRuntime.templates_sandboxed());
+        assert!(RRuntime.templates_sandboxed());
     }
 
     #[test]
