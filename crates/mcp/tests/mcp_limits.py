@@ -16,7 +16,7 @@ import sys
 
 import anyio
 from mcp import Client, StdioServerParameters
-from mcp.shared.exceptions import McpError
+from mcp.shared.exceptions import MCPError
 
 FAILURES = []
 
@@ -80,7 +80,7 @@ async def run(command, args):
         try:
             r = await client.call_tool("execute_code", {"code": "1", "session": "typo", "limits": {"memroy_mb": 64}})
             refused = r.is_error
-        except McpError:
+        except MCPError:
             refused = True
         check("an unknown limit is refused", refused, "accepted")
         r = await client.call_tool("list_sessions", {})
@@ -92,7 +92,8 @@ async def run(command, args):
         )
         cell = (s.structured_content or {}).get("cell")
         g = await client.call_tool("get_cell", {"cell": cell, "wait_s": 60})
-        result = (g.structured_content or {}).get("result") or {}
+        # A finished cell's structured content is its CellResult.
+        result = g.structured_content or {}
         check("submit_code's limits: the fault disk", result.get("fault") == "disk", g.structured_content)
         check(
             "submit_code's network: the proxy",
