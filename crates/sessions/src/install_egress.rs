@@ -8,9 +8,12 @@
 //! `ALL_PROXY` (upper and lower case) name the proxy's loopback listener,
 //! `NO_PROXY` is empty (nothing bypasses it), and pip is also given
 //! `--proxy`. A redirect or a dependency URL to any other host is refused
-//! by the proxy (and listed in the install's error); a name resolving to a
-//! non-public address is refused unless it is the index's IP literal or
-//! pinned in `[egress] hosts` (the proxy's rules, see
+//! by the proxy (and listed in the install's error). The index's host
+//! (and PyPI's file host) are the operator's own choice, so they are
+//! pinned to what the system resolver answers when the install starts,
+//! whatever address that is (a mirror on the local network); any other
+//! name — a `name @ URL` spec's host — resolving to a non-public address
+//! is refused unless pinned in `[egress] hosts` (the proxy's rules, see
 //! [`cellhost_kernel::egress::address`]).
 //!
 //! The host's own proxy variables are not passed on: the installer's
@@ -51,6 +54,35 @@ pub fn url_host_rule(url: &str) -> Option<String> {
     } else {
         format!("{hostport}:{default_port}")
     })
+}
+
+/// The names of `policy`'s first rules that the operator chose (the
+/// index, PyPI's file host): `operator` of them, each with its port.
+fn operator_names(policy: &NetworkPolicy, operator: usize) -> Vec<(String, u16)> {
+    policy
+        .to_text()
+        .split(',')
+        .take(operator)
+        .filter_map(|r| {
+            let (host, port) = r.rsplit_once(':')?;
+            let port: u16 = port.parse().ok()?;
+            // IP literals need no pinning (an IP rule admits its address).
+            (!host.starts_with('[') && host.parse::<std::net::IpAddr>().is_err())
+                .then(|| (host.to_ascii_lowercase(), port))
+        })
+        .collect()
+}
+
+/// How many of [`allowlist`]'s rules are the operator's (the index, and
+/// PyPI's file host for PyPI) rather than a spec's.
+pub fn operator_rules(settings: &PackageSettings) -> usize {
+    let pypi = url_host_rule(&settings.index_url)
+        .and_then(|r| {
+            r.rsplit_once(':')
+                .map(|(h, _)| h.eq_ignore_ascii_case("pypi.org"))
+        })
+        .unwrap_or(false);
+    if pypi { 2 } else { 1 }
 }
 
 /// The allowlist of an install: the index's host, PyPI's file host when the
@@ -112,8 +144,27 @@ impl InstallProxy {
                 message: format!("cannot start the installer's egress proxy: {e}"),
             })?
             .port();
+        let mut hosts = settings.egress_hosts.clone();
+        for (name, port) in operator_names(policy, operator_rules(settings)) {
+            if hosts.contains_key(&name) {
+                continue;
+            }
+            // Unresolvable now: left to the proxy, which reports it.
+            let found = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                tokio::net::lookup_host((name.clone(), port)),
+            )
+            .await;
+            if let Ok(Ok(addrs)) = found {
+                let mut ips: Vec<std::net::IpAddr> = addrs.map(|a| a.ip()).collect();
+                ips.dedup();
+                if !ips.is_empty() {
+                    hosts.insert(name, ips);
+                }
+            }
+        }
         let resolver = Resolver {
-            hosts: settings.egress_hosts.clone(),
+            hosts,
             timeout: std::time::Duration::from_secs(10),
         };
         let egress = Egress::for_policy(policy, resolver, Limits::default()).ok_or_else(|| {
@@ -201,5 +252,16 @@ mod tests {
         };
         let p = allowlist(&local, &["six @ https://example.org/six.whl".into()]).expect("policy");
         assert_eq!(p.to_text(), "127.0.0.1:9000,example.org:443");
+        // The spec's host is not the operator's: never pinned.
+        assert_eq!(operator_rules(&local), 1);
+        assert!(operator_names(&p, operator_rules(&local)).is_empty());
+        let p = allowlist(&s, &[]).expect("policy");
+        assert_eq!(
+            operator_names(&p, operator_rules(&s)),
+            vec![
+                ("pypi.org".to_string(), 443),
+                ("files.pythonhosted.org".to_string(), 443)
+            ]
+        );
     }
 }
