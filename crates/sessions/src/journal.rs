@@ -399,6 +399,19 @@ impl Journal {
         });
     }
 
+    /// Forgets the session's own settings (it was killed or deleted: its
+    /// name, used again, is a new session under the configured ones).
+    pub fn session_forgotten(&self, owner: &str, session: &str) {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.fire("session forgotten", move |c| {
+            c.execute(
+                "UPDATE sessions SET settings=NULL WHERE owner=?1 AND session=?2",
+                params![o, s],
+            )?;
+            Ok(())
+        });
+    }
+
     /// The own limits and network policy the session's last kernel ran
     /// under, as [`Journal::session_used`] recorded them (empty when the
     /// journal does not know the session, it had none of its own, or the
@@ -876,6 +889,8 @@ mod tests {
         // Another owner's session of that name is not this one.
         assert!(j.session_settings("p", "s").await.expect("settings").is_empty());
         assert!(SessionSettings::parse("{\"limits\": {\"pidz\": 1}}").is_empty());
+        j.session_forgotten("o", "s");
+        assert!(j.session_settings("o", "s").await.expect("settings").is_empty());
     }
 
     #[tokio::test]

@@ -741,6 +741,18 @@ impl Registry {
         }
     }
 
+    /// The network policy the journal keeps as `key`'s session's own (see
+    /// [`Registry::adopt_settings`]): `None` when there is none, or this
+    /// host refuses it.
+    pub async fn journaled_network(&self, key: &Key) -> Option<cellhost_kernel::egress::NetworkPolicy> {
+        let j = self.journal.as_ref()?;
+        let text = j.session_settings(&key.owner, &key.session).await.ok()?.network?;
+        crate::network::parse_request(&text)
+            .and_then(|p| crate::network::check(&p, key.sandbox).map(|()| p))
+            .map_err(|e| tracing::warn!("session {}: journaled network not applied: {e}", key.session))
+            .ok()
+    }
+
     /// Restores the journaled settings of `owner`'s session `session` into
     /// `key`'s session (see [`Registry::adopt_settings`]), for `restore`.
     async fn adopt_journaled(&self, owner: &str, session: &str, key: &Key) {
@@ -1468,6 +1480,13 @@ impl Registry {
                 if let Some(s) = slots.remove(&k) {
                     victims.push(s);
                 }
+            }
+        }
+        // A disposed session is forgotten: its name, used again, is a new
+        // session (the configured limits and network policy, not these).
+        if let Some(j) = &self.journal {
+            for s in &victims {
+                j.session_forgotten(&s.key.owner, &s.key.session);
             }
         }
         self.kill_slots(victims, "disposed").await;

@@ -450,3 +450,66 @@ fn limits_and_network_survive_daemon_restart_and_restore() {
         .unwrap_or_else(|| panic!("r2 not listed: {listed}"));
     assert_eq!(s["limits"]["disk_mb"], 8, "{s}");
 }
+
+/// `serve` restarted on the same state directory: a session created again
+/// under its name (not deleted before) runs under the limits and network
+/// policy it was created with; once deleted, its name is a new session
+/// under the configured ones.
+#[test]
+fn limits_and_network_survive_a_serve_restart_until_deleted() {
+    let dir = tempfile::Builder::new()
+        .prefix("cellhost-limits-restart-")
+        .tempdir()
+        .expect("tmp");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, CONFIG).expect("config");
+    let state = dir.path().join("state").display().to_string();
+    let cfg = cfg.display().to_string();
+    let vars = [
+        ("CELLHOST_CONFIG", cfg.as_str()),
+        ("CELLHOST_STATE_DIR", state.as_str()),
+    ];
+    let probe = format!("import os\nprint(os.environ.get('HTTPS_PROXY'))\n{DD_PAST_CAP}");
+    {
+        let serve = Serve::start(&vars);
+        let a = create(
+            &serve,
+            &json!({"name": "h1", "limits": {"disk_mb": 8}, "network": ["127.0.0.1:9"]}),
+        );
+        assert_eq!(a.status, 201, "{a:?}");
+        // A settled cell is committed, and the session's row before it.
+        let v = execute(&serve, "h1", "x = 1");
+        assert_eq!(v["status"], "ok", "{v}");
+    }
+    let serve = Serve::start(&vars);
+    let a = create(&serve, &json!({"name": "h1"}));
+    assert_eq!(a.status, 201, "{a:?}");
+    assert_eq!(listed_limits(&serve, "h1")["disk_mb"], 8);
+    let v = execute(&serve, "h1", &probe);
+    assert_eq!(v["fault"], "disk", "{v}");
+    assert!(
+        v["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("http://127.0.0.1:"),
+        "the journaled list policy: {v}"
+    );
+    let auth = auth();
+    let d = serve.request(
+        "DELETE",
+        "/v1/sessions/h1",
+        &[("Authorization", auth.as_str())],
+        "",
+    );
+    assert_eq!(d.status, 204, "{d:?}");
+    let a = create(&serve, &json!({"name": "h1"}));
+    assert_eq!(a.status, 201, "{a:?}");
+    assert_eq!(
+        listed_limits(&serve, "h1")["disk_mb"],
+        64,
+        "the configured maximum"
+    );
+    let v = execute(&serve, "h1", &probe);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["stdout"], "None\n", "{v}");
+}
