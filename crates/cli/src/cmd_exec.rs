@@ -75,13 +75,14 @@ pub fn run(args: ExecArgs) -> u8 {
             return EXIT_USAGE;
         }
         if args.detach {
-            if !args.limits.limits().is_empty() {
-                eprintln!(
-                    "cellhost: --memory/--pids/--cpus/--disk size a session when it starts: give them to `exec --session {session}` first, then --detach"
-                );
-                return EXIT_USAGE;
-            }
-            return crate::cmd_wait::submit(&args.kernel, session, code, args.timeout, args.json);
+            return crate::cmd_wait::submit(
+                &args.kernel,
+                session,
+                code,
+                args.timeout,
+                args.json,
+                args.limits.limits(),
+            );
         }
         let as_code = (args.code != "-").then(|| args.code.clone());
         return crate::cmd_sessions::exec(

@@ -205,7 +205,7 @@ pub fn caller_cwd() -> Option<std::path::PathBuf> {
 /// # Errors
 /// A name not set in this environment (the message names it, never a
 /// value).
-fn session_env(kernel: &KernelArgs) -> Result<Vec<EnvVar>, String> {
+pub(crate) fn session_env(kernel: &KernelArgs) -> Result<Vec<EnvVar>, String> {
     let mut out = Vec::new();
     for spec in &kernel.env {
         let (name, value) = match spec.split_once('=') {

@@ -25,13 +25,22 @@ pub struct WaitArgs {
     cell: String,
 }
 
+/// Sends `req` and answers its first reply that is not a `note` (each
+/// note is printed to stderr, as `exec --session` prints them).
 fn call(kernel: &KernelArgs, req: Request) -> Result<Reply, String> {
     let rt = common::runtime().map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(async {
         let mut c = cmd_daemon::connect(kernel)
             .await
             .map_err(|e| format!("cannot reach the daemon: {e}"))?;
-        c.call(&req).await.map_err(|e| e.to_string())
+        c.send(&req).await.map_err(|e| e.to_string())?;
+        loop {
+            match c.next().await.map_err(|e| e.to_string())? {
+                Some(Reply::Note { message }) => eprintln!("cellhost: note: {message}"),
+                Some(reply) => return Ok(reply),
+                None => return Err("the daemon closed the connection".into()),
+            }
+        }
     })
 }
 
@@ -48,8 +57,26 @@ fn failed(message: &str, usage: bool, code: &str, json: bool) -> u8 {
 }
 
 /// Submits `code` to the daemon's session and prints the cell id (with
-/// `--json`, the handle as JSON).
-pub fn submit(kernel: &KernelArgs, session: String, code: String, timeout_s: Option<f64>, json: bool) -> u8 {
+/// `--json`, the handle as JSON). The session's variables, network policy
+/// and `limits` go with it, under the same rules as `exec --session`
+/// without `--detach` (a running session keeps its own, and a note says
+/// so; a value over the daemon's maximum is refused before any cell is
+/// submitted).
+pub fn submit(
+    kernel: &KernelArgs,
+    session: String,
+    code: String,
+    timeout_s: Option<f64>,
+    json: bool,
+    limits: cellhost_sessions::SessionLimits,
+) -> u8 {
+    let env = match crate::cmd_sessions::session_env(kernel) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return EXIT_USAGE;
+        }
+    };
     let python = match &kernel.python {
         None => None,
         Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
@@ -67,6 +94,9 @@ pub fn submit(kernel: &KernelArgs, session: String, code: String, timeout_s: Opt
         python,
         sandbox: kernel.sandbox.map(|m| m.to_string()),
         cwd: caller_cwd(),
+        env,
+        network: kernel.network.as_ref().map(|p| p.to_text()),
+        limits: (!limits.is_empty()).then_some(limits),
     };
     match call(kernel, req) {
         Ok(Reply::Submitted { submitted }) => {

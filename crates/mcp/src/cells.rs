@@ -33,6 +33,14 @@ pub struct SubmitCodeParams {
     /// 0 = none).
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// Limits of a session this call creates (as execute_code's `limits`):
+    /// checked before the cell is submitted.
+    #[serde(default)]
+    pub limits: Option<crate::LimitsParam>,
+    /// Network policy of a session this call creates (as execute_code's
+    /// `network`).
+    #[serde(default)]
+    pub network: Option<crate::NetworkParam>,
 }
 
 /// Parameters of `get_cell`.
@@ -68,20 +76,28 @@ session. Poll it with get_cell {cell, wait_s}, stop it with cancel_cell {cell}."
         let session = session_name(p.session)?;
         let deadline = cellhost_sessions::Deadline::from_secs(p.timeout_s)
             .map_err(|e| params_error(format!("timeout_s: {e}")))?;
+        let mut spec = self.spec(&session);
+        let notes = match self.apply_session_settings(&mut spec, p.limits, p.network.as_ref()) {
+            Ok(n) => n,
+            Err(refused) => return Ok(refused),
+        };
         let req = SubmitRequest {
-            session: self.spec(&session),
+            session: spec,
             code: p.code,
             deadline,
             origin: Origin::new("mcp"),
         };
         match req.execute(&self.inner.registry) {
-            Ok(h) => Ok(text_result(
-                format!(
-                    "submitted cell {} to session \"{session}\" ({} submitted cells ahead of it); \
-                     call get_cell {{\"cell\": \"{}\", \"wait_s\": 30}} for its output and result",
-                    h.cell, h.ahead, h.cell
+            Ok(h) => Ok(crate::session_settings::with_notes(
+                text_result(
+                    format!(
+                        "submitted cell {} to session \"{session}\" ({} submitted cells ahead of it); \
+                         call get_cell {{\"cell\": \"{}\", \"wait_s\": 30}} for its output and result",
+                        h.cell, h.ahead, h.cell
+                    ),
+                    json!(h),
                 ),
-                json!(h),
+                notes,
             )),
             Err(e) => Ok(request_tool_error("submit_code failed", &e)),
         }

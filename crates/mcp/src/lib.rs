@@ -33,6 +33,9 @@ pub mod fit;
 mod notebook;
 mod packages;
 pub mod render;
+mod session_settings;
+
+pub use session_settings::{LimitsParam, NetworkParam};
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -234,6 +237,17 @@ pub struct ExecuteCodeParams {
     /// (`bad_request`). Omitted: the session's language.
     #[serde(default)]
     pub language: Option<String>,
+    /// Limits of a session this call creates: memory_mb, pids, cpu (cores),
+    /// disk_mb, cell_timeout_s; each bounded by the operator's maximum
+    /// (error code `limit_over_max`). A running session keeps its own
+    /// unless `reset: true`.
+    #[serde(default)]
+    pub limits: Option<LimitsParam>,
+    /// Network policy of a session this call creates: "off" (default),
+    /// "on", or a list of "HOST[:PORT]" rules; a running session keeps its
+    /// own.
+    #[serde(default)]
+    pub network: Option<NetworkParam>,
 }
 
 /// Parameters naming a session.
@@ -482,9 +496,13 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         // cancelled call (its handler is dropped at the cancellation): this
         // call then waits behind that cell instead of being refused.
         let after_cancel = _turn.is_some() && turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst);
-        let spec = SessionSpec {
+        let mut spec = SessionSpec {
             language: p.language.clone(),
             ..self.spec(&session)
+        };
+        let notes = match self.apply_session_settings(&mut spec, p.limits, p.network.as_ref()) {
+            Ok(n) => n,
+            Err(refused) => return Ok(refused),
         };
         if p.reset == Some(true) {
             let fresh = RestartRequest {
@@ -571,9 +589,9 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
                 ));
             }
         };
-        Ok(render::cell_result_with(
-            &result,
-            self.inner.limits.image_max_bytes,
+        Ok(session_settings::with_notes(
+            render::cell_result_with(&result, self.inner.limits.image_max_bytes),
+            notes,
         ))
     }
 

@@ -89,6 +89,35 @@ fn python_sdk_workspace_tools() {
     assert!(out.contains("all checks passed"), "{out}");
 }
 
+/// `limits` and `network` of execute_code and submit_code through the
+/// Python SDK over stdio, under an operator maximum of 64 MiB of disk
+/// (tests/mcp_limits.py).
+#[test]
+fn python_sdk_session_limits_and_network() {
+    let py = python();
+    if !have_packages(&py) {
+        return;
+    }
+    let state = tempfile::tempdir().expect("tempdir");
+    let server = env!("CARGO_BIN_EXE_cellhost-mcp-test");
+    let py_arg = py.display().to_string();
+    let state_arg = state.path().display().to_string();
+    let out = run_script(
+        &py,
+        "mcp_limits.py",
+        &[
+            server,
+            "--python",
+            &py_arg,
+            "--state",
+            &state_arg,
+            "--max-disk-mb",
+            "64",
+        ],
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
 /// The MCP row of the surface × request matrix (owners apart: the
 /// streamable-HTTP test's `owners isolated` checks).
 #[test]

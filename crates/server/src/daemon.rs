@@ -203,6 +203,20 @@ pub enum Request {
         /// The caller's working directory (as [`Request::Exec`]'s).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<PathBuf>,
+        /// Variables of a session this request creates (as
+        /// [`Request::Exec`]'s `env`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<EnvVar>,
+        /// Network policy of a session this request creates (as
+        /// [`Request::Exec`]'s `network`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
+        /// Limits of a session this request creates (as
+        /// [`Request::Exec`]'s `limits`): checked before the cell is
+        /// submitted, so a value over the maximum is refused at once with
+        /// `limit_over_max`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limits: Option<cellhost_sessions::SessionLimits>,
     },
     /// Wait for a submitted cell (`cellhost wait CELL`): its result, or an
     /// error (`cell_not_found`, or the code it failed with; `cancelled`
@@ -644,65 +658,23 @@ async fn handle(
             network,
             limits,
         } => {
-            let network = match network.as_deref().map(cellhost_sessions::network::parse_request) {
-                None => None,
-                Some(Ok(p)) => Some(p),
-                Some(Err(e)) => return send(w, &request_error(&e)).await,
-            };
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
             let (deadline, requested) = match parsed {
                 Ok(x) => x,
                 Err(e) => return send(w, &request_error(&e)).await,
             };
-            let mut session_env = SessionEnv::new();
-            for v in env {
-                if v.name.is_empty()
-                    || v.name.contains('=')
-                    || v.name.contains('\0')
-                    || v.value.contains('\0')
-                {
-                    return send(w, &usage_error(format!("bad variable name {:?}", v.name))).await;
-                }
-                if v.secret {
-                    session_env.set_secret(v.name, v.value);
-                } else {
-                    session_env.set(v.name, v.value);
-                }
-            }
             let spec = SessionSpec {
-                owner,
-                session,
                 python,
                 language,
                 sandbox: requested,
                 cwd,
-                env: session_env,
                 limits: limits.unwrap_or_default(),
+                ..SessionSpec::new(owner, session)
             };
-            let key = match spec.key(reg) {
-                Ok(k) => k,
-                Err(e) => return send(w, &request_error(&e)).await,
+            let Some(spec) = prepare_session(reg, w, spec, env, network.as_deref()).await? else {
+                return Ok(());
             };
-            for note in session_notes(reg, &key, &spec.env) {
-                send(w, &Reply::Note { message: note }).await?;
-            }
-            match reg.set_session_network(&key, network.as_ref()) {
-                Ok(EnvApplied::Applied) => {}
-                Ok(EnvApplied::Kept) => {
-                    let message = format!(
-                        "session {} already runs with another network policy; --network applies to new sessions only",
-                        key.session
-                    );
-                    send(w, &Reply::Note { message }).await?;
-                }
-                Err(e) => return send(w, &request_error(&e)).await,
-            }
-            match limits_note(reg, &key, &spec) {
-                Ok(Some(note)) => send(w, &Reply::Note { message: note }).await?,
-                Ok(None) => {}
-                Err(e) => return send(w, &request_error(&e)).await,
-            }
             let (tx, rx) = mpsc::unbounded_channel();
             let mut req = ExecuteRequest::new(spec, code, Origin::new("cli:daemon"));
             req.deadline = deadline;
@@ -897,6 +869,9 @@ async fn handle(
             python,
             sandbox,
             cwd,
+            env,
+            network,
+            limits,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -904,13 +879,21 @@ async fn handle(
                 Ok(x) => x,
                 Err(e) => return send(w, &request_error(&e)).await,
             };
+            let spec = SessionSpec {
+                python,
+                sandbox: requested,
+                cwd,
+                limits: limits.unwrap_or_default(),
+                ..SessionSpec::new(owner, session)
+            };
+            // The same rules as `exec --session` without `--detach`: the
+            // settings are checked and applied before the handle is given,
+            // so a bad value is the caller's error, not the cell's.
+            let Some(spec) = prepare_session(reg, w, spec, env, network.as_deref()).await? else {
+                return Ok(());
+            };
             let req = SubmitRequest {
-                session: SessionSpec {
-                    python,
-                    sandbox: requested,
-                    cwd,
-                    ..SessionSpec::new(owner, session)
-                },
+                session: spec,
                 code,
                 deadline,
                 origin: Origin::new("cli:daemon"),
@@ -971,6 +954,73 @@ async fn handle(
             Ok(())
         }
     }
+}
+
+/// Checks and applies what an `exec` or a submit asks of its session —
+/// variables, network policy, limits — sending a `note` reply for each a
+/// running session keeps (its own). `None` when an error reply was sent
+/// (a bad variable, policy or limit; `limit_over_max`).
+async fn prepare_session(
+    reg: &Registry,
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    mut spec: SessionSpec,
+    env: Vec<EnvVar>,
+    network: Option<&str>,
+) -> std::io::Result<Option<SessionSpec>> {
+    let network = match network.map(cellhost_sessions::network::parse_request) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            send(w, &request_error(&e)).await?;
+            return Ok(None);
+        }
+    };
+    let mut session_env = SessionEnv::new();
+    for v in env {
+        if v.name.is_empty() || v.name.contains('=') || v.name.contains('\0') || v.value.contains('\0') {
+            send(w, &usage_error(format!("bad variable name {:?}", v.name))).await?;
+            return Ok(None);
+        }
+        if v.secret {
+            session_env.set_secret(v.name, v.value);
+        } else {
+            session_env.set(v.name, v.value);
+        }
+    }
+    spec.env = session_env;
+    let key = match spec.key(reg) {
+        Ok(k) => k,
+        Err(e) => {
+            send(w, &request_error(&e)).await?;
+            return Ok(None);
+        }
+    };
+    for note in session_notes(reg, &key, &spec.env) {
+        send(w, &Reply::Note { message: note }).await?;
+    }
+    match reg.set_session_network(&key, network.as_ref()) {
+        Ok(EnvApplied::Applied) => {}
+        Ok(EnvApplied::Kept) => {
+            let message = format!(
+                "session {} already runs with another network policy; --network applies to new sessions only",
+                key.session
+            );
+            send(w, &Reply::Note { message }).await?;
+        }
+        Err(e) => {
+            send(w, &request_error(&e)).await?;
+            return Ok(None);
+        }
+    }
+    match limits_note(reg, &key, &spec) {
+        Ok(Some(note)) => send(w, &Reply::Note { message: note }).await?,
+        Ok(None) => {}
+        Err(e) => {
+            send(w, &request_error(&e)).await?;
+            return Ok(None);
+        }
+    }
+    Ok(Some(spec))
 }
 
 /// The session a files request names: the live one of that name in the

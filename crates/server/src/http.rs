@@ -459,7 +459,15 @@ async fn create_session(
         }
         s.insert(k, meta.clone());
     }
-    if let Err(e) = crate::http_network::apply(&st.registry, &key, body.network.as_ref()) {
+    // Created again after a restart of the server (the session was not
+    // deleted), a session keeps the network policy it had unless the body
+    // gives one; its limits likewise (the registry adopts them when the
+    // body gives none).
+    let network = match body.network.clone() {
+        Some(n) => Some(n),
+        None => st.registry.journaled_network(&key).await,
+    };
+    if let Err(e) = crate::http_network::apply(&st.registry, &key, network.as_ref()) {
         if let Ok(mut s) = st.sessions.lock() {
             s.remove(&(owner.clone(), name.clone()));
         }

@@ -36,8 +36,8 @@ pub enum NetworkWord {
 }
 
 /// Sets the policy of a session being created (its kernel not started
-/// yet): the body's, else the configured one (never one an earlier
-/// session of that name had).
+/// yet): `policy` (the body's, else the one the journal keeps for a
+/// session of that name that was not deleted), else the configured one.
 ///
 /// # Errors
 /// `bad_request` (a list with sandbox mode `off`).

@@ -722,6 +722,7 @@ impl Config {
             only_binary: self.bool("packages.only_binary"),
             allow_urls: self.bool("packages.allow_urls"),
             timeout: Duration::from_secs_f64(self.float("packages.timeout_s").clamp(1.0, 86400.0)),
+            egress_hosts: self.egress.hosts.clone(),
         };
         rc.limits = self.limits.clone();
     }

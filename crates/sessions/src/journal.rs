@@ -186,6 +186,37 @@ impl std::fmt::Debug for Journal {
     }
 }
 
+/// A session's own settings as the journal keeps them (`sessions.settings`,
+/// JSON): the limits a request resolved for it and the network policy a
+/// request gave it. Absent fields: the configured ones.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SessionSettings {
+    /// The limits the session asked for (request, rule or default table
+    /// values), resolved again against the host's policy when applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::limits::SessionLimits>,
+    /// The network policy (`off`, `on` or the list's rules, as
+    /// [`cellhost_kernel::egress::NetworkPolicy::to_text`] writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+}
+
+impl SessionSettings {
+    /// Nothing of the session's own.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_none() && self.network.is_none()
+    }
+
+    /// The settings of a journal row; an unreadable one (written by hand,
+    /// or by a build with other fields) is empty, logged.
+    pub fn parse(text: &str) -> SessionSettings {
+        serde_json::from_str(text).unwrap_or_else(|e| {
+            tracing::warn!("journal: unreadable session settings ignored: {e}");
+            SessionSettings::default()
+        })
+    }
+}
+
 /// Milliseconds since the epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -338,8 +369,10 @@ impl Journal {
     }
 
     /// Records that a session exists (or was used again): its interpreter,
-    /// working directory, tools label, sandbox profile and language (the
-    /// runtime name, `python` or `r`, that `restore` replays it in).
+    /// working directory, tools label, sandbox profile, language (the
+    /// runtime name, `python` or `r`, that `restore` replays it in) and its
+    /// own limits and network policy (`settings`; empty: the configured
+    /// ones).
     #[allow(clippy::too_many_arguments)]
     pub fn session_used(
         &self,
@@ -350,18 +383,49 @@ impl Journal {
         tools: &str,
         profile: &str,
         language: &str,
+        settings: &SessionSettings,
     ) {
         let a = [owner, session, python, cwd, tools, profile, language].map(str::to_string);
+        let settings = (!settings.is_empty()).then(|| serde_json::to_string(settings).unwrap_or_default());
         self.fire("session", move |c| {
             let now = now_ms();
             c.execute(
-                "INSERT INTO sessions (owner, session, created_ms, last_used_ms, python, cwd, tools, profile, language)
-                 VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (owner, session) DO UPDATE SET last_used_ms=?3, python=?4, cwd=?5, tools=?6, profile=?7, language=?8",
-                params![a[0], a[1], now, a[2], a[3], a[4], a[5], a[6]],
+                "INSERT INTO sessions (owner, session, created_ms, last_used_ms, python, cwd, tools, profile, language, settings)
+                 VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (owner, session) DO UPDATE SET last_used_ms=?3, python=?4, cwd=?5, tools=?6, profile=?7, language=?8, settings=?9",
+                params![a[0], a[1], now, a[2], a[3], a[4], a[5], a[6], settings],
             )?;
             Ok(())
         });
+    }
+
+    /// Forgets the session's own settings (it was killed or deleted: its
+    /// name, used again, is a new session under the configured ones).
+    pub fn session_forgotten(&self, owner: &str, session: &str) {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.fire("session forgotten", move |c| {
+            c.execute(
+                "UPDATE sessions SET settings=NULL WHERE owner=?1 AND session=?2",
+                params![o, s],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// The own limits and network policy the session's last kernel ran
+    /// under, as [`Journal::session_used`] recorded them (empty when the
+    /// journal does not know the session, it had none of its own, or the
+    /// row is unreadable).
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn session_settings(
+        &self,
+        owner: &str,
+        session: &str,
+    ) -> Result<SessionSettings, JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| query_settings(c, &o, &s)).await
     }
 
     /// The language a session's kernels last ran (`python`, `r`), `None`
@@ -597,6 +661,18 @@ fn json_list(s: String) -> Vec<String> {
     serde_json::from_str(&s).unwrap_or_default()
 }
 
+fn query_settings(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<SessionSettings> {
+    let text = c
+        .query_row(
+            "SELECT settings FROM sessions WHERE owner=?1 AND session=?2",
+            params![owner, session],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .optional()?
+        .flatten();
+    Ok(text.map(|t| SessionSettings::parse(&t)).unwrap_or_default())
+}
+
 fn query_language(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Option<String>> {
     c.query_row(
         "SELECT language FROM sessions WHERE owner=?1 AND session=?2",
@@ -769,6 +845,55 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn session_settings_survive_a_reopen() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("journal.db");
+        let own = SessionSettings {
+            limits: Some(crate::limits::SessionLimits {
+                pids: Some(64),
+                disk_mb: Some(8),
+                ..Default::default()
+            }),
+            network: Some("127.0.0.1:9".into()),
+        };
+        {
+            let j = Journal::open(&path, Durability::Normal).expect("open");
+            j.session_used("o", "s", "py", "", "", "default", "python", &own);
+            j.session_used(
+                "o",
+                "plain",
+                "py",
+                "",
+                "",
+                "default",
+                "python",
+                &SessionSettings::default(),
+            );
+            j.flush().await.expect("flush");
+            j.close();
+        }
+        let j = Journal::open(&path, Durability::Normal).expect("reopen");
+        assert_eq!(j.session_settings("o", "s").await.expect("settings"), own);
+        assert!(
+            j.session_settings("o", "plain")
+                .await
+                .expect("settings")
+                .is_empty()
+        );
+        assert!(
+            j.session_settings("o", "unknown")
+                .await
+                .expect("settings")
+                .is_empty()
+        );
+        // Another owner's session of that name is not this one.
+        assert!(j.session_settings("p", "s").await.expect("settings").is_empty());
+        assert!(SessionSettings::parse("{\"limits\": {\"pidz\": 1}}").is_empty());
+        j.session_forgotten("o", "s");
+        assert!(j.session_settings("o", "s").await.expect("settings").is_empty());
+    }
+
+    #[tokio::test]
     async fn credential_nonces_burn_once_and_stay_burned_across_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("j.sqlite");
@@ -801,7 +926,16 @@ mod tests {
         let path = dir.path().join("j.sqlite3");
         {
             let j = Journal::open(&path, Durability::Normal).expect("open");
-            j.session_used("o", "s", "py", "", "", "default", "python");
+            j.session_used(
+                "o",
+                "s",
+                "py",
+                "",
+                "",
+                "default",
+                "python",
+                &SessionSettings::default(),
+            );
             j.kernel_started("o", "s", 1, 42);
             j.cell_started(CellStart {
                 id: "c1".into(),
@@ -860,7 +994,16 @@ mod tests {
         assert_eq!((cells[0].id.as_str(), cells[0].status.as_str()), ("old", "ok"));
         drop(r);
         let j = Journal::open(&path, Durability::Normal).expect("open");
-        j.session_used("o", "s", "py", "", "", "default", "python");
+        j.session_used(
+            "o",
+            "s",
+            "py",
+            "",
+            "",
+            "default",
+            "python",
+            &SessionSettings::default(),
+        );
         j.kernel_started("o", "s", 2, 42);
         let start = CellStart {
             id: "new".into(),
@@ -902,7 +1045,16 @@ mod tests {
                 .expect("v1 layout");
         }
         let j = Journal::open(&path, Durability::Normal).expect("open");
-        j.session_used("o", "s", "py", "", "", "default", "python");
+        j.session_used(
+            "o",
+            "s",
+            "py",
+            "",
+            "",
+            "default",
+            "python",
+            &SessionSettings::default(),
+        );
         j.kernel_started("o", "s", 1, 42);
         let start = CellStart {
             id: "c1".into(),

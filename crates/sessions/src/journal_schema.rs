@@ -9,7 +9,9 @@
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
 //! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
-//! | 4 | the tables and columns of [`SCHEMA`]: `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use |
+//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; no `sessions.settings` |
+//! | 5–7 | (numbers of other layouts; a journal at one of them migrates as any earlier one: whatever is missing is added) |
+//! | 8 | the tables and columns of [`SCHEMA`]: `sessions.settings` holds the session's own limits and network policy (JSON, [`crate::journal::SessionSettings`]; NULL: the configured ones), which `restore` and a restarted host give its next kernel |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -24,7 +26,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -32,7 +34,7 @@ pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sessions (
   owner TEXT NOT NULL, session TEXT NOT NULL,
   created_ms INTEGER NOT NULL, last_used_ms INTEGER NOT NULL,
-  python TEXT, cwd TEXT, tools TEXT, profile TEXT, language TEXT,
+  python TEXT, cwd TEXT, tools TEXT, profile TEXT, language TEXT, settings TEXT,
   PRIMARY KEY (owner, session));
 CREATE TABLE IF NOT EXISTS kernels (
   owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
@@ -75,6 +77,7 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("sessions", "tools", "TEXT"),
     ("sessions", "profile", "TEXT"),
     ("sessions", "language", "TEXT"),
+    ("sessions", "settings", "TEXT"),
     ("kernels", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("kernels", "session", "TEXT NOT NULL DEFAULT ''"),
     ("kernels", "generation", "INTEGER NOT NULL DEFAULT 0"),
@@ -173,7 +176,8 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         // Every earlier version: whatever tables and columns are missing
         // (version 1 lacks `sessions.language`, `network_denials` and
         // `credential_nonces`, version 2 the two tables, version 3
-        // `credential_nonces`); `SCHEMA` creates missing tables.
+        // `credential_nonces`, version 4 `sessions.settings`); `SCHEMA`
+        // creates missing tables.
         tx.execute_batch(SCHEMA)?;
         for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
             let have = columns_of(&tx, table)?;
@@ -221,6 +225,17 @@ mod tests {
             .expect("version 2 schema");
     }
 
+    /// Version 4: every table, the sessions table without `settings`, with
+    /// a row.
+    fn version_4(conn: &Connection) {
+        let schema = SCHEMA.replace(" settings TEXT,", "");
+        assert_ne!(schema, SCHEMA, "version 4 lacks sessions.settings");
+        conn.execute_batch(&format!(
+            "{schema}\nINSERT INTO sessions (owner, session, created_ms, last_used_ms) VALUES ('o', 's', 1, 2);\nPRAGMA user_version = 4;"
+        ))
+        .expect("version 4 schema");
+    }
+
     /// An older, narrower layout: cells without execution counts, origin,
     /// context, files or error; kernels without end reasons; no tool calls.
     fn narrow(conn: &Connection) {
@@ -250,12 +265,14 @@ mod tests {
             ("narrow", narrow),
             ("version 1", version_1),
             ("version 2", version_2),
+            ("version 4", version_4),
         ] {
             let mut conn = Connection::open_in_memory().expect("db");
             make(&conn);
             let from = match name {
                 "version 1" => 1,
                 "version 2" => 2,
+                "version 4" => 4,
                 _ => 0,
             };
             assert_eq!(migrate(&mut conn).expect(name), from, "{name}");
@@ -266,6 +283,17 @@ mod tests {
                     have.iter().any(|h| h == column),
                     "{name}: {table}.{column} missing"
                 );
+            }
+            if name == "version 4" {
+                // The old row is kept, with no settings of its own.
+                let settings: Option<String> = conn
+                    .query_row(
+                        "SELECT settings FROM sessions WHERE owner='o' AND session='s'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .expect("old row");
+                assert_eq!(settings, None);
             }
             if name == "version 1" {
                 // The old row is kept; its language is unknown (Python).

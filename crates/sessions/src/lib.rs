@@ -11,6 +11,7 @@ pub mod config;
 pub mod config_egress;
 pub mod detached;
 pub mod floor;
+pub mod install_egress;
 pub mod journal;
 pub mod journal_schema;
 pub mod limits;

@@ -14,6 +14,10 @@
 //!
 //! Rules (each from the threat model: specs come from cells and clients,
 //! and the installer runs on the host with network):
+//! - the installer's network is the index only: it runs behind an egress
+//!   proxy of its own whose allowlist is the index's host (plus
+//!   `files.pythonhosted.org` for PyPI), so a redirect or a dependency URL
+//!   to another host is refused ([`crate::install_egress`]);
 //! - a spec is a requirement name with optional extras and version
 //!   specifiers ([`validate_spec`]); options (`-r`, `-e`, `--index-url`),
 //!   environment markers, URLs and paths are refused
@@ -66,6 +70,10 @@ pub struct PackageSettings {
     /// The installer's deadline; at the deadline its process group is
     /// killed.
     pub timeout: Duration,
+    /// Names the installer's egress proxy resolves to these addresses
+    /// (`[egress] hosts`): the way to reach an index on a private network
+    /// by name (see [`crate::install_egress`]).
+    pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 impl Default for PackageSettings {
@@ -76,6 +84,7 @@ impl Default for PackageSettings {
             only_binary: true,
             allow_urls: false,
             timeout: Duration::from_secs(600),
+            egress_hosts: BTreeMap::new(),
         }
     }
 }
@@ -452,19 +461,15 @@ fn tail_text(bytes: &[u8], keep: usize) -> String {
     format!("…{}", &s[cut..])
 }
 
-/// Environment variables the installer keeps from the host's (proxies and
-/// certificate stores an operator set); everything else is cleared.
+/// Environment variables the installer keeps from the host's (certificate
+/// stores an operator set); everything else is cleared, the host's proxy
+/// variables included: the installer's proxy is its own
+/// ([`crate::install_egress`]).
 const INSTALLER_ENV: &[&str] = &[
     "PATH",
     "HOME",
     "LANG",
     "LC_ALL",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "XDG_CACHE_HOME",
@@ -579,6 +584,11 @@ pub async fn install(
     std::fs::create_dir_all(&site).map_err(|e| PackageError::InstallerUnavailable {
         message: format!("cannot create the overlay {}: {e}", site.display()),
     })?;
+    let proxy = crate::install_egress::InstallProxy::start(
+        &crate::install_egress::allowlist(settings, &specs)?,
+        settings,
+    )
+    .await?;
     let uv = find_uv();
     let mut cmd = match &uv {
         Some(uv) => {
@@ -600,7 +610,9 @@ pub async fn install(
                 "--no-warn-script-location",
                 "--progress-bar",
                 "off",
+                "--proxy",
             ]);
+            c.arg(&proxy.url);
             c
         }
     };
@@ -620,6 +632,9 @@ pub async fn install(
         if let Some(v) = std::env::var_os(k) {
             cmd.env(k, v);
         }
+    }
+    for (k, v) in proxy.env() {
+        cmd.env(k, v);
     }
     cmd.env("PYTHONDONTWRITEBYTECODE", "1");
     // Not the kernel's workdir: nothing a cell wrote is in the installer's
@@ -673,11 +688,22 @@ pub async fn install(
         message: format!("waiting for the installer: {e}"),
     })?;
     if !status.success() {
+        let mut stderr_tail = tail_text(&stderr, STDERR_TAIL).trim().to_string();
+        let denied = proxy.denied();
+        if !denied.is_empty() {
+            // What the proxy refused is the likeliest cause: said last, so
+            // the tail keeps it.
+            stderr_tail.push_str(&format!(
+                "\nthe installer's egress proxy refused (only the package index is reachable): {}",
+                denied.join(", ")
+            ));
+        }
         return Err(PackageError::InstallFailed {
             status: status.to_string(),
-            stderr_tail: tail_text(&stderr, STDERR_TAIL).trim().to_string(),
+            stderr_tail,
         });
     }
+    drop(proxy);
     let installed: Vec<InstalledDist> = if shared {
         Vec::new()
     } else {

@@ -721,6 +721,64 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// Gives `slot`'s session the journaled `settings` it has none of its
+    /// own for (a request of this host said nothing of them): the limits
+    /// resolved again against this host's policy, the network policy
+    /// checked against the session's sandbox mode. A journaled value this
+    /// host refuses (over its maximum now, a list for mode `off`) is not
+    /// applied (logged): the configured one is.
+    fn adopt_settings(&self, slot: &Slot, settings: &crate::journal::SessionSettings) {
+        let limits = settings.limits.and_then(|asked| {
+            self.cfg
+                .limits
+                .resolve(&slot.key.session, &asked, &self.host_limits())
+                .map_err(|e| {
+                    tracing::warn!("session {}: journaled limits not applied: {e}", slot.key.session)
+                })
+                .ok()
+        });
+        let network = settings.network.as_deref().and_then(|text| {
+            crate::network::parse_request(text)
+                .and_then(|p| crate::network::check(&p, slot.key.sandbox).map(|()| p))
+                .map_err(|e| {
+                    tracing::warn!("session {}: journaled network not applied: {e}", slot.key.session)
+                })
+                .ok()
+        });
+        let mut g = slot.lock();
+        if g.limits.is_none() {
+            g.limits = limits;
+        }
+        if g.network.is_none() {
+            g.network = network;
+        }
+    }
+
+    /// The network policy the journal keeps as `key`'s session's own (see
+    /// [`Registry::adopt_settings`]): `None` when there is none, or this
+    /// host refuses it.
+    pub async fn journaled_network(&self, key: &Key) -> Option<cellhost_kernel::egress::NetworkPolicy> {
+        let j = self.journal.as_ref()?;
+        let text = j.session_settings(&key.owner, &key.session).await.ok()?.network?;
+        crate::network::parse_request(&text)
+            .and_then(|p| crate::network::check(&p, key.sandbox).map(|()| p))
+            .map_err(|e| tracing::warn!("session {}: journaled network not applied: {e}", key.session))
+            .ok()
+    }
+
+    /// Restores the journaled settings of `owner`'s session `session` into
+    /// `key`'s session (see [`Registry::adopt_settings`]), for `restore`.
+    async fn adopt_journaled(&self, owner: &str, session: &str, key: &Key) {
+        let Some(j) = &self.journal else { return };
+        match j.session_settings(owner, session).await {
+            Ok(settings) => {
+                let slot = self.slot(key, None);
+                self.adopt_settings(&slot, &settings);
+            }
+            Err(e) => tracing::warn!("session {session}: journaled settings unread: {e}"),
+        }
+    }
+
     /// Pins or unpins a session's kernels.
     pub fn set_pinned(&self, key: &Key, pinned: bool) {
         self.slot(key, None).pinned.store(pinned, Ordering::SeqCst);
@@ -980,8 +1038,14 @@ impl Registry {
         };
         let generation = match (&self.journal, generation) {
             // A session this host has not run yet continues the journal's
-            // numbering (an earlier host may have run generations of it).
+            // numbering (an earlier host may have run generations of it),
+            // and its own limits and network policy, unless a request of
+            // this host gave it its own.
             (Some(j), 1) => {
+                match j.session_settings(&slot.key.owner, &slot.key.session).await {
+                    Ok(settings) => self.adopt_settings(slot, &settings),
+                    Err(e) => tracing::warn!("session {}: journaled settings unread: {e}", slot.key.session),
+                }
                 j.max_generation(&slot.key.owner, &slot.key.session)
                     .await
                     .unwrap_or(0)
@@ -1008,6 +1072,7 @@ impl Registry {
                 &key.tools_label(),
                 key.sandbox.as_str(),
                 &key.language,
+                &own_settings(&g),
             );
             j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
         }
@@ -1376,6 +1441,9 @@ impl Registry {
                 k.kill().await;
             }
         }
+        // The replay runs under the limits and network policy the session
+        // had (unless `key`'s session has its own on this host).
+        self.adopt_journaled(owner, session, key).await;
         let mut report = RestoreReport {
             from_generation: last,
             ..RestoreReport::default()
@@ -1425,6 +1493,13 @@ impl Registry {
                 if let Some(s) = slots.remove(&k) {
                     victims.push(s);
                 }
+            }
+        }
+        // A disposed session is forgotten: its name, used again, is a new
+        // session (the configured limits and network policy, not these).
+        if let Some(j) = &self.journal {
+            for s in &victims {
+                j.session_forgotten(&s.key.owner, &s.key.session);
             }
         }
         self.kill_slots(victims, "disposed").await;
@@ -1521,5 +1596,14 @@ impl Drop for Attach {
     fn drop(&mut self) {
         self.0.attached.fetch_sub(1, Ordering::SeqCst);
         self.0.lock().last_used = Some(Instant::now());
+    }
+}
+
+/// The settings a session has of its own (a request's limits and network
+/// policy), as the journal keeps them.
+fn own_settings(g: &SlotInner) -> crate::journal::SessionSettings {
+    crate::journal::SessionSettings {
+        limits: g.limits.map(|l| l.asked),
+        network: g.network.as_ref().map(|n| n.to_text()),
     }
 }

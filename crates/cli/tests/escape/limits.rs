@@ -331,3 +331,185 @@ fn limits_daemon_flags() {
         text(&o)
     );
 }
+
+/// `exec --session --detach` takes the session flags of `exec --session`:
+/// `--disk` sizes the session the detached cell creates (its `dd` past the
+/// cap is a `disk` fault in `wait`'s result, the listing shows the cap),
+/// `--network` with a list gives its kernel the proxy, a running session
+/// keeps its limits (a note says so), and a value over the maximum is
+/// refused at once with exit 2 before any cell is submitted.
+#[test]
+fn limits_daemon_detach_flags() {
+    let env = Env::new();
+    std::fs::write(env.path().join("config.toml"), CONFIG).expect("config");
+    let py = common::python();
+    let submit = |extra: &[&str], code: &str| {
+        let mut args = vec!["exec", "--session", "dd1", "--python", py.as_str(), "--detach"];
+        args.extend_from_slice(extra);
+        args.push(code);
+        env.run(&args)
+    };
+    let code = format!("import os\nprint(os.environ.get('HTTPS_PROXY'))\n{DD_PAST_CAP}");
+    let o = submit(&["--disk", "8", "--network", "127.0.0.1:9"], &code);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let cell = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let o = env.run(&["wait", "--json", &cell]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert_eq!(v["fault"], "disk", "{v}");
+    assert!(
+        v["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("http://127.0.0.1:"),
+        "the list policy's proxy: {v}"
+    );
+    let o = env.run(&["sessions", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    let s = listed
+        .as_array()
+        .or_else(|| listed["sessions"].as_array())
+        .and_then(|a| a.iter().find(|s| s["name"] == "dd1").cloned())
+        .unwrap_or_else(|| panic!("dd1 not listed: {listed}"));
+    assert_eq!(s["limits"]["disk_mb"], 8, "{s}");
+    let o = submit(&["--disk", "16"], "print(1)");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("other limits"),
+        "{}",
+        text(&o)
+    );
+    let cell = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let o = env.run(&["wait", &cell]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = submit(&["--pids", "100000"], "print(1)");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("limit_over_max") && err.contains("256"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stdout.is_empty(), "no cell id: {}", text(&o));
+}
+
+/// A session's own limits and network policy are journaled: after the
+/// daemon restarts, the session's next kernel runs under them (a `dd` past
+/// its `--disk` is a `disk` fault, its kernel has the list policy's
+/// proxy), and `restore` (into the same session, and `--from` into
+/// another) rebuilds it under them too.
+#[test]
+fn limits_and_network_survive_daemon_restart_and_restore() {
+    let env = Env::new();
+    std::fs::write(env.path().join("config.toml"), CONFIG).expect("config");
+    let py = common::python();
+    let exec = |session: &str, extra: &[&str], code: &str| {
+        let mut args = vec!["exec", "--session", session, "--python", py.as_str(), "--json"];
+        args.extend_from_slice(extra);
+        args.push(code);
+        let o = env.run(&args);
+        serde_json::from_slice::<Value>(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
+    };
+    let probe = format!("import os\nprint(os.environ.get('HTTPS_PROXY'))\n{DD_PAST_CAP}");
+    let check = |v: &Value, what: &str| {
+        assert_eq!(v["fault"], "disk", "{what}: {v}");
+        assert!(
+            v["stdout"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("http://127.0.0.1:"),
+            "{what}: the list policy's proxy: {v}"
+        );
+    };
+    let v = exec("r1", &["--disk", "8", "--network", "127.0.0.1:9"], "x = 41");
+    assert_eq!(v["status"], "ok", "{v}");
+    let o = env.run(&["daemon", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // A new daemon: the session's next kernel gets its journaled settings.
+    check(&exec("r1", &[], &probe), "after a daemon restart");
+    let v = exec("r1", &[], "x = 41");
+    assert_eq!(v["status"], "ok", "{v}");
+    let o = env.run(&["daemon", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    // `restore` after a restart replays under them.
+    let o = env.run(&["restore", "--python", py.as_str(), "--json", "r1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v = exec("r1", &[], "print(x + 1)");
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    check(&exec("r1", &[], &probe), "after restore");
+    let o = env.run(&["restore", "--python", py.as_str(), "--json", "--from", "r1", "r2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    check(&exec("r2", &[], &probe), "restored from r1 into r2");
+    let o = env.run(&["sessions", "--json"]);
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    let s = listed
+        .as_array()
+        .or_else(|| listed["sessions"].as_array())
+        .and_then(|a| a.iter().find(|s| s["name"] == "r2").cloned())
+        .unwrap_or_else(|| panic!("r2 not listed: {listed}"));
+    assert_eq!(s["limits"]["disk_mb"], 8, "{s}");
+}
+
+/// `serve` restarted on the same state directory: a session created again
+/// under its name (not deleted before) runs under the limits and network
+/// policy it was created with; once deleted, its name is a new session
+/// under the configured ones.
+#[test]
+fn limits_and_network_survive_a_serve_restart_until_deleted() {
+    let dir = tempfile::Builder::new()
+        .prefix("cellhost-limits-restart-")
+        .tempdir()
+        .expect("tmp");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, CONFIG).expect("config");
+    let state = dir.path().join("state").display().to_string();
+    let cfg = cfg.display().to_string();
+    let vars = [
+        ("CELLHOST_CONFIG", cfg.as_str()),
+        ("CELLHOST_STATE_DIR", state.as_str()),
+    ];
+    let probe = format!("import os\nprint(os.environ.get('HTTPS_PROXY'))\n{DD_PAST_CAP}");
+    {
+        let serve = Serve::start(&vars);
+        let a = create(
+            &serve,
+            &json!({"name": "h1", "limits": {"disk_mb": 8}, "network": ["127.0.0.1:9"]}),
+        );
+        assert_eq!(a.status, 201, "{a:?}");
+        // A settled cell is committed, and the session's row before it.
+        let v = execute(&serve, "h1", "x = 1");
+        assert_eq!(v["status"], "ok", "{v}");
+    }
+    let serve = Serve::start(&vars);
+    let a = create(&serve, &json!({"name": "h1"}));
+    assert_eq!(a.status, 201, "{a:?}");
+    assert_eq!(listed_limits(&serve, "h1")["disk_mb"], 8);
+    let v = execute(&serve, "h1", &probe);
+    assert_eq!(v["fault"], "disk", "{v}");
+    assert!(
+        v["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("http://127.0.0.1:"),
+        "the journaled list policy: {v}"
+    );
+    let auth = auth();
+    let d = serve.request(
+        "DELETE",
+        "/v1/sessions/h1",
+        &[("Authorization", auth.as_str())],
+        "",
+    );
+    assert_eq!(d.status, 204, "{d:?}");
+    let a = create(&serve, &json!({"name": "h1"}));
+    assert_eq!(a.status, 201, "{a:?}");
+    assert_eq!(
+        listed_limits(&serve, "h1")["disk_mb"],
+        64,
+        "the configured maximum"
+    );
+    let v = execute(&serve, "h1", &probe);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["stdout"], "None\n", "{v}");
+}

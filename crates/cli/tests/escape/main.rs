@@ -16,6 +16,7 @@ mod fds;
 mod files;
 mod hostile_code;
 mod http_tenants;
+mod install_egress;
 mod kernel_view;
 mod limits;
 mod modes;

@@ -20,6 +20,7 @@ fn main() -> ExitCode {
     let mut sandbox: Option<String> = None;
     let mut state: Option<PathBuf> = None;
     let mut cell_timeout: Option<String> = None;
+    let mut max_disk_mb: Option<u64> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -27,6 +28,14 @@ fn main() -> ExitCode {
             "--sandbox" => sandbox = args.next(),
             "--state" => state = args.next().map(PathBuf::from),
             "--cell-timeout" => cell_timeout = args.next(),
+            // The operator's maximum of `limits.disk_mb` (`[limits.max]`).
+            "--max-disk-mb" => match args.next().and_then(|v| v.parse().ok()) {
+                Some(n) => max_disk_mb = Some(n),
+                None => {
+                    eprintln!("cellhost-mcp-test: --max-disk-mb takes a number of MiB");
+                    return ExitCode::from(2);
+                }
+            },
             other => {
                 eprintln!("cellhost-mcp-test: unknown argument {other}");
                 return ExitCode::from(2);
@@ -79,6 +88,7 @@ fn main() -> ExitCode {
     rt.block_on(async move {
         let mut rc = RegistryConfig::new(&state, cfg);
         rc.pool_size = 1;
+        rc.limits.max.disk_mb = max_disk_mb;
         let registry: Arc<Registry> = match Registry::start(rc, None).await {
             Ok(r) => r,
             Err(e) => {
