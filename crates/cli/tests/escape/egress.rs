@@ -651,6 +651,8 @@ print(s.recv(4096).split(b"\r\n")[0].decode())
     );
     let v = exec("other", &fetch);
     assert_eq!(v["stdout"], "hello http\n", "{v}");
+    // Its proxy is its own: none of the holder's refusals are in its result.
+    assert!(v.get("network").is_none(), "{v}");
     // The target answers the held requests; the holder reads them.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", t.http)).expect("target");
     std::io::Write::write_all(

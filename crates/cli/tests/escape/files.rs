@@ -479,3 +479,49 @@ fn escape_files_writes_over_the_cap_leave_nothing_behind() {
     assert_eq!(names, vec!["big.bin"], "{l}");
     still_serves(&serve, "f7");
 }
+
+/// The session's disk cap (`disk_mb`) is checked on every PUT by walking
+/// the workdir. A thread of the cell swaps `d` between a real directory
+/// and a link to the host's `/usr` (far larger than the cap) as fast as it
+/// can: the walk must never follow the link (it would count the host's
+/// files, and read where the kernel cannot), so every small PUT succeeds.
+#[test]
+fn escape_files_the_disk_cap_walk_never_follows_a_swapped_link() {
+    let serve = Serve::start(&[]);
+    let a = serve.request(
+        "POST",
+        "/v1/sessions",
+        &[("Authorization", AUTH), ("Content-Type", "application/json")],
+        r#"{"name": "f8", "limits": {"disk_mb": 16}}"#,
+    );
+    assert_eq!(a.status, 201, "{a:?}");
+    run(
+        &serve,
+        "f8",
+        r#"
+import os, threading
+os.makedirs("real/sub", exist_ok=True)
+open("real/sub/x", "w").write("x")
+stop = False
+def swap():
+    while not stop:
+        try:
+            os.rename("real", "d"); os.rename("d", "real")
+            os.symlink("/usr", "d"); os.unlink("d")
+        except OSError:
+            pass
+t = threading.Thread(target=swap, daemon=True)
+t.start()
+"#,
+    );
+    for i in 0..300 {
+        let w = put(
+            &serve,
+            &format!("/v1/sessions/f8/files/small-{}.txt", i % 5),
+            "tiny",
+        );
+        assert!(matches!(w.status, 200 | 201), "PUT {i}: {w:?}");
+    }
+    run(&serve, "f8", "stop = True; t.join()");
+    still_serves(&serve, "f8");
+}
