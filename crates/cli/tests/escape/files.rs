@@ -8,7 +8,9 @@
 //! Special files and abuse of the request itself: a FIFO the cell made
 //! (and a file it holds a lease on) must not hang a GET; any `Range`
 //! header gets a well-formed answer; a write over the server's cap
-//! (declared or streamed) is refused with nothing left behind.
+//! (declared or streamed) is refused with nothing left behind; the walk
+//! that checks a session's disk cap never follows a link the kernel
+//! swaps in (it counted the host's `/usr` before).
 //!
 //! Also the regression of a pooled kernel's `cwd`: a result named the
 //! pool's staging directory (moved away when the kernel joined its
@@ -502,6 +504,10 @@ fn escape_files_the_disk_cap_walk_never_follows_a_swapped_link() {
 import os, threading
 os.makedirs("real/sub", exist_ok=True)
 open("real/sub/x", "w").write("x")
+# Many entries beside `d`: the walk looks at each before it opens `d`,
+# which widens the window between seeing `d` and opening it.
+for i in range(5000):
+    open("e%d" % i, "w").close()
 stop = False
 def swap():
     while not stop:
