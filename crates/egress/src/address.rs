@@ -7,8 +7,15 @@
 //! address is reachable only when the operator names it: as an IP rule
 //! (`10.0.0.5:443`), or as the address a name is pinned to in the
 //! policy's `hosts` table.
+//!
+//! "The host itself" is not a range: a host may hold a public address on
+//! one of its interfaces (a cloud VM's global IPv6 address, say), where
+//! its own listeners answer. [`is_host_address`] asks the kernel's routing
+//! table whether an address is local to this host, so an answer naming
+//! one of the host's addresses is refused like loopback, whatever range
+//! it is in.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
 use crate::policy::canonical;
 
@@ -20,6 +27,29 @@ pub fn is_public(a: IpAddr) -> bool {
         IpAddr::V4(v4) => public_v4(v4),
         IpAddr::V6(v6) => public_v6(v6),
     }
+}
+
+/// `a` is one of this host's own addresses (it routes to the host
+/// itself): a connected UDP socket's source address is the destination
+/// exactly when the route to it is a local one. Nothing is sent (a UDP
+/// `connect` only looks the route up). An address the host cannot route
+/// to at all counts as not local (a connection to it fails anyway).
+pub fn is_host_address(a: IpAddr) -> bool {
+    let a = canonical(a);
+    if a.is_loopback() || a.is_unspecified() {
+        return true;
+    }
+    let bind: SocketAddr = match a {
+        IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let Ok(s) = UdpSocket::bind(bind) else {
+        return false;
+    };
+    if s.connect(SocketAddr::new(a, 9)).is_err() {
+        return false;
+    }
+    s.local_addr().is_ok_and(|l| canonical(l.ip()) == a)
 }
 
 fn public_v4(a: Ipv4Addr) -> bool {
@@ -66,6 +96,36 @@ fn public_v6(a: Ipv6Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This host's address on its default route (for IPv4 and IPv6), if
+    /// it has one.
+    fn own_addresses() -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        for (bind, probe) in [("0.0.0.0:0", "192.0.2.1:9"), ("[::]:0", "[2001:db8::1]:9")] {
+            if let Ok(s) = UdpSocket::bind(bind)
+                && s.connect(probe).is_ok()
+                && let Ok(l) = s.local_addr()
+                && !l.ip().is_unspecified()
+            {
+                out.push(l.ip());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_recognised() {
+        assert!(is_host_address("127.0.0.1".parse().expect("ip")));
+        assert!(is_host_address("::1".parse().expect("ip")));
+        assert!(is_host_address("::ffff:127.0.0.1".parse().expect("ip")));
+        for a in own_addresses() {
+            assert!(is_host_address(a), "{a} (this host's) not recognised");
+        }
+        // Documentation addresses are no host's; a public resolver's
+        // address is not this one's.
+        assert!(!is_host_address("198.51.100.7".parse().expect("ip")));
+        assert!(!is_host_address("2001:db8::7".parse().expect("ip")));
+    }
 
     fn p(s: &str) -> bool {
         is_public(s.parse().expect("ip"))

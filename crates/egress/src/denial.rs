@@ -33,7 +33,8 @@ pub enum DenyReason {
     /// A plain HTTP request whose `Host` header is not its target's host.
     HostMismatch,
     /// Not a proxy request (origin-form, a scheme other than `http`,
-    /// user info in the URL, a malformed head).
+    /// user info in the URL, a malformed head), or a plain request whose
+    /// body's end is ambiguous or whose chunked body is malformed.
     BadRequest,
     /// The request head is larger than the proxy takes.
     HeadTooLarge,

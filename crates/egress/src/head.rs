@@ -1,6 +1,7 @@
 //! Request heads a kernel sends the proxy: read within bounds, parsed
 //! with `httparse`, and turned into what the proxy acts on.
 
+use crate::body::Framing;
 use crate::denial::DenyReason;
 use crate::policy::{parse_port, split_host_port};
 
@@ -27,6 +28,8 @@ pub enum ProxyRequest {
         /// client's headers less the hop-by-hop and proxy ones, and
         /// `Connection: close`.
         upstream_head: Vec<u8>,
+        /// Where the request's body ends (nothing after it goes upstream).
+        body: Framing,
     },
 }
 
@@ -76,8 +79,9 @@ const HOP_BY_HOP: &[&str] = &[
 ///
 /// # Errors
 /// [`Refused`]: `bad_request` for anything but a `CONNECT` or an
-/// absolute-form `http://` request, `host_mismatch` for a `Host` header
-/// that is not the target's, `head_too_large` for too many headers.
+/// absolute-form `http://` request and for a body whose end is ambiguous
+/// ([`body_framing`]), `host_mismatch` for a `Host` header that is not the
+/// target's, `head_too_large` for too many headers.
 pub fn parse(head: &[u8]) -> Result<ProxyRequest, Refused> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
@@ -137,6 +141,7 @@ pub fn parse(head: &[u8]) -> Result<ProxyRequest, Refused> {
     if !same {
         return Err(refused(DenyReason::HostMismatch, &host, port));
     }
+    let body = body_framing(req.headers).ok_or_else(|| refused(DenyReason::BadRequest, &host, port))?;
     let mut up = format!("{method} {origin} HTTP/1.{version}\r\n").into_bytes();
     for h in req.headers.iter() {
         if HOP_BY_HOP.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
@@ -152,7 +157,43 @@ pub fn parse(head: &[u8]) -> Result<ProxyRequest, Refused> {
         host,
         port,
         upstream_head: up,
+        body,
     })
+}
+
+/// How the body of a request with `headers` is delimited (RFC 9112
+/// §6.3): `Transfer-Encoding` whose last coding is `chunked`, else
+/// `Content-Length` (every value the same), else none. `None` — refused —
+/// where a server and the proxy could disagree on where the body ends: both
+/// headers at once, a transfer coding that is not `chunked` last, or
+/// `Content-Length` values that differ or are not plain decimal (the
+/// request smuggling forms).
+pub fn body_framing(headers: &[httparse::Header<'_>]) -> Option<Framing> {
+    let values = |name: &str| -> Option<Vec<String>> {
+        let mut out = Vec::new();
+        for h in headers.iter().filter(|h| h.name.eq_ignore_ascii_case(name)) {
+            let v = std::str::from_utf8(h.value).ok()?;
+            out.extend(v.split(',').map(|p| p.trim().to_ascii_lowercase()));
+        }
+        Some(out)
+    };
+    let te = values("transfer-encoding")?;
+    let cl = values("content-length")?;
+    if !te.is_empty() {
+        return (cl.is_empty() && te.last().is_some_and(|c| c == "chunked")).then_some(Framing::Chunked);
+    }
+    let mut length = None;
+    for v in &cl {
+        if v.is_empty() || v.len() > 19 || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let n: u64 = v.parse().ok()?;
+        if length.is_some_and(|l| l != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    Some(Framing::Length(length.unwrap_or(0)))
 }
 
 fn strip_prefix_ignore_case<'a>(s: &'a str, p: &str) -> Option<&'a str> {
@@ -189,11 +230,13 @@ mod tests {
             host,
             port,
             upstream_head,
+            body,
         } = r
         else {
             panic!("not forward")
         };
         assert_eq!((host.as_str(), port), ("Allowed.test", 8080));
+        assert_eq!(body, Framing::Length(0));
         let text = String::from_utf8(upstream_head).expect("utf8");
         assert!(text.starts_with("GET /a?b=1 HTTP/1.1\r\n"), "{text}");
         assert!(!text.to_ascii_lowercase().contains("proxy-"), "{text}");
@@ -221,6 +264,26 @@ mod tests {
     }
 
     #[test]
+    fn bodies_are_framed_by_chunked_or_one_length() {
+        let framing = |extra: &str| match parse(
+            format!("POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n{extra}\r\n").as_bytes(),
+        ) {
+            Ok(ProxyRequest::Forward { body, .. }) => Some(body),
+            _ => None,
+        };
+        assert_eq!(framing(""), Some(Framing::Length(0)));
+        assert_eq!(framing("Content-Length: 12\r\n"), Some(Framing::Length(12)));
+        assert_eq!(
+            framing("Content-Length: 12\r\ncontent-length: 12, 12\r\n"),
+            Some(Framing::Length(12))
+        );
+        assert_eq!(
+            framing("Transfer-Encoding: gzip, Chunked\r\n"),
+            Some(Framing::Chunked)
+        );
+    }
+
+    #[test]
     fn other_requests_are_bad() {
         for head in [
             &b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"[..],
@@ -229,6 +292,11 @@ mod tests {
             b"CONNECT allowed.test HTTP/1.1\r\n\r\n",
             b"CONNECT allowed.test:0 HTTP/1.1\r\n\r\n",
             b"\x16\x03\x01\x00\x05hello\r\n\r\n",
+            // Bodies whose end a server could see elsewhere than the proxy.
+            b"POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"POST http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: +5\r\n\r\n",
         ] {
             assert_eq!(
                 parse(head).map_err(|e| e.reason),

@@ -16,6 +16,7 @@
 //! clients use it without being told.
 
 pub mod address;
+pub mod body;
 pub mod denial;
 pub mod head;
 pub mod policy;

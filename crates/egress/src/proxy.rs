@@ -9,9 +9,12 @@
 //! connects to the addresses it found (never resolving twice). A `CONNECT`
 //! is answered `200` and its ClientHello read before anything goes
 //! upstream: its server name must be the `CONNECT` host (an IP-literal
-//! `CONNECT` must carry none). A plain request goes upstream in origin
-//! form with `Connection: close`. Then bytes flow both ways until either
-//! side closes or [`Limits::idle_timeout`] passes without a byte.
+//! `CONNECT` must carry none). A plain request goes
+//! upstream in origin form with `Connection: close`, and only it: its body
+//! is passed to its end ([`crate::body`]) and nothing after it (a second
+//! request on the connection, whose `Host` the proxy never checked, is
+//! dropped). Then bytes flow both ways until either side closes or
+//! [`Limits::idle_timeout`] passes without a byte.
 //! Refusals are answered `403` (`431` for a head too large, `503` over the
 //! connection cap) with the reason in `X-Cellhost-Denied`, and recorded.
 
@@ -25,6 +28,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::Egress;
+use crate::body::{BodyEnd, Framing};
 use crate::denial::{Denial, DenyReason, shown_host};
 use crate::head::{ProxyRequest, head_end};
 use crate::policy::{HostError, Target, parse_target};
@@ -157,7 +161,8 @@ async fn handle(mut sock: TcpStream, egress: &Egress) {
             host,
             port,
             upstream_head,
-        } => forward(sock, egress, &host, port, upstream_head, rest).await,
+            body,
+        } => forward(sock, egress, &host, port, upstream_head, body, rest).await,
     }
 }
 
@@ -256,26 +261,42 @@ async fn connect(mut sock: TcpStream, egress: &Egress, host: &str, port: u16, mu
     if up.write_all(&hello).await.is_err() {
         return;
     }
-    splice(sock, up, egress.limits.idle_timeout).await;
+    splice(sock, up, None, egress.limits.idle_timeout).await;
 }
 
-async fn forward(mut sock: TcpStream, egress: &Egress, host: &str, port: u16, head: Vec<u8>, rest: Vec<u8>) {
+async fn forward(
+    mut sock: TcpStream,
+    egress: &Egress,
+    host: &str,
+    port: u16,
+    head: Vec<u8>,
+    body: Framing,
+    mut rest: Vec<u8>,
+) {
     let addrs = match admit(egress, host, port).await {
         Ok((_, a)) => a,
         Err(reason) => return deny(&mut sock, egress, host, port, reason, None).await,
     };
+    // Only this request's body goes upstream, never what follows it.
+    let mut end = BodyEnd::new(body);
+    match end.feed(&rest) {
+        Ok(n) => rest.truncate(n),
+        Err(_) => return deny(&mut sock, egress, host, port, DenyReason::BadRequest, None).await,
+    }
     let Some(mut up) = dial(&addrs, egress).await else {
         return bad_gateway(&mut sock).await;
     };
     if up.write_all(&head).await.is_err() || up.write_all(&rest).await.is_err() {
         return bad_gateway(&mut sock).await;
     }
-    splice(sock, up, egress.limits.idle_timeout).await;
+    splice(sock, up, Some(end), egress.limits.idle_timeout).await;
 }
 
 /// Copies both ways until both sides have closed, or `idle` passes with
-/// no byte in either direction.
-async fn splice(mut a: TcpStream, mut b: TcpStream, idle: Duration) {
+/// no byte in either direction. With `body`, only the bytes of that body
+/// go from `a` to `b` (the rest is read and dropped); a malformed body
+/// ends both.
+async fn splice(mut a: TcpStream, mut b: TcpStream, mut body: Option<BodyEnd>, idle: Duration) {
     let (mut ar, mut aw) = a.split();
     let (mut br, mut bw) = b.split();
     let mut abuf = vec![0u8; 16 * 1024];
@@ -289,7 +310,14 @@ async fn splice(mut a: TcpStream, mut b: TcpStream, idle: Duration) {
                     let _ = bw.shutdown().await;
                 }
                 Ok(n) => {
-                    if !matches!(tokio::time::timeout(idle, bw.write_all(&abuf[..n])).await, Ok(Ok(()))) {
+                    let pass = match body.as_mut().map(|end| end.feed(&abuf[..n])) {
+                        None => n,
+                        Some(Ok(k)) => k,
+                        Some(Err(_)) => return,
+                    };
+                    if pass > 0
+                        && !matches!(tokio::time::timeout(idle, bw.write_all(&abuf[..pass])).await, Ok(Ok(())))
+                    {
                         return;
                     }
                 }
@@ -352,6 +380,55 @@ mod tests {
             got
         });
         (port, t)
+    }
+
+    /// An upstream that reads everything the proxy sends until the proxy
+    /// closes its side, then answers once.
+    async fn upstream_to_eof() -> (u16, tokio::task::JoinHandle<Vec<u8>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let t = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.expect("accept");
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await;
+            let _ = s.shutdown().await;
+            got
+        });
+        (port, t)
+    }
+
+    #[tokio::test]
+    async fn only_the_first_request_and_its_body_go_upstream() {
+        for (body_head, body) in [
+            ("Content-Length: 5\r\n", "hello"),
+            (
+                "Transfer-Encoding: chunked\r\n",
+                "5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n",
+            ),
+            ("", ""),
+        ] {
+            let (up, seen) = upstream_to_eof().await;
+            let (addr, _egress, task) = proxy(&format!("allowed.test:{up}")).await;
+            let first = format!(
+                "POST http://allowed.test:{up}/a HTTP/1.1\r\nHost: allowed.test:{up}\r\n{body_head}\r\n{body}"
+            );
+            // A second request on the same connection, for another host.
+            let second = "GET /secret HTTP/1.1\r\nHost: evil.test\r\n\r\n";
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(first.as_bytes()).await.expect("first");
+            s.write_all(second.as_bytes()).await.expect("second");
+            s.shutdown().await.expect("half-close");
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out).await;
+            assert!(out.ends_with(b"ok"), "{}", String::from_utf8_lossy(&out));
+            let seen = String::from_utf8(seen.await.expect("upstream")).expect("utf8");
+            assert!(seen.ends_with(&format!("\r\n\r\n{body}")), "{seen}");
+            assert!(!seen.contains("evil.test") && !seen.contains("/secret"), "{seen}");
+            task.abort();
+        }
     }
 
     async fn exchange(proxy: SocketAddr, bytes: &[u8]) -> Vec<u8> {

@@ -4,13 +4,14 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::address::is_public;
+use crate::address::{is_host_address, is_public};
 use crate::denial::DenyReason;
 
 /// How a name is resolved: the policy's pinned names first (`hosts`: name
 /// → addresses, any address, the operator's word), else the host's system
 /// resolver, whose answers must be public addresses
-/// ([`crate::address::is_public`]).
+/// ([`crate::address::is_public`]) and none of the host's own
+/// ([`crate::address::is_host_address`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Resolver {
     /// Pinned names (lower case, no trailing dot) and their addresses.
@@ -24,8 +25,8 @@ impl Resolver {
     ///
     /// # Errors
     /// [`DenyReason::ResolveFailed`] (no answer, or none in time),
-    /// [`DenyReason::PrivateAddress`] (only non-public answers from the
-    /// system resolver).
+    /// [`DenyReason::PrivateAddress`] (only non-public answers, or the
+    /// host's own addresses, from the system resolver).
     pub async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, DenyReason> {
         if let Some(pinned) = self.hosts.get(name) {
             return Ok(pinned.iter().map(|a| SocketAddr::new(*a, port)).collect());
@@ -42,12 +43,23 @@ impl Resolver {
         if found.is_empty() {
             return Err(DenyReason::ResolveFailed);
         }
-        let public: Vec<SocketAddr> = found.into_iter().filter(|a| is_public(a.ip())).collect();
+        let public = reachable(found);
         if public.is_empty() {
             return Err(DenyReason::PrivateAddress);
         }
         Ok(public)
     }
+}
+
+/// The answers of the system resolver a kernel may be sent to: public
+/// addresses that are not this host's own (a name planted to reach the
+/// host's listeners on a public address of its own is refused like one
+/// pointing at loopback).
+pub fn reachable(found: Vec<SocketAddr>) -> Vec<SocketAddr> {
+    found
+        .into_iter()
+        .filter(|a| is_public(a.ip()) && !is_host_address(a.ip()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -63,5 +75,20 @@ mod tests {
         assert_eq!(a, vec!["127.0.0.1:8080".parse::<SocketAddr>().expect("addr")]);
         // `localhost` resolves through the system resolver to loopback only.
         assert_eq!(r.resolve("localhost", 80).await, Err(DenyReason::PrivateAddress));
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_never_reachable_by_a_resolved_name() {
+        // The address this host sends from on its default route is its own.
+        let own = std::net::UdpSocket::bind("0.0.0.0:0")
+            .and_then(|s| s.connect("192.0.2.1:9").map(|()| s))
+            .and_then(|s| s.local_addr())
+            .map(|a| a.ip());
+        let public: SocketAddr = "1.1.1.1:443".parse().expect("addr");
+        let mut found = vec![public, "127.0.0.1:443".parse().expect("addr")];
+        if let Ok(ip) = own {
+            found.push(SocketAddr::new(ip, 443));
+        }
+        assert_eq!(reachable(found), vec![public]);
     }
 }

@@ -346,26 +346,59 @@ pub(crate) fn apply_to_kernel(l: &ResolvedLimits, cfg: &mut KernelConfig) {
 /// Bytes the files below `root` hold (their sizes; links and special
 /// files count 0, links never followed), counting at most `max_entries`
 /// entries (a workdir of more is counted as far as that).
+///
+/// The kernel may swap any directory below `root` for a link while the
+/// walk runs: each directory is opened from `root`'s descriptor with no
+/// link allowed on the way (`openat2`, `RESOLVE_BENEATH |
+/// RESOLVE_NO_SYMLINKS`), and each entry is looked at without following
+/// it, so the walk never leaves `root` (a directory that became a link is
+/// skipped).
 pub fn disk_usage(root: &Path, max_entries: usize) -> u64 {
+    use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags};
+    use std::os::unix::ffi::OsStrExt;
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    // `root` itself is the host's own path (it may be a link the operator made).
+    let Ok(root_fd) = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return 0;
+    };
     let mut total = 0u64;
     let mut seen = 0usize;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+    let mut stack = vec![std::path::PathBuf::from(".")];
+    while let Some(rel) = stack.pop() {
+        let Ok(fd) = rustix::fs::openat2(
+            &root_fd,
+            &rel,
+            dir_flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) else {
             continue;
         };
-        for ent in rd.flatten() {
+        let Ok(entries) = Dir::read_from(&fd) else {
+            continue;
+        };
+        for ent in entries.flatten() {
+            let name = ent.file_name();
+            if name.to_bytes() == b"." || name.to_bytes() == b".." {
+                continue;
+            }
             seen += 1;
             if seen > max_entries {
                 return total;
             }
-            let Ok(ft) = ent.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(ent.path());
-            } else if ft.is_file()
-                && let Ok(m) = ent.metadata()
-            {
-                total = total.saturating_add(m.len());
+            let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    stack.push(rel.join(std::ffi::OsStr::from_bytes(name.to_bytes())));
+                }
+                FileType::RegularFile => total = total.saturating_add(st.st_size.max(0) as u64),
+                _ => {}
             }
         }
     }
@@ -404,6 +437,29 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_usage_counts_files_below_and_follows_no_link() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("outside");
+        std::fs::write(outside.path().join("big"), vec![0u8; 50_000]).expect("big");
+        std::fs::create_dir_all(d.path().join("a/b")).expect("dirs");
+        std::fs::write(d.path().join("top"), b"12345").expect("top");
+        std::fs::write(d.path().join("a/b/deep"), b"123").expect("deep");
+        std::os::unix::fs::symlink(outside.path(), d.path().join("a/link")).expect("dir link");
+        std::os::unix::fs::symlink(outside.path().join("big"), d.path().join("flink")).expect("file link");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            d.path().join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("fifo");
+        assert_eq!(disk_usage(d.path(), 1000), 8);
+        // Counted only as far as the bound.
+        assert!(disk_usage(d.path(), 1) <= 8);
+    }
 
     fn policy() -> LimitsPolicy {
         LimitsPolicy {

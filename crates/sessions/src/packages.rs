@@ -20,7 +20,8 @@
 //!   to another host is refused ([`crate::install_egress`]);
 //! - a spec is a requirement name with optional extras and version
 //!   specifiers ([`validate_spec`]); options (`-r`, `-e`, `--index-url`),
-//!   environment markers, URLs and paths are refused
+//!   environment markers, URLs and paths (also a name the installer would
+//!   read as a local archive, `x.tar.gz`) are refused
 //!   ([`PackageError::InvalidSpec`], `invalid_package_spec`); `name @
 //!   https://…` only with `packages.allow_urls = true`;
 //! - wheels only by default (`--only-binary :all:`): an sdist's build
@@ -247,6 +248,25 @@ impl PackageError {
     }
 }
 
+/// Endings that make pip and uv read a requirement as a path to a local
+/// archive (pip's `ARCHIVE_EXTENSIONS`) instead of a name to look up in
+/// the index: `evil-1.0.tar.gz` is a file in the installer's working
+/// directory, never a project.
+const ARCHIVE_SUFFIXES: &[&str] = &[
+    ".whl",
+    ".zip",
+    ".tar",
+    ".tgz",
+    ".tar.gz",
+    ".tbz",
+    ".tar.bz2",
+    ".txz",
+    ".tar.xz",
+    ".tlz",
+    ".tar.lz",
+    ".tar.lzma",
+];
+
 fn refuse(spec: &str, reason: impl Into<String>) -> PackageError {
     PackageError::InvalidSpec {
         spec: spec.chars().take(300).collect(),
@@ -259,7 +279,9 @@ fn refuse(spec: &str, reason: impl Into<String>) -> PackageError {
 /// of `== != <= >= < > ~= ===`, `VERSION` of `[A-Za-z0-9.*+!_-]`; or, with
 /// `allow_urls`, `NAME @ https://…` (no whitespace, quotes or `#` in the
 /// URL). Anything else — options (`-e`, `--index-url=…`), markers (`;`),
-/// paths, `file:` URLs, shell syntax — is refused.
+/// paths, names the installer reads as a local archive (`x.whl`,
+/// `x.tar.gz`: [`ARCHIVE_SUFFIXES`]), `file:` URLs, shell syntax — is
+/// refused.
 ///
 /// # Errors
 /// [`PackageError::InvalidSpec`] naming the spec and why.
@@ -294,6 +316,15 @@ pub fn validate_spec(spec: &str, allow_urls: bool) -> Result<String, PackageErro
         return Err(refuse(
             spec,
             "not a requirement: a package name (letters, digits, `.`, `_`, `-`) comes first; paths and URLs are not accepted",
+        ));
+    }
+    let lower = name.to_ascii_lowercase();
+    if let Some(ext) = ARCHIVE_SUFFIXES.iter().find(|e| lower.ends_with(*e)) {
+        return Err(refuse(
+            spec,
+            format!(
+                "a name ending in {ext:?} is read by the installer as a local archive file, not a requirement"
+            ),
         ));
     }
     let mut out = name.to_string();
@@ -826,6 +857,11 @@ mod tests {
             "",
             "_six",
             "six-",
+            "evil-1.0-py3-none-any.whl",
+            "evil-1.0.tar.gz",
+            "Evil.ZIP",
+            "evil.tgz[x]",
+            "evil.tar.bz2==1.0",
         ] {
             let e = validate_spec(bad, false).expect_err(bad);
             assert_eq!(e.code(), "invalid_package_spec", "{bad}");

@@ -6,6 +6,12 @@
 //! Each refusal the proxy made is in the cell's result
 //! (`network.denied`), on the CLI and over HTTP.
 //!
+//! Also every other spelling of a host (case, trailing dot, percent
+//! encoding, IPv6 and numeric forms), wildcard edges, port confusion,
+//! oversized heads, a second request smuggled after the first on one
+//! connection, raw UDP and ICMP, and one session holding its proxy's every
+//! connection while another session's proxy keeps serving.
+//!
 //! The targets are listeners of this test on 127.0.0.1 (an HTTP and an
 //! HTTPS server with a self-signed certificate for `allowed.test`, run by
 //! the kernels' interpreter), reached by names the config's `[egress]
@@ -21,8 +27,13 @@ use crate::http_tenants::{ALICE, Serve};
 
 const SERVER: &str = r#"
 import http.server, ssl, sys, threading
+release = threading.Event()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/hold":
+            release.wait()
+        elif self.path == "/release":
+            release.set()
         body = b"hello " + self.server.tag
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -30,6 +41,8 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
+# Room for every connection a test holds at once (the default backlog is 5).
+http.server.ThreadingHTTPServer.request_queue_size = 256
 plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 plain.tag = b"http"
 tls = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -395,4 +408,264 @@ fn allowlist_per_session_on_the_daemon_by_flag_and_by_config_pattern() {
     let (v, err) = exec("plain", &["--network", "on"]);
     assert_eq!(v["stdout"], "['URLError', 'URLError']\n", "{v}");
     assert!(err.contains("network policy"), "{err}");
+}
+
+/// The cell of the spelling and framing attacks: each outcome, in one
+/// JSON object.
+fn spelling_cell(t: &Targets) -> String {
+    format!(
+        r#"
+import json, socket, ssl
+out = {{}}
+def attempt(name, f):
+    try:
+        out[name] = "ok: " + str(f())
+    except Exception as e:
+        out[name] = "error: " + type(e).__name__ + (" errno %s" % e.errno if isinstance(e, OSError) and e.errno else "")
+def raw(request):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+    s.sendall(request)
+    data = b""
+    while True:
+        try:
+            b = s.recv(65536)
+        except ConnectionResetError:
+            break
+        if not b:
+            break
+        data += b
+    lines = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    denied = [l.split(":", 1)[1].strip() for l in lines if l.lower().startswith("x-cellhost-denied:")]
+    return "%s %s x%d" % (lines[0].split(" ")[1], denied[0] if denied else "-", data.count(b"HTTP/1."))
+def get(host, port, extra=b""):
+    h = host.encode()
+    return raw(b"GET http://" + h + b":%d/ HTTP/1.1\r\nHost: " % port + h + b":%d\r\n" % port + extra + b"\r\n")
+def connect(target):
+    return raw(b"CONNECT " + target.encode() + b" HTTP/1.1\r\n\r\n")
+def tls(target, sni):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+    s.sendall(b"CONNECT " + target.encode() + b" HTTP/1.1\r\n\r\n")
+    head = s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    c = ssl.create_default_context(cafile="ca.pem")
+    c.check_hostname = False
+    return c.wrap_socket(s, server_hostname=sni).version()
+H, S = {http}, {https}
+attempt("upper", lambda: get("ALLOWED.TEST", H))
+attempt("trailing_dot", lambda: get("allowed.test.", H))
+attempt("trailing_dot_tls", lambda: tls("allowed.test.:%d" % S, "allowed.test"))
+attempt("upper_sni", lambda: tls("allowed.test:%d" % S, "ALLOWED.TEST"))
+attempt("percent", lambda: get("allowed%2etest", H))
+attempt("percent_connect", lambda: connect("allowed%%2Etest:%d" % S))
+attempt("v6_loopback", lambda: connect("[::1]:%d" % S))
+attempt("v6_mapped", lambda: connect("[::ffff:127.0.0.1]:%d" % S))
+attempt("v6_mapped_long", lambda: connect("[0:0:0:0:0:ffff:7f00:1]:%d" % S))
+attempt("v6_zone", lambda: connect("[fe80::1%%25lo]:%d" % S))
+attempt("v6_bare", lambda: connect("::1:%d" % S))
+attempt("v6_forward", lambda: get("[::1]", H))
+attempt("octal", lambda: connect("0177.0.0.1:%d" % S))
+attempt("hex", lambda: connect("0x7f.1:%d" % S))
+attempt("wild_sub", lambda: get("sub.wild.test", H))
+attempt("wild_apex", lambda: get("wild.test", H))
+attempt("wild_suffix", lambda: get("evilwild.test", H))
+attempt("wild_empty_label", lambda: get(".wild.test", H))
+attempt("wild_literal", lambda: connect("*.wild.test:%d" % H))
+attempt("port_double", lambda: connect("allowed.test:%d:80" % S))
+attempt("port_sign", lambda: raw(b"GET http://allowed.test:+%d/ HTTP/1.1\r\nHost: allowed.test:+%d\r\n\r\n" % (H, H)))
+attempt("userinfo", lambda: raw(b"GET http://allowed.test:%d@evil.test:%d/ HTTP/1.1\r\nHost: evil.test:%d\r\n\r\n" % (H, H, H)))
+attempt("host_allowed_url_evil", lambda: raw(b"GET http://evil.test:%d/ HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n" % (H, H)))
+attempt("huge_head", lambda: get("allowed.test", H, b"X-Big: " + b"a" * 16400 + b"\r\n"))
+attempt("many_headers", lambda: get("allowed.test", H, b"".join(b"X-%d: v\r\n" % i for i in range(150))))
+attempt("smuggle_te_cl", lambda: get("allowed.test", H, b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n"))
+attempt("pipelined", lambda: raw(b"GET http://allowed.test:%d/ HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\nGET /x HTTP/1.1\r\nHost: evil.test\r\n\r\n" % (H, H)))
+def udp(family, addr):
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    return s.sendto(b"\0" * 12, addr)
+attempt("udp_dns", lambda: udp(socket.AF_INET, ("8.8.8.8", 53)))
+attempt("udp6_dns", lambda: udp(socket.AF_INET6, ("2001:4860:4860::8888", 53)))
+def icmp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+    return s.sendto(b"\x08\x00\xf7\xff\x00\x00\x00\x00", ("8.8.8.8", 0))
+attempt("icmp", icmp)
+def raw_icmp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    return s.sendto(b"\x08\x00\xf7\xff\x00\x00\x00\x00", ("8.8.8.8", 0))
+attempt("raw_icmp", raw_icmp)
+attempt("other_port_on_loopback", lambda: socket.create_connection(("127.0.0.1", 3129), timeout=60))
+attempt("proxy_on_v6", lambda: socket.create_connection(("::1", 3128), timeout=60))
+print(json.dumps(out, sort_keys=True))
+"#,
+        http = t.http,
+        https = t.https,
+    )
+}
+
+/// CLI, sandbox auto: every other spelling of a host reaches only what
+/// the rules name — case and a trailing dot are the same name; percent
+/// encoding, IPv6 and numeric forms, and `*` are refused; `*.wild.test`
+/// admits names below it only; a second request after the first on one
+/// connection never reaches the target; raw UDP, ICMP and other ports get
+/// nowhere.
+#[test]
+fn escape_egress_host_spellings_wildcards_ports_smuggling_and_raw_sockets() {
+    let env = Env::new();
+    let pins = [
+        "allowed.test",
+        "evil.test",
+        "sub.wild.test",
+        "wild.test",
+        "evilwild.test",
+    ]
+    .iter()
+    .map(|n| format!("\"{n}\" = \"127.0.0.1\""))
+    .collect::<Vec<_>>()
+    .join(", ");
+    std::fs::write(
+        env.path().join("config.toml"),
+        format!("[egress]\nhosts = {{ {pins} }}\n"),
+    )
+    .expect("config");
+    let t = Targets::start(env.path());
+    let rules = format!(
+        "allowed.test:{},allowed.test:{},*.wild.test:{}",
+        t.http, t.https, t.http
+    );
+    let (status, v) = env.exec_json(&["--sandbox", "auto", "--network", &rules], &spelling_cell(&t));
+    assert_eq!(status, 0, "{v}");
+    let out: Value = serde_json::from_str(v["stdout"].as_str().unwrap_or_default().trim())
+        .unwrap_or_else(|e| panic!("cell output is not JSON ({e}): {v}"));
+    let s = |k: &str| out[k].as_str().unwrap_or_default().to_string();
+    for (k, want) in [
+        ("upper", "ok: 200 - x1"),
+        ("trailing_dot", "ok: 200 - x1"),
+        ("trailing_dot_tls", "ok: TLSv1.3"),
+        ("upper_sni", "ok: TLSv1.3"),
+        ("percent", "ok: 403 bad_host x1"),
+        ("percent_connect", "ok: 403 bad_host x1"),
+        ("v6_loopback", "ok: 403 ip_literal x1"),
+        ("v6_mapped", "ok: 403 ip_literal x1"),
+        ("v6_mapped_long", "ok: 403 ip_literal x1"),
+        ("v6_zone", "ok: 403 bad_host x1"),
+        ("v6_bare", "ok: 403 bad_host x1"),
+        ("v6_forward", "ok: 403 ip_literal x1"),
+        ("octal", "ok: 403 bad_host x1"),
+        ("hex", "ok: 403 bad_host x1"),
+        ("wild_sub", "ok: 200 - x1"),
+        ("wild_apex", "ok: 403 not_allowed x1"),
+        ("wild_suffix", "ok: 403 not_allowed x1"),
+        ("wild_empty_label", "ok: 403 bad_host x1"),
+        ("wild_literal", "ok: 403 bad_host x1"),
+        ("port_double", "ok: 403 bad_host x1"),
+        ("port_sign", "ok: 400 bad_request x1"),
+        ("userinfo", "ok: 400 bad_request x1"),
+        ("host_allowed_url_evil", "ok: 403 host_mismatch x1"),
+        ("huge_head", "ok: 431 head_too_large x1"),
+        ("many_headers", "ok: 431 head_too_large x1"),
+        ("smuggle_te_cl", "ok: 400 bad_request x1"),
+        // One answer: the second request never went upstream.
+        ("pipelined", "ok: 200 - x1"),
+        ("udp_dns", "error: OSError errno 101"),
+        (
+            "other_port_on_loopback",
+            "error: ConnectionRefusedError errno 111",
+        ),
+    ] {
+        assert_eq!(s(k), want, "{k}: {out}");
+    }
+    // No route for IPv6 at all, or none out; ICMP either not permitted
+    // or unroutable; never sent.
+    for k in ["udp6_dns", "icmp", "raw_icmp", "proxy_on_v6"] {
+        assert!(s(k).starts_with("error: "), "{k}: {out}");
+    }
+    // Each refusal is in the result; the port confusion names what was sent.
+    let denied = v["network"]["denied"].as_array().cloned().unwrap_or_default();
+    let port_double = format!("allowed.test:{}", t.https);
+    assert!(
+        denied
+            .iter()
+            .any(|d| d["host"] == port_double.as_str() && d["port"] == 80 && d["reason"] == "bad_host"),
+        "{v}"
+    );
+    assert!(
+        denied
+            .iter()
+            .any(|d| d["host"] == "wild.test" && d["reason"] == "not_allowed"),
+        "{v}"
+    );
+    assert_eq!(
+        denied.len(),
+        out.as_object().map_or(0, |o| o
+            .values()
+            .filter(|v| v.as_str().is_some_and(|s| s.contains(" 4")))
+            .count()),
+        "{v}"
+    );
+}
+
+/// The daemon: one session holds every connection its proxy serves (64
+/// requests the target never answers) and its next one is refused
+/// (`connection_cap`), while another session's proxy serves at once. The
+/// test then lets the target answer.
+#[test]
+fn escape_egress_one_session_holding_its_proxy_does_not_starve_another() {
+    let env = Env::new();
+    write_config(&env.path().join("config.toml"));
+    let t = Targets::start(env.path());
+    let rules = format!("allowed.test:{}", t.http);
+    let py = common::python();
+    let exec = |session: &str, code: &str| -> Value {
+        let o = env.run(&[
+            "exec",
+            "--session",
+            session,
+            "--python",
+            &py,
+            "--json",
+            "--network",
+            &rules,
+            code,
+        ]);
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", common::text(&o)))
+    };
+    let hold = format!(
+        r#"
+import socket
+held = []
+for i in range(64):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+    s.sendall(b"GET http://allowed.test:{p}/hold HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n")
+    held.append(s)
+s = socket.create_connection(("127.0.0.1", 3128), timeout=60)
+s.sendall(b"GET http://allowed.test:{p}/ HTTP/1.1\r\nHost: allowed.test:{p}\r\n\r\n")
+print(s.recv(4096).split(b"\r\n")[0].decode())
+"#,
+        p = t.http
+    );
+    let v = exec("holder", &hold);
+    assert_eq!(v["stdout"], "HTTP/1.1 503 Service Unavailable\n", "{v}");
+    assert_eq!(v["network"]["denied"][0]["reason"], "connection_cap", "{v}");
+    // Another session's proxy serves while the holder's is full.
+    let fetch = format!(
+        "import urllib.request\nprint(urllib.request.urlopen('http://allowed.test:{}/', timeout=60).read().decode())",
+        t.http
+    );
+    let v = exec("other", &fetch);
+    assert_eq!(v["stdout"], "hello http\n", "{v}");
+    // Its proxy is its own: none of the holder's refusals are in its result.
+    assert!(v.get("network").is_none(), "{v}");
+    // The target answers the held requests; the holder reads them.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", t.http)).expect("target");
+    std::io::Write::write_all(
+        &mut s,
+        b"GET /release HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .expect("release");
+    let mut answer = String::new();
+    let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+    assert!(answer.contains("hello http"), "{answer}");
+    let v = exec(
+        "holder",
+        "def answer(h):\n    d = b''\n    while (b := h.recv(4096)):\n        d += b\n    h.close()\n    return d\nprint(sum(b'hello http' in answer(h) for h in held))",
+    );
+    assert_eq!(v["stdout"], "64\n", "{v}");
 }

