@@ -88,7 +88,7 @@ pub struct ForkRequest {
 }
 
 /// What a fork made.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ForkReport {
     /// The new session.
@@ -113,6 +113,7 @@ pub struct ForkReport {
     /// Threads of the parent the fork started without (`threads: "drop"`).
     pub threads_dropped: Vec<String>,
     /// The new session's working directory (host path).
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub cwd: PathBuf,
     /// Files of the working directory copied.
     pub files_copied: u64,
