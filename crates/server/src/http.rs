@@ -973,6 +973,12 @@ pub struct HistoryAnswer {
     /// `status`, times, output heads and tails, …
     #[schema(value_type = Vec<Object>)]
     pub cells: Vec<Value>,
+    /// The session's kernels, oldest first: `generation`, `pid`,
+    /// `started_ms`, `ended_ms`, `end_reason`, and for a forked kernel
+    /// `parent_session`, `parent_generation` and `fork_point` (the
+    /// parent's `execution_count`).
+    #[schema(value_type = Vec<Object>)]
+    pub kernels: Vec<Value>,
     /// The server keeps a journal (no cells otherwise).
     pub journal: bool,
 }
@@ -993,23 +999,33 @@ async fn history(
     if st.registry.journal().is_none() {
         return Ok(Json(HistoryAnswer {
             cells: Vec::new(),
+            kernels: Vec::new(),
             journal: false,
         }));
     }
-    let cells = match (HistoryRequest { owner, session: name })
+    let (cells, kernels) = match (HistoryRequest { owner, session: name })
         .execute(&st.registry)
         .await
     {
-        Ok(h) => h
-            .cells
-            .iter()
-            .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
-            .collect(),
+        Ok(h) => (
+            h.cells
+                .iter()
+                .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+                .collect(),
+            h.kernels
+                .iter()
+                .map(|k| serde_json::to_value(k).unwrap_or(Value::Null))
+                .collect(),
+        ),
         // A session of the table with nothing journaled yet.
-        Err(RequestError::SessionNotFound { .. }) => Vec::new(),
+        Err(RequestError::SessionNotFound { .. }) => (Vec::new(), Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    Ok(Json(HistoryAnswer { cells, journal: true }))
+    Ok(Json(HistoryAnswer {
+        cells,
+        kernels,
+        journal: true,
+    }))
 }
 
 /// A stream of a cell.
