@@ -239,7 +239,7 @@ mod tests {
         std::fs::hard_link(t.path().join("secret"), src.join("hard")).expect("hard");
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &src.join("fifo"),
+            src.join("fifo"),
             FileType::Fifo,
             Mode::from_raw_mode(0o600),
             0,
