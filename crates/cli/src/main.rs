@@ -63,7 +63,7 @@ enum Cmd {
     Fork(cmd_fork::ForkArgs),
     /// Serve the MCP tools (execute_code, interrupt, restart, list_variables,
     /// read_output, list_sessions, write_file, read_file, list_files,
-    /// submit_code, get_cell, cancel_cell, install_packages) on stdin/stdout; logs go to stderr.
+    /// submit_code, get_cell, cancel_cell, install_packages, fork_session) on stdin/stdout; logs go to stderr.
     Mcp(cmd_mcp::McpArgs),
     /// Serve the HTTP API (and MCP at /mcp) behind bearer tokens.
     Serve(cmd_serve::ServeArgs),

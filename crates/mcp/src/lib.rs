@@ -1,6 +1,6 @@
 //! The MCP server of cellhost, built on the official Rust SDK (`rmcp`).
 //!
-//! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
+//! Tools: `execute_code`, `interrupt`, `restart`, `fork_session`, `list_variables`,
 //! `write_file`, `read_file`, `list_files`, `submit_code`, `get_cell`, `cancel_cell`,
 //! `read_output`, `list_sessions`, `run_notebook` (a whole notebook, see
 //! `notebook.rs`). One MCP connection (stdio) or one MCP
