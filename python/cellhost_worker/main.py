@@ -12,6 +12,8 @@ import resource
 import sys
 
 from . import api, channel as channel_mod, display, execute, fileaudit, history, inspect_vars, magics, prims, state, streams
+# Imported before any cell: its module baseline is the worker's own.
+from . import forkstate  # noqa: F401,E402
 
 PROTOCOL = 1
 CONTROL_FD = 3
@@ -226,6 +228,9 @@ def _run_cell(frame):
         except BaseException:  # noqa: B902
             pass
         del exc
+    if silent:
+        # A silent cell takes no number; it may set the count (a fork's restore).
+        count = state.execution_count
     _end_cell(cid, frame.get("marker", ""), status, count, result, error, cpu_before, result_at)
 
 

@@ -227,6 +227,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{name}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Fork the live, idle session into a new session with its variables, imports, execution count and a copy of its files, as a kernel of its own. */
+        post: operations["forkSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{name}/history": {
         parameters: {
             query?: never;
@@ -559,7 +576,7 @@ export interface components {
          *     is [`ErrorCode::status`].
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "internal";
+        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "threads_running" | "fork_failed" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "internal";
         /**
          * @description The error itself: a code, a message for a reader, and fields a caller
          *     can act on (e.g. `session` and `cell` for `session_busy`, `limit` for
@@ -689,6 +706,88 @@ export interface components {
             /** @description Paths opened for writing (or appending, creating, updating). */
             write?: string[];
         };
+        /** @description Body of `POST /v1/sessions/{name}/fork`. */
+        ForkBody: {
+            /** @description The new session's name (the caller's; must not exist). */
+            name: string;
+            /**
+             * @description Threads of the session's cells: `refuse` (default: `threads_running`
+             *     naming them) or `drop` (the fork starts without them).
+             */
+            threads?: components["schemas"]["ForkThreads"];
+        };
+        /** @description What a fork made. */
+        ForkReport: {
+            /**
+             * Format: int64
+             * @description Bytes of those files.
+             */
+            bytes_copied: number;
+            /** @description The new session's working directory (host path). */
+            cwd: string;
+            /**
+             * Format: int64
+             * @description Wall time of the whole fork, in milliseconds.
+             */
+            duration_ms: number;
+            /**
+             * Format: int64
+             * @description The fork point: the parent's `execution_count`, which the new
+             *     session's cells count on from.
+             */
+            execution_count: number;
+            /**
+             * Format: int64
+             * @description Files of the working directory copied.
+             */
+            files_copied: number;
+            /**
+             * Format: int64
+             * @description The new session's kernel generation.
+             */
+            generation: number;
+            /** @description Names that could not be carried, with why. */
+            lost: {
+                [key: string]: string;
+            };
+            /** @description Modules the parent had imported that the fork could not import. */
+            modules_failed: {
+                [key: string]: string;
+            };
+            /** @description Names carried into the new session's namespace. */
+            names: string[];
+            /** @description The parent session. */
+            parent: string;
+            /**
+             * Format: int64
+             * @description The parent's kernel generation the fork was taken from.
+             */
+            parent_generation: number;
+            /**
+             * Format: int32
+             * @description The new kernel's worker pid.
+             */
+            pid: number;
+            /** @description The new session. */
+            session: string;
+            /**
+             * @description Paths of the working directory not copied (links are copied as
+             *     links; sockets, FIFOs, devices and hard-linked files are not).
+             */
+            skipped: string[];
+            /**
+             * Format: int64
+             * @description Bytes of the namespace snapshot.
+             */
+            snapshot_bytes: number;
+            /** @description Threads of the parent the fork started without (`threads: "drop"`). */
+            threads_dropped: string[];
+        };
+        /**
+         * @description What a fork does with Python threads of the parent's cells.
+         * @enum {string}
+         */
+        ForkThreads: "refuse" | "drop";
         /** @description A session's journaled cells. */
         HistoryAnswer: {
             /**
@@ -698,6 +797,13 @@ export interface components {
             cells: Record<string, never>[];
             /** @description The server keeps a journal (no cells otherwise). */
             journal: boolean;
+            /**
+             * @description The session's kernels, oldest first: `generation`, `pid`,
+             *     `started_ms`, `ended_ms`, `end_reason`, and for a forked kernel
+             *     `parent_session`, `parent_generation` and `fork_point` (the
+             *     parent's `execution_count`).
+             */
+            kernels: Record<string, never>[];
         };
         /**
          * @description How `execute` returns the images of a result.
@@ -2545,6 +2651,150 @@ export interface operations {
             };
             /** @description `internal`: a fault of the server */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    forkSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkBody"];
+            };
+        };
+        responses: {
+            /** @description forked: the new session runs */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkReport"];
+                };
+            };
+            /** @description `bad_request`: the body is not JSON, or could not be read */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `unauthorized`: missing or unknown bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `forbidden`: a read-only token on a route that is not GET */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_not_found`: no such session, or no live kernel of it */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_busy` (a cell runs), `session_exists` (the name is taken) or `threads_running` (`threads`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `payload_too_large`: the body is over 4 MiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `unsupported_media_type`: the body is not application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `invalid_request`: a value the document does not allow */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `too_many_sessions` (64 an owner) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `fork_failed`: the snapshot or its restore failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `kernel_failed` */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `sandbox_unavailable`, `registry_full` or `shut_down` */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `disk_full`: the files pass the session's disk cap */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -29,6 +29,7 @@
 //! (`python/requirements.txt`'s pins, under the cache directory).
 
 mod as_user;
+mod fork;
 mod limits;
 mod pysdk;
 mod remote;
@@ -56,7 +57,7 @@ const EXIT_USAGE: u8 = 2;
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
     "W3", "W1", "W2", "W2S", "W2T", "R2T", "R2TS", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5",
-    "IDLE200", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK",
+    "IDLE200", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK", "FORK",
 ];
 
 /// The workloads that run the `cellhost` binary.
@@ -143,7 +144,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PATH")]
     pub cellhost: Option<PathBuf>,
     /// Comma-separated workloads (W1, W2, W2S, W2T, R2T, R2TS, W3, W4, KILL, HOSTKILL, W7, POOL,
-    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50, PYSDK), or `all`.
+    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50, PYSDK, FORK), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
     /// Also measure the peers: ipykernel + jupyter_client, `python -c`,

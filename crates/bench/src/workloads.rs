@@ -81,6 +81,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "HOSTKILL" => host_kill(ctx),
         "W7" => w7(ctx),
         "POOL" => super::sessions::pool(ctx).await,
+        "FORK" => super::fork::fork(ctx).await,
         "JOURNAL" => super::sessions::journal(ctx).await,
         "W5" => super::sessions::w5(ctx).await,
         "IDLE200" => super::sessions::idle200(ctx).await,

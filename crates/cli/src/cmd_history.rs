@@ -116,8 +116,12 @@ pub fn run(args: HistoryArgs) -> u8 {
         kernels.len()
     );
     for k in &kernels {
+        let forked = match (&k.parent_session, k.parent_generation, k.fork_point) {
+            (Some(p), Some(g), Some(n)) => format!(" (forked from {p} g{g} at execution_count {n})"),
+            _ => String::new(),
+        };
         println!(
-            "  kernel g{} pid {}: {}",
+            "  kernel g{} pid {}{forked}: {}",
             k.generation,
             k.pid,
             k.end_reason

@@ -11,6 +11,7 @@ mod cmd_cp;
 mod cmd_daemon;
 mod cmd_doctor;
 mod cmd_exec;
+mod cmd_fork;
 mod cmd_history;
 mod cmd_install;
 mod cmd_mcp;
@@ -58,9 +59,11 @@ enum Cmd {
     History(cmd_history::HistoryArgs),
     /// Rebuild a session by replaying its successful cells into a new kernel.
     Restore(cmd_restore::RestoreArgs),
+    /// Fork a live, idle daemon session into a new session with its state.
+    Fork(cmd_fork::ForkArgs),
     /// Serve the MCP tools (execute_code, interrupt, restart, list_variables,
     /// read_output, list_sessions, write_file, read_file, list_files,
-    /// submit_code, get_cell, cancel_cell, install_packages) on stdin/stdout; logs go to stderr.
+    /// submit_code, get_cell, cancel_cell, install_packages, fork_session) on stdin/stdout; logs go to stderr.
     Mcp(cmd_mcp::McpArgs),
     /// Serve the HTTP API (and MCP at /mcp) behind bearer tokens.
     Serve(cmd_serve::ServeArgs),
@@ -187,6 +190,7 @@ fn main() -> ExitCode {
         Cmd::Config(a) => cmd_config::run(a),
         Cmd::History(a) => cmd_history::run(a),
         Cmd::Restore(a) => cmd_restore::run(a),
+        Cmd::Fork(a) => cmd_fork::run(a),
         Cmd::Mcp(a) => cmd_mcp::run(a),
         Cmd::Agent(a) => cmd_agent::run(a),
     };

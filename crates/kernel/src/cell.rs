@@ -35,6 +35,11 @@ pub struct ExecOptions {
     /// runs", in which an interrupt would find no cell and be lost. Whoever
     /// sets the flag must set it before it interrupts the running cell.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// A silent cell that sets the worker's `execution_count` (the restore
+    /// of a forked session): the host takes the count the worker answers
+    /// when it is this one, and counts on from it. Otherwise the host
+    /// believes only the previous count or one more.
+    pub resume_count: Option<u64>,
 }
 
 /// Output delivered while a cell runs (same rendering and redaction as the

@@ -221,6 +221,28 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
             },
             "required": ["session", "generation", "pid", "killed_previous"]
         }),
+        "fork_session" => json!({
+            "type": "object",
+            "properties": {
+                "session": {"type": "string", "description": "The new session."},
+                "parent": {"type": "string", "description": "The session it was forked from."},
+                "parent_generation": {"type": "integer", "minimum": 0},
+                "generation": {"type": "integer", "minimum": 0, "description": "The new kernel's generation."},
+                "pid": {"type": "integer", "minimum": 0, "description": "The new kernel's pid."},
+                "execution_count": {"type": "integer", "minimum": 0, "description": "The fork point: the new session counts on from it."},
+                "names": {"type": "array", "items": {"type": "string"}, "description": "Names carried."},
+                "lost": {"type": "object", "additionalProperties": {"type": "string"}, "description": "Names not carried, with why."},
+                "modules_failed": {"type": "object", "additionalProperties": {"type": "string"}},
+                "threads_dropped": {"type": "array", "items": {"type": "string"}},
+                "cwd": {"type": "string", "description": "The new session's working directory."},
+                "files_copied": {"type": "integer", "minimum": 0},
+                "bytes_copied": {"type": "integer", "minimum": 0},
+                "skipped": {"type": "array", "items": {"type": "string"}},
+                "snapshot_bytes": {"type": "integer", "minimum": 0},
+                "duration_ms": {"type": "integer", "minimum": 0}
+            },
+            "required": ["session", "parent", "generation", "pid", "execution_count", "names", "lost"]
+        }),
         "list_variables" => json!({
             "type": "object",
             "properties": {
@@ -409,6 +431,7 @@ pub fn annotations(tool: &str) -> Option<ToolAnnotations> {
         "execute_code" => ("Run Python code", false, false, false),
         "interrupt" => ("Interrupt the running cell", false, false, true),
         "restart" => ("Restart the kernel", false, true, false),
+        "fork_session" => ("Fork the session", false, false, false),
         "list_variables" => ("List variables", true, false, true),
         "read_output" => ("Read a cell's full output", true, false, true),
         "list_sessions" => ("List sessions", true, false, true),

@@ -1,6 +1,6 @@
 //! The MCP server of cellhost, built on the official Rust SDK (`rmcp`).
 //!
-//! Tools: `execute_code`, `interrupt`, `restart`, `list_variables`,
+//! Tools: `execute_code`, `interrupt`, `restart`, `fork_session`, `list_variables`,
 //! `write_file`, `read_file`, `list_files`, `submit_code`, `get_cell`, `cancel_cell`,
 //! `read_output`, `list_sessions`, `run_notebook` (a whole notebook, see
 //! `notebook.rs`). One MCP connection (stdio) or one MCP
@@ -45,8 +45,8 @@ use std::time::Duration;
 use axum::response::IntoResponse;
 use cellhost_sessions::cell::LiveEvent;
 use cellhost_sessions::requests::{
-    CwdScope, ExecuteRequest, InterruptRequest, ListRequest, ReadOutputRequest, RestartRequest,
-    VariablesRequest,
+    CwdScope, ExecuteRequest, ForkRequest, ForkThreads, InterruptRequest, ListRequest, ReadOutputRequest,
+    RestartRequest, VariablesRequest,
 };
 use cellhost_sessions::{Deadline, Origin, Registry, RequestError, SessionSpec, Surface};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -256,6 +256,20 @@ pub struct SessionParams {
     /// Session name (default "default").
     #[serde(default)]
     pub session: Option<String>,
+}
+
+/// Parameters of `fork_session`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ForkParams {
+    /// The live, idle session to fork (default "default").
+    #[serde(default)]
+    pub session: Option<String>,
+    /// The new session's name (must not exist).
+    pub name: String,
+    /// Threads of the session's cells: "refuse" (default: the fork is
+    /// refused naming them) or "drop" (the fork starts without them).
+    #[serde(default)]
+    pub threads: Option<String>,
 }
 
 /// Parameters of `read_output`.
@@ -663,6 +677,59 @@ variable and import of the session is dropped, and a fresh kernel (a new generat
             )),
             Err(e) => Ok(request_tool_error(
                 &format!("restart of session \"{session}\" failed"),
+                &e,
+            )),
+        }
+    }
+
+    #[tool(
+        description = "Fork a live, idle session into a new session `name`: the new session has the \
+same variables, imports, execution count and a copy of the working directory's files, as a kernel of its \
+own; changes in one never reach the other. Use it to try several next steps from the same state. \
+Refused while a cell runs (session_busy), for a name in use (session_exists), and while threads of \
+the session's cells run (threads_running) unless threads is \"drop\"."
+    )]
+    async fn fork_session(&self, Parameters(p): Parameters<ForkParams>) -> Result<CallToolResult, ErrorData> {
+        let session = session_name(p.session)?;
+        let name = session_name(Some(p.name))?;
+        let threads = match p.threads.as_deref() {
+            None | Some("refuse") => ForkThreads::Refuse,
+            Some("drop") => ForkThreads::Drop,
+            Some(other) => {
+                return Ok(tool_error(
+                    "bad_request",
+                    format!("threads is \"refuse\" or \"drop\", got {other:?}"),
+                ));
+            }
+        };
+        let asked = ForkRequest {
+            session: self.spec(&session),
+            name: name.clone(),
+            threads,
+        };
+        match asked.execute(&self.inner.registry).await {
+            Ok(r) => {
+                let mut text = format!(
+                    "session \"{session}\" forked into \"{name}\" at execution count {}: {} names, {} files ({} bytes), kernel generation {} (pid {}), {} ms",
+                    r.execution_count,
+                    r.names.len(),
+                    r.files_copied,
+                    r.bytes_copied,
+                    r.generation,
+                    r.pid,
+                    r.duration_ms
+                );
+                if !r.lost.is_empty() {
+                    let lost: Vec<String> = r.lost.iter().map(|(n, why)| format!("{n} ({why})")).collect();
+                    text.push_str(&format!("; not carried: {}", lost.join(", ")));
+                }
+                if !r.threads_dropped.is_empty() {
+                    text.push_str(&format!("; threads dropped: {}", r.threads_dropped.join(", ")));
+                }
+                Ok(text_result(text, json!(r)))
+            }
+            Err(e) => Ok(request_tool_error(
+                &format!("fork of session \"{session}\" failed"),
                 &e,
             )),
         }

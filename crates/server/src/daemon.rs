@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::cell::{CellResult, DisplayOutput, InterruptOutcome, LiveEvent};
 use cellhost_sessions::requests::{
-    CwdScope, ExecuteRequest, FileWritten, InstallRequest, InterruptRequest, KillRequest, ListRequest,
-    ReadFileRequest, RestoreRequest, SessionSpec, SubmitRequest, Submitted, WriteFileRequest,
+    CwdScope, ExecuteRequest, FileWritten, ForkReport, ForkRequest, ForkThreads, InstallRequest,
+    InterruptRequest, KillRequest, ListRequest, ReadFileRequest, RestoreRequest, SessionSpec, SubmitRequest,
+    Submitted, WriteFileRequest,
 };
 use cellhost_sessions::{
     Deadline, EnvApplied, Key, Origin, Registry, RequestError, RestoreReport, SessionEnv,
@@ -157,6 +158,28 @@ pub enum Request {
         sandbox: Option<String>,
         /// The caller's working directory, the rebuilt session's (as
         /// [`Request::Exec`]'s `cwd`, so `exec --session` from there finds it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
+    /// Fork the live, idle `session` into the new session `name`
+    /// (`cellhost fork SESSION NEW`), answered by one `forked` reply.
+    Fork {
+        /// The parent session.
+        session: String,
+        /// The new session's name.
+        name: String,
+        /// What to do with the parent's threads (default: refuse).
+        #[serde(default)]
+        threads: ForkThreads,
+        /// Interpreter of the parent session (default: the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the parent session (never below the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+        /// The caller's working directory, as for [`Request::Kill`]: the
+        /// parent is the session working there, and the fork is reached
+        /// from there by name (it works in a copy of the directory).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<PathBuf>,
     },
@@ -345,6 +368,11 @@ pub enum Reply {
     Restored {
         /// The report.
         report: RestoreReport,
+    },
+    /// What a fork made.
+    Forked {
+        /// The report.
+        report: ForkReport,
     },
     /// Something the caller should know about its request (printed on
     /// stderr by the CLI); an `exec` goes on, its `result` follows.
@@ -819,6 +847,33 @@ async fn handle(
             };
             match req.execute(reg).await {
                 Ok(report) => send(w, &Reply::Restored { report }).await,
+                Err(e) => send(w, &request_error(&e)).await,
+            }
+        }
+        Request::Fork {
+            session,
+            name,
+            threads,
+            python,
+            sandbox,
+            cwd,
+        } => {
+            let requested = match parse_sandbox(sandbox.as_deref()) {
+                Ok(m) => m,
+                Err(e) => return send(w, &request_error(&e)).await,
+            };
+            let req = ForkRequest {
+                session: SessionSpec {
+                    python,
+                    sandbox: requested,
+                    cwd,
+                    ..SessionSpec::new(owner, session)
+                },
+                name,
+                threads,
+            };
+            match req.execute(reg).await {
+                Ok(report) => send(w, &Reply::Forked { report }).await,
                 Err(e) => send(w, &request_error(&e)).await,
             }
         }

@@ -53,6 +53,11 @@ pub enum ErrorCode {
     /// 409: a cell is running (or queued) in the session and the request
     /// did not ask to queue.
     SessionBusy,
+    /// 409: a fork was refused because threads of the session's cells run
+    /// (`threads`), and the request did not accept dropping them.
+    ThreadsRunning,
+    /// 500: a fork's snapshot or restore failed.
+    ForkFailed,
     /// 429: the owner holds the most sessions allowed.
     TooManySessions,
     /// 404: no spilled output of that cell and stream for this owner.
@@ -135,12 +140,14 @@ impl ErrorCode {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Unauthorized => StatusCode::UNAUTHORIZED,
             Forbidden | SandboxBelowFloor => StatusCode::FORBIDDEN,
-            SessionExists | SessionBusy | StaleGeneration => StatusCode::CONFLICT,
+            SessionExists | SessionBusy | StaleGeneration | ThreadsRunning => StatusCode::CONFLICT,
             TooManySessions => StatusCode::TOO_MANY_REQUESTS,
             RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             SandboxUnavailable | RegistryFull | ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             KernelFailed => StatusCode::BAD_GATEWAY,
-            RestoreFailed | JournalFailed | FileIoFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            RestoreFailed | ForkFailed | JournalFailed | FileIoFailed | Internal => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -159,6 +166,8 @@ impl ErrorCode {
             SessionNotFound => "session_not_found",
             SessionExists => "session_exists",
             SessionBusy => "session_busy",
+            ThreadsRunning => "threads_running",
+            ForkFailed => "fork_failed",
             TooManySessions => "too_many_sessions",
             OutputNotFound => "output_not_found",
             RangeNotSatisfiable => "range_not_satisfiable",

@@ -153,6 +153,11 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
         (Method::POST, "/v1/sessions/{name}/execute", post(execute)),
         (Method::POST, "/v1/sessions/{name}/interrupt", post(interrupt)),
         (Method::POST, "/v1/sessions/{name}/restart", post(restart)),
+        (
+            Method::POST,
+            "/v1/sessions/{name}/fork",
+            post(routes::fork::fork_session),
+        ),
         (Method::GET, "/v1/sessions/{name}/variables", get(variables)),
         (Method::GET, "/v1/sessions/{name}/history", get(history)),
         (Method::GET, "/v1/cells/{cell}/output/{stream}", get(cell_output)),
@@ -779,6 +784,46 @@ pub(crate) fn owned(st: &AppState, caller: &Caller, name: &str) -> Result<(Strin
     Ok((owner, meta))
 }
 
+/// Takes `name` for a new session of `owner` (a fork) before its kernel
+/// starts, as `POST /v1/sessions` does.
+///
+/// # Errors
+/// `invalid_request` (the name), `session_exists`, `too_many_sessions`.
+pub(crate) fn reserve_session(
+    st: &AppState,
+    owner: &str,
+    name: &str,
+    meta: &SessionMeta,
+) -> Result<(), ApiError> {
+    check_name(name)?;
+    let mut s = st
+        .sessions
+        .lock()
+        .map_err(|_| ApiError::new(ErrorCode::Internal, "the session table is poisoned"))?;
+    let k = (owner.to_string(), name.to_string());
+    if s.contains_key(&k) {
+        return Err(
+            ApiError::new(ErrorCode::SessionExists, format!("session {name:?} exists")).with("session", name),
+        );
+    }
+    if s.keys().filter(|(o, _)| o == owner).count() >= SESSIONS_PER_OWNER {
+        return Err(ApiError::new(
+            ErrorCode::TooManySessions,
+            format!("at most {SESSIONS_PER_OWNER} sessions per owner; delete one first"),
+        )
+        .with("limit", SESSIONS_PER_OWNER as u64));
+    }
+    s.insert(k, meta.clone());
+    Ok(())
+}
+
+/// Gives back a name [`reserve_session`] took (the fork failed).
+pub(crate) fn release_session(st: &AppState, owner: &str, name: &str) {
+    if let Ok(mut s) = st.sessions.lock() {
+        s.remove(&(owner.to_string(), name.to_string()));
+    }
+}
+
 /// What an interrupt did.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct InterruptAnswer {
@@ -936,6 +981,12 @@ pub struct HistoryAnswer {
     /// `status`, times, output heads and tails, …
     #[schema(value_type = Vec<Object>)]
     pub cells: Vec<Value>,
+    /// The session's kernels, oldest first: `generation`, `pid`,
+    /// `started_ms`, `ended_ms`, `end_reason`, and for a forked kernel
+    /// `parent_session`, `parent_generation` and `fork_point` (the
+    /// parent's `execution_count`).
+    #[schema(value_type = Vec<Object>)]
+    pub kernels: Vec<Value>,
     /// The server keeps a journal (no cells otherwise).
     pub journal: bool,
 }
@@ -956,23 +1007,33 @@ async fn history(
     if st.registry.journal().is_none() {
         return Ok(Json(HistoryAnswer {
             cells: Vec::new(),
+            kernels: Vec::new(),
             journal: false,
         }));
     }
-    let cells = match (HistoryRequest { owner, session: name })
+    let (cells, kernels) = match (HistoryRequest { owner, session: name })
         .execute(&st.registry)
         .await
     {
-        Ok(h) => h
-            .cells
-            .iter()
-            .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
-            .collect(),
+        Ok(h) => (
+            h.cells
+                .iter()
+                .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+                .collect(),
+            h.kernels
+                .iter()
+                .map(|k| serde_json::to_value(k).unwrap_or(Value::Null))
+                .collect(),
+        ),
         // A session of the table with nothing journaled yet.
-        Err(RequestError::SessionNotFound { .. }) => Vec::new(),
+        Err(RequestError::SessionNotFound { .. }) => (Vec::new(), Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    Ok(Json(HistoryAnswer { cells, journal: true }))
+    Ok(Json(HistoryAnswer {
+        cells,
+        kernels,
+        journal: true,
+    }))
 }
 
 /// A stream of a cell.

@@ -42,6 +42,7 @@ HTTP status follows from the code. A second execute on a busy session is refused
         http::execute,
         http::interrupt,
         http::restart,
+        crate::routes::fork::fork_session,
         http::variables,
         http::history,
         http::cell_output,

@@ -522,6 +522,87 @@ async fn sessions_execute_variables_history_restart_delete() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fork_route_makes_a_session_of_its_own_and_refuses_taken_names_and_other_owners() {
+    let srv = start().await;
+    let a = srv.addr;
+    assert_eq!(create(a, ALICE, "trunk").await.status, 201);
+    let r = exec(a, ALICE, "trunk", "xs = [1, 2]\nopen('f.txt', 'w').write('t')").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let f = call(
+        a,
+        "POST",
+        "/v1/sessions/trunk/fork",
+        Some(ALICE),
+        Some(json!({"name": "branch"})),
+    )
+    .await;
+    assert_eq!(f.status, 201, "{}", f.body);
+    let rep = f.json();
+    assert_eq!(rep["parent"], "trunk");
+    assert_eq!(rep["execution_count"], 1);
+    assert!(rep["files_copied"].as_u64() >= Some(1), "{rep}");
+    let r = exec(a, ALICE, "branch", "xs.append(3); xs, open('f.txt').read()")
+        .await
+        .json();
+    assert_eq!(r["result"]["text/plain"], "([1, 2, 3], 't')", "{r}");
+    assert_eq!(r["execution_count"], 2, "{r}");
+    let r = exec(a, ALICE, "trunk", "xs").await.json();
+    assert_eq!(r["result"]["text/plain"], "[1, 2]", "{r}");
+    // Listed as the caller's session; lineage in its history.
+    let list = call(a, "GET", "/v1/sessions", Some(ALICE), None).await.json();
+    assert!(
+        list["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .any(|s| s["name"] == "branch"),
+        "{list}"
+    );
+    let h = call(a, "GET", "/v1/sessions/branch/history", Some(ALICE), None)
+        .await
+        .json();
+    assert_eq!(h["kernels"][0]["parent_session"], "trunk", "{h}");
+    // A taken name; another owner's session (404 as a missing one); a bad body.
+    let again = call(
+        a,
+        "POST",
+        "/v1/sessions/trunk/fork",
+        Some(ALICE),
+        Some(json!({"name": "branch"})),
+    )
+    .await;
+    assert_eq!(
+        (again.status, code_of(&again).as_str()),
+        (409, "session_exists"),
+        "{}",
+        again.body
+    );
+    let other = call(
+        a,
+        "POST",
+        "/v1/sessions/trunk/fork",
+        Some(BOB),
+        Some(json!({"name": "mine"})),
+    )
+    .await;
+    assert_eq!(
+        (other.status, code_of(&other).as_str()),
+        (404, "session_not_found"),
+        "{}",
+        other.body
+    );
+    let bad = call(
+        a,
+        "POST",
+        "/v1/sessions/trunk/fork",
+        Some(ALICE),
+        Some(json!({"name": "x", "threads": "keep"})),
+    )
+    .await;
+    assert_eq!(bad.status, 422, "{}", bad.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn auth_401_403_and_owner_isolation() {
     let srv = start().await;
     let a = srv.addr;

@@ -166,6 +166,16 @@ pub struct KernelRow {
     pub ended_ms: Option<i64>,
     /// Why it ended.
     pub end_reason: Option<String>,
+    /// A forked kernel's parent session (same owner); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session: Option<String>,
+    /// The parent's kernel generation the fork was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_generation: Option<u64>,
+    /// The fork point: the parent's `execution_count` when it was forked
+    /// (the forked kernel's cells count on from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_point: Option<u64>,
 }
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
@@ -470,6 +480,28 @@ impl Journal {
         });
     }
 
+    /// Records that `generation` of `session` was forked from
+    /// `parent_generation` of `parent_session` (same owner) when the
+    /// parent's `execution_count` was `fork_point`.
+    pub fn kernel_forked(
+        &self,
+        owner: &str,
+        session: &str,
+        generation: u64,
+        parent_session: &str,
+        parent_generation: u64,
+        fork_point: u64,
+    ) {
+        let (o, s, p) = (owner.to_string(), session.to_string(), parent_session.to_string());
+        self.fire("kernel fork", move |c| {
+            c.execute(
+                "UPDATE kernels SET parent_session=?4, parent_generation=?5, fork_point=?6 WHERE owner=?1 AND session=?2 AND generation=?3",
+                params![o, s, generation as i64, p, parent_generation as i64, fork_point as i64],
+            )?;
+            Ok(())
+        });
+    }
+
     /// Records the end of a kernel generation and why.
     pub fn kernel_ended(&self, owner: &str, session: &str, generation: u64, reason: &str) {
         let (o, s, r) = (owner.to_string(), session.to_string(), reason.to_string());
@@ -723,7 +755,8 @@ fn query_cells(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<V
 
 fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Vec<KernelRow>> {
     let mut st = c.prepare(
-        "SELECT generation, pid, started_ms, ended_ms, end_reason FROM kernels
+        "SELECT generation, pid, started_ms, ended_ms, end_reason, parent_session,
+                parent_generation, fork_point FROM kernels
          WHERE owner=?1 AND session=?2 ORDER BY generation",
     )?;
     let rows = st.query_map(params![owner, session], |r| {
@@ -733,6 +766,9 @@ fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result
             started_ms: r.get(2)?,
             ended_ms: r.get(3)?,
             end_reason: r.get(4)?,
+            parent_session: r.get(5)?,
+            parent_generation: r.get::<_, Option<i64>>(6)?.map(|g| g as u64),
+            fork_point: r.get::<_, Option<i64>>(7)?.map(|g| g as u64),
         })
     })?;
     rows.collect()

@@ -9,8 +9,9 @@
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
 //! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
-//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; no `sessions.settings` |
-//! | 5–7 | (numbers of other layouts; a journal at one of them migrates as any earlier one: whatever is missing is added) |
+//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; kernels without lineage, no `sessions.settings` |
+//! | 5 | `kernels.parent_session`, `kernels.parent_generation` and `kernels.fork_point` record the session, generation and `execution_count` a forked kernel was forked from (NULL for a kernel that was not); no `sessions.settings` |
+//! | 6–7 | (numbers of other layouts; a journal at one of them migrates as any earlier one: whatever is missing is added) |
 //! | 8 | the tables and columns of [`SCHEMA`]: `sessions.settings` holds the session's own limits and network policy (JSON, [`crate::journal::SessionSettings`]; NULL: the configured ones), which `restore` and a restarted host give its next kernel |
 //!
 //! Opening a journal runs every migration from its version to
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS kernels (
   owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
   pid INTEGER, started_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT,
+  parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,
   PRIMARY KEY (owner, session, generation));
 CREATE TABLE IF NOT EXISTS cells (
   id TEXT PRIMARY KEY, owner TEXT NOT NULL, session TEXT NOT NULL,
@@ -85,6 +87,9 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("kernels", "started_ms", "INTEGER NOT NULL DEFAULT 0"),
     ("kernels", "ended_ms", "INTEGER"),
     ("kernels", "end_reason", "TEXT"),
+    ("kernels", "parent_session", "TEXT"),
+    ("kernels", "parent_generation", "INTEGER"),
+    ("kernels", "fork_point", "INTEGER"),
     ("cells", "id", "TEXT"),
     ("cells", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("cells", "session", "TEXT NOT NULL DEFAULT ''"),
@@ -176,7 +181,8 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         // Every earlier version: whatever tables and columns are missing
         // (version 1 lacks `sessions.language`, `network_denials` and
         // `credential_nonces`, version 2 the two tables, version 3
-        // `credential_nonces`, version 4 `sessions.settings`); `SCHEMA`
+        // `credential_nonces`, version 4 the kernels' lineage columns and
+        // `sessions.settings`, version 5 `sessions.settings`); `SCHEMA`
         // creates missing tables.
         tx.execute_batch(SCHEMA)?;
         for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
@@ -225,13 +231,20 @@ mod tests {
             .expect("version 2 schema");
     }
 
-    /// Version 4: every table, the sessions table without `settings`, with
-    /// a row.
+    /// Version 4: every table, kernels without their lineage and the
+    /// sessions table without `settings`, with a row in each.
     fn version_4(conn: &Connection) {
-        let schema = SCHEMA.replace(" settings TEXT,", "");
-        assert_ne!(schema, SCHEMA, "version 4 lacks sessions.settings");
+        let schema = SCHEMA.replace(" settings TEXT,", "").replace(
+            "parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,",
+            "",
+        );
+        assert!(
+            !schema.contains("settings TEXT"),
+            "version 4 lacks sessions.settings"
+        );
+        assert!(!schema.contains("fork_point"), "version 4 lacks the lineage");
         conn.execute_batch(&format!(
-            "{schema}\nINSERT INTO sessions (owner, session, created_ms, last_used_ms) VALUES ('o', 's', 1, 2);\nPRAGMA user_version = 4;"
+            "{schema}\nINSERT INTO sessions (owner, session, created_ms, last_used_ms) VALUES ('o', 's', 1, 2);\nINSERT INTO kernels (owner, session, generation, pid, started_ms) VALUES ('o', 's', 1, 7, 5);\nPRAGMA user_version = 4;"
         ))
         .expect("version 4 schema");
     }
@@ -305,6 +318,17 @@ mod tests {
                     )
                     .expect("old row");
                 assert_eq!(lang, None);
+            }
+            if name == "version 4" {
+                // The old kernel is kept, with no parent.
+                let parent: Option<String> = conn
+                    .query_row(
+                        "SELECT parent_session FROM kernels WHERE owner='o' AND session='s'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .expect("old kernel row");
+                assert_eq!(parent, None);
             }
             // A second open has nothing left to do.
             assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");

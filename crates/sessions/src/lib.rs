@@ -24,6 +24,7 @@ pub mod requests;
 pub mod session_env;
 pub mod templates;
 pub mod tools;
+pub mod workdir_copy;
 
 /// The notebook crate the `run_notebook` request works on, for surfaces
 /// that depend on this crate only.

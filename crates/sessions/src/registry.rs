@@ -285,6 +285,8 @@ struct SlotInner {
     /// it was started in, which was moved to the session's): (the kernel's
     /// path, the host's path).
     cwd_alias: Option<(PathBuf, PathBuf)>,
+    /// A fork's own working directory, in place of the key's cwd.
+    fork_dir: Option<PathBuf>,
 }
 
 struct Slot {
@@ -876,6 +878,7 @@ impl Registry {
             cellhost_kernel::egress::NetworkPolicy::Allow(_) => false,
         };
         g.env.is_empty()
+            && g.fork_dir.is_none()
             && same_network
             && default_limits
             && key.python == self.cfg.template.python
@@ -907,8 +910,94 @@ impl Registry {
                 g.lineage.live().and_then(|_| g.workdir.clone())
             })
         });
-        live.or_else(|| key.cwd.clone())
+        let fork_dir = self
+            .slots
+            .lock()
+            .ok()
+            .and_then(|s| s.get(key).and_then(|slot| slot.lock().fork_dir.clone()));
+        live.or(fork_dir)
+            .or_else(|| key.cwd.clone())
             .or_else(|| self.session_workdir(key))
+    }
+
+    /// The key and working directory of a fork `child` of `parent`: the
+    /// parent's key under the new name (reached from where the parent is),
+    /// working in the child's own directory under `session_workdirs` when
+    /// the registry gives each session one and the key names no cwd, else
+    /// in `ROOT/forks/<owner>/<session>` (a fork never works in its
+    /// parent's directory; [`Registry::set_fork_dir`] makes it the
+    /// session's).
+    pub fn fork_workdir(&self, parent: &Key, child: &str) -> (Key, PathBuf) {
+        let mut key = parent.clone();
+        key.session = child.to_string();
+        if parent.cwd.is_none()
+            && let Some(w) = self.session_workdir(&key)
+        {
+            return (key, w);
+        }
+        let dir = self
+            .cfg
+            .root
+            .join("forks")
+            .join(path_name(&key.owner))
+            .join(path_name(child));
+        (key, dir)
+    }
+
+    /// Makes `dir` the working directory of `key`'s kernels in place of
+    /// the key's cwd (a fork's own copy of its parent's directory).
+    pub fn set_fork_dir(&self, key: &Key, dir: &Path) {
+        if self.session_workdir(key).as_deref() == Some(dir) {
+            return;
+        }
+        self.slot(key, None).lock().fork_dir = Some(dir.to_path_buf());
+    }
+
+    /// The live kernel of `key` with its generation, held attached (never
+    /// evicted or reaped) until the [`Hold`] is dropped. `None` without a
+    /// live kernel.
+    pub fn hold_live(&self, key: &Key) -> Option<(Kernel, u64, Hold)> {
+        let slot = self.slots.lock().ok()?.get(key)?.clone();
+        let hold = Hold(Attach::new(&slot));
+        let g = slot.lock();
+        g.lineage
+            .live()
+            .map(|k| (k.clone(), g.lineage.generation(), hold))
+    }
+
+    /// The live kernel's own name for the host path `host` below its
+    /// working directory (a pooled kernel keeps the path of the pool
+    /// directory it was started in); `host` itself otherwise.
+    pub fn kernel_path(&self, key: &Key, host: &Path) -> PathBuf {
+        let alias = self
+            .slots
+            .lock()
+            .ok()
+            .and_then(|s| s.get(key).and_then(|slot| slot.lock().cwd_alias.clone()));
+        match alias {
+            Some((seen, real)) => match host.strip_prefix(&real) {
+                Ok(rest) => seen.join(rest),
+                Err(_) => host.to_path_buf(),
+            },
+            None => host.to_path_buf(),
+        }
+    }
+
+    /// Gives `child` the session environment, network policy and limits of
+    /// `parent` (a fork runs as its parent does). Before `child`'s first
+    /// kernel starts.
+    pub fn inherit_session(&self, parent: &Key, child: &Key) {
+        let from = self.slot(parent, None);
+        let (env, network, limits) = {
+            let g = from.lock();
+            (g.env.clone(), g.network.clone(), g.limits)
+        };
+        let limits = limits.unwrap_or_else(|| self.slot_limits(&from));
+        let to = self.slot(child, None);
+        let mut g = to.lock();
+        g.env = env;
+        g.network = network;
+        g.limits = Some(limits);
     }
 
     /// The outcome of the warm pool's first kernel start, once: the sandbox
@@ -966,10 +1055,10 @@ impl Registry {
     fn kernel_config(&self, slot: &Slot, generation: u64) -> (KernelConfig, Option<Arc<SessionTools>>) {
         let key = &slot.key;
         let mut cfg = self.cfg.template.clone();
-        let network = {
+        let (network, fork_dir) = {
             let g = slot.lock();
             g.env.apply(&mut cfg);
-            g.network.clone()
+            (g.network.clone(), g.fork_dir.clone())
         };
         let network = network.unwrap_or_else(|| self.configured_network(&key.session));
         self.cfg.network.apply(&network, &mut cfg);
@@ -983,6 +1072,9 @@ impl Registry {
             && std::fs::create_dir_all(&w).is_ok()
         {
             cfg.cwd = Some(w);
+        }
+        if let Some(d) = fork_dir {
+            cfg.cwd = Some(d);
         }
         cfg.session = key.session.clone();
         cfg.generation = generation;
@@ -1584,6 +1676,10 @@ fn is_descendant(s: &Arc<Slot>, ancestor: &Key, slots: &HashMap<Key, Arc<Slot>>)
 
 /// Marks a slot attached while a call is in flight.
 struct Attach(Arc<Slot>);
+
+/// A session held attached by [`Registry::hold_live`]: its kernel is not
+/// evicted or reaped while this lives.
+pub struct Hold(#[allow(dead_code)] Attach);
 
 impl Attach {
     fn new(slot: &Arc<Slot>) -> Self {

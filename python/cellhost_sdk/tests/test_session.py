@@ -232,6 +232,37 @@ def test_async_session_and_stream():
     asyncio.run(main())
 
 
+def test_fork_carries_state_and_branches_stay_apart():
+    with Session(python=PY, name="trunk") as s:
+        s.run("xs = [1, 2]\nopen('f.txt', 'w').write('trunk')")
+        count = s.run("len(xs)").execution_count
+        with s.fork("branch") as b:
+            assert b.fork_report["parent"] == "trunk" and b.fork_report["execution_count"] == count
+            r = b.run("xs.append(3); len(xs)")
+            assert r.value == "3" and r.execution_count == count + 1
+            b.run("open('f.txt', 'w').write('branch')")
+            assert s.run("len(xs), open('f.txt').read()").value == "(2, 'trunk')"
+            assert b.run("open('f.txt').read()").value == "'branch'"
+            with pytest.raises(cellhost.CellhostError) as e:
+                s.fork("branch")
+            assert e.value.code == "session_exists" and e.value.status == 409
+        # The fork's close ends the fork only.
+        assert s.run("len(xs)").value == "2"
+
+
+def test_async_fork():
+    async def main():
+        async with AsyncSession(python=PY, name="atrunk") as s:
+            await s.run("n = 10")
+            b = await s.fork("abranch")
+            try:
+                assert (await b.run("n + 1")).value == "11"
+            finally:
+                await b.close()
+
+    asyncio.run(main())
+
+
 def test_e2b_facade():
     with Sandbox(python=PY) as sbx:
         sbx.run_code("x = 1")

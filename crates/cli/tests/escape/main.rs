@@ -14,6 +14,7 @@ mod daemon_peer;
 mod egress;
 mod fds;
 mod files;
+mod fork;
 mod hostile_code;
 mod http_tenants;
 mod install_egress;

@@ -117,7 +117,8 @@ impl<L: WorkerLink> Driver<L> {
             // The worker's count is believed only where it can be true: the
             // previous count, or one more (a hostile worker must not make
             // the host's own count overflow or jump).
-            if ec == self.execution_count || ec == self.execution_count.saturating_add(1) {
+            let resumed = a.q.options.silent && a.q.options.resume_count == Some(ec);
+            if resumed || ec == self.execution_count || ec == self.execution_count.saturating_add(1) {
                 execution_count = ec;
             }
             self.execution_count = execution_count;

@@ -5,6 +5,7 @@
 pub mod cells;
 pub mod displays;
 pub mod files;
+pub mod fork;
 pub mod packages;
 
 /// `s` percent-encoded for a URL path, `/` kept between segments.

@@ -19,6 +19,7 @@
 
 mod execute;
 pub mod files;
+mod fork;
 mod history;
 mod install;
 mod interrupt;
@@ -43,6 +44,7 @@ pub use files::{
     DeleteFileRequest, FileDeleted, FileEntry, FileKind, FileListing, FileWritten, ListFilesRequest,
     OpenedFile, ReadFileRequest, WriteFileRequest,
 };
+pub use fork::{ForkReport, ForkRequest, ForkThreads};
 pub use history::{History, HistoryRequest};
 pub use install::{InstallRequest, Installed};
 pub use interrupt::{InterruptRequest, Interrupted};
@@ -323,6 +325,35 @@ pub enum RequestError {
         /// The cap, in MiB.
         max_mb: u64,
     },
+    /// A session of that name exists already (a live kernel, journaled
+    /// cells or a working directory with files): a fork never takes over
+    /// another session.
+    #[error("session {session:?} exists already; fork to a new name")]
+    SessionExists {
+        /// The name asked for.
+        session: String,
+    },
+    /// The session runs Python threads of its cells that a fork cannot
+    /// carry into another kernel; the request did not accept dropping them
+    /// (`threads: "drop"`).
+    #[error(
+        "session {session:?} runs threads a fork cannot carry ({}); stop them, or fork with threads \"drop\" to start the fork without them",
+        .threads.join(", ")
+    )]
+    ThreadsRunning {
+        /// The session.
+        session: String,
+        /// The threads, `name (native id)`.
+        threads: Vec<String>,
+    },
+    /// The fork could not be made (the snapshot or its restore failed).
+    #[error("fork of session {session:?} failed: {reason}")]
+    ForkFailed {
+        /// The parent session.
+        session: String,
+        /// Why.
+        reason: String,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -339,8 +370,8 @@ impl RequestError {
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
     /// the package codes (`invalid_package_spec`, `shared_venv_refused`,
     /// `install_failed`, `installer_unavailable`),
-    /// `limit_over_max`, `disk_full`,
-    /// `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
+    /// `limit_over_max`, `disk_full`, `session_exists`, `threads_running`,
+    /// `fork_failed`, `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
     /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
@@ -365,6 +396,9 @@ impl RequestError {
             RequestError::Package(e) => e.code(),
             RequestError::LimitOverMax { .. } => "limit_over_max",
             RequestError::DiskFull { .. } => "disk_full",
+            RequestError::SessionExists { .. } => "session_exists",
+            RequestError::ThreadsRunning { .. } => "threads_running",
+            RequestError::ForkFailed { .. } => "fork_failed",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -397,6 +431,8 @@ impl RequestError {
                 | "shared_venv_refused"
                 | "limit_over_max"
                 | "disk_full"
+                | "session_exists"
+                | "threads_running"
         )
     }
 
@@ -443,6 +479,13 @@ impl RequestError {
             RequestError::SessionBusy { session, cell } => {
                 v["session"] = session.clone().into();
                 v["cell"] = cell.clone().into();
+            }
+            RequestError::SessionExists { session } | RequestError::ForkFailed { session, .. } => {
+                v["session"] = session.clone().into();
+            }
+            RequestError::ThreadsRunning { session, threads } => {
+                v["session"] = session.clone().into();
+                v["threads"] = threads.clone().into();
             }
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { kernel, cell })) => {
                 v["kernel"] = kernel.clone().into();

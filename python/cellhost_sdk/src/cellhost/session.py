@@ -65,6 +65,9 @@ class Session:
         if not placement or not placement.replace("-", "").replace("_", "").isalnum():
             raise InvalidRequest("invalid_request", f"placement {placement!r}: not a placement name")
         self.name = name
+        self._owns_host = True
+        #: A fork's report (:meth:`fork`); ``None`` for a session made here.
+        self.fork_report: Optional[Dict[str, Any]] = None
         session_limits = {k: v for k, v in (limits or {}).items() if k in SESSION_LIMITS}
         host_keys = {k: v for k, v in (limits or {}).items() if k not in SESSION_LIMITS}
         env = {"CELLHOST_PLACEMENT": placement} if placement != "local" else None
@@ -95,8 +98,35 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        """Ends the kernel and the host."""
-        self._host.close()
+        """Ends the kernel and the host (a fork: its own session only;
+        the host is its parent's)."""
+        if self._owns_host:
+            self._host.close()
+            return
+        try:
+            self._host.call("DELETE", self._path)
+        except CellhostError:
+            pass  # the parent's host is gone, and the fork with it
+
+    def fork(self, name: str, threads: str = "refuse") -> "Session":
+        """Forks this live, idle session into the new session ``name``
+        (``POST /v1/sessions/{name}/fork``): the same variables, imports,
+        execution count and a copy of the working directory, as a kernel of
+        its own. Returns the new :class:`Session` on the same host (its
+        :meth:`close` ends that session only; :attr:`fork_report` says what
+        was carried). ``threads``: ``"refuse"`` (threads of the cells make
+        the fork fail with ``threads_running``) or ``"drop"``. A running cell
+        raises :class:`~cellhost.errors.SessionBusy`, a taken name
+        ``session_exists``."""
+        report = self._host.call("POST", self._path + "/fork", {"name": name, "threads": threads}, timeout=1260)
+        child = Session.__new__(Session)
+        child.name = name
+        child._owns_host = False
+        child._host = self._host
+        child._path = "/v1/sessions/" + urllib.parse.quote(name, safe="")
+        child.files = Files(self._host, child._path)
+        child.fork_report = report
+        return child
 
     def run(
         self,
@@ -268,6 +298,13 @@ class AsyncSession:
     async def run(self, code: str, timeout: Optional[float] = None) -> Result:
         """:meth:`Session.run`."""
         return await asyncio.to_thread(self.sync.run, code, timeout)
+
+    async def fork(self, name: str, threads: str = "refuse") -> "AsyncSession":
+        """:meth:`Session.fork`: the new session as an :class:`AsyncSession`
+        (``await fork.close()`` ends it)."""
+        child = AsyncSession()
+        child._s = await asyncio.to_thread(self.sync.fork, name, threads)
+        return child
 
     async def interrupt(self) -> Dict[str, Any]:
         """:meth:`Session.interrupt`."""

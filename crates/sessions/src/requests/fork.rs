@@ -1,0 +1,414 @@
+//! `fork`: a new session with the state of a live, idle one.
+//!
+//! # Design: a new confined kernel that receives the parent's state
+//!
+//! A fork is a kernel of its own, started exactly like a cold or
+//! template-forked kernel of a new session (own sandbox, cgroup,
+//! generation, journal lineage), into which the parent's state is carried:
+//!
+//! 1. The parent must be live and idle: a cell running or queued is
+//!    `session_busy` (the snapshot is a silent cell sent with
+//!    `fail_if_busy`, so no cell can slip in between the check and it).
+//!    Python threads of the parent's cells cannot be carried into another
+//!    process: they refuse the fork with `threads_running` naming them,
+//!    unless the request accepts [`ForkThreads::Drop`].
+//! 2. The parent's worker writes its namespace to a file in its working
+//!    directory (`cellhost_worker.forkstate`: one pickle, protocol 5, of
+//!    every user name; modules by name; functions of the cells by their
+//!    code; what cannot be pickled is named in [`ForkReport::lost`]). It
+//!    never gets a count of its own (a silent cell).
+//! 3. The host copies the parent's working directory into the fork's
+//!    ([`crate::workdir_copy`]: links never followed, `copy_file_range`,
+//!    which reflinks where the filesystem can), bounded by the session's
+//!    `disk_mb` (`disk_full` past it), and moves the snapshot there.
+//! 4. The fork's kernel starts with its parent's environment, network
+//!    policy and limits; a silent cell imports the parent's modules, loads
+//!    the values, sets `execution_count` to the fork point, reseeds
+//!    `random` and numpy's global generator and deletes the snapshot.
+//! 5. The journal records the fork's kernel with its parent session,
+//!    parent generation and fork point (schema version 5); `history` shows
+//!    them.
+//!
+//! Why not `fork(2)` of the parent's worker (copy-on-write memory): the
+//! worker is confined, and a process it forks inherits that confinement in
+//! ways that make the child *share* rather than own its sandbox. Landlock
+//! forbids every mount to a confined process, so the child could not get
+//! a `/tmp`, `/proc` or working directory of its own (its rules name the
+//! parent's inodes: it could write only where the parent writes); a pid
+//! namespace the child makes is nested in the parent's, so killing the
+//! parent's kernel (its pid 1) kills the child too; and both run under the
+//! same kernel uid with no capability to take another, so the parent could
+//! signal the child. The child would not be a sandbox of its own, and a
+//! fork's sandbox must be no weaker than a cold kernel's. The price of this
+//! design is time and memory proportional to the state (a pickle written
+//! and read back, a second copy of the data) instead of a copy-on-write
+//! fork; `cellhost bench --workload fork` measures it.
+//!
+//! What does not travel: threads (refused or dropped), open files and
+//! sockets, and objects pickle refuses (named in `lost`); classes defined
+//! in cells, and instances of them, travel only when the interpreter has
+//! `cloudpickle` or `dill`. `In`/`Out` history starts empty.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use cellhost_kernel::{CellStatus, ExecOptions, KernelError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{RequestError, SessionSpec, validate_session};
+use crate::registry::{Registry, RegistryError};
+use crate::workdir_copy::{CopyError, copy_tree};
+
+/// How long the snapshot and the restore may each take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What a fork does with Python threads of the parent's cells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum ForkThreads {
+    /// Refuse the fork (`threads_running`, naming them).
+    #[default]
+    Refuse,
+    /// Fork anyway; the fork starts without them.
+    Drop,
+}
+
+/// Fork the live, idle session `session` into the new session `name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkRequest {
+    /// The parent session (owner, name, interpreter, mode, cwd).
+    pub session: SessionSpec,
+    /// The new session's name (same owner; must not exist).
+    pub name: String,
+    /// What to do with the parent's threads.
+    pub threads: ForkThreads,
+}
+
+/// What a fork made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForkReport {
+    /// The new session.
+    pub session: String,
+    /// The parent session.
+    pub parent: String,
+    /// The parent's kernel generation the fork was taken from.
+    pub parent_generation: u64,
+    /// The new session's kernel generation.
+    pub generation: u64,
+    /// The new kernel's worker pid.
+    pub pid: u32,
+    /// The fork point: the parent's `execution_count`, which the new
+    /// session's cells count on from.
+    pub execution_count: u64,
+    /// Names carried into the new session's namespace.
+    pub names: Vec<String>,
+    /// Names that could not be carried, with why.
+    pub lost: std::collections::BTreeMap<String, String>,
+    /// Modules the parent had imported that the fork could not import.
+    pub modules_failed: std::collections::BTreeMap<String, String>,
+    /// Threads of the parent the fork started without (`threads: "drop"`).
+    pub threads_dropped: Vec<String>,
+    /// The new session's working directory (host path).
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub cwd: PathBuf,
+    /// Files of the working directory copied.
+    pub files_copied: u64,
+    /// Bytes of those files.
+    pub bytes_copied: u64,
+    /// Paths of the working directory not copied (links are copied as
+    /// links; sockets, FIFOs, devices and hard-linked files are not).
+    pub skipped: Vec<String>,
+    /// Bytes of the namespace snapshot.
+    pub snapshot_bytes: u64,
+    /// Wall time of the whole fork, in milliseconds.
+    pub duration_ms: u64,
+}
+
+fn failed(session: &str, reason: impl Into<String>) -> RequestError {
+    RequestError::ForkFailed {
+        session: session.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The JSON line a forkstate step printed last on stdout.
+fn step_answer(session: &str, what: &str, r: &cellhost_kernel::CellResult) -> Result<Value, RequestError> {
+    if r.status != CellStatus::Ok {
+        let why = r
+            .error
+            .as_ref()
+            .map(|e| format!("{}: {}", e.ename, e.evalue))
+            .unwrap_or_else(|| r.status.as_str().to_string());
+        return Err(failed(
+            session,
+            format!("the {what} ended {}: {why}", r.status.as_str()),
+        ));
+    }
+    r.stdout
+        .lines()
+        .rev()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l.trim())
+                .ok()
+                .filter(Value::is_object)
+        })
+        .ok_or_else(|| failed(session, format!("the {what} gave no answer")))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+fn string_map(v: &Value) -> std::collections::BTreeMap<String, String> {
+    v.as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A Python string literal of `s` (JSON's is one).
+fn py_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "''".into())
+}
+
+impl ForkRequest {
+    /// Runs the request.
+    ///
+    /// # Errors
+    /// `bad_request` (a name), `session_not_found` (no live kernel of the
+    /// parent), `session_busy` (a cell runs or queues), `session_exists`
+    /// (the new name is taken: a live kernel, journaled cells, or a
+    /// working directory with files), `threads_running`, `disk_full` (the
+    /// working directory and snapshot pass the session's `disk_mb`),
+    /// `fork_failed` (the snapshot or restore failed, with why),
+    /// `kernel_failed`, `registry_full`, `shut_down`.
+    pub async fn execute(&self, reg: &Registry) -> Result<ForkReport, RequestError> {
+        let started = Instant::now();
+        validate_session(&self.name)?;
+        let parent = self.session.key(reg)?;
+        if self.name == parent.session {
+            return Err(RequestError::SessionExists {
+                session: self.name.clone(),
+            });
+        }
+        let Some((kernel, parent_generation, _hold)) = reg.hold_live(&parent) else {
+            return Err(RequestError::SessionNotFound {
+                session: parent.session.clone(),
+                live: true,
+            });
+        };
+        let busy = |cell: String| RequestError::SessionBusy {
+            session: parent.session.clone(),
+            cell,
+        };
+        if kernel.is_busy() {
+            return Err(busy("running".into()));
+        }
+        let (child, child_dir) = reg.fork_workdir(&parent, &self.name);
+        let journaled = match reg.journal() {
+            Some(j) => j.max_generation(&child.owner, &child.session).await.unwrap_or(0) > 0,
+            None => false,
+        };
+        let dir_used = std::fs::read_dir(&child_dir).is_ok_and(|mut d| d.next().is_some());
+        if reg.kernel(&child).is_some()
+            || journaled
+            || dir_used
+            || reg
+                .sessions_of(&child.owner)
+                .iter()
+                .any(|(k, _)| k.session == self.name)
+        {
+            return Err(RequestError::SessionExists {
+                session: self.name.clone(),
+            });
+        }
+        let _ = std::fs::remove_dir(&child_dir);
+        let Some(parent_dir) = reg.workdir(&parent) else {
+            return Err(failed(&parent.session, "the session has no working directory"));
+        };
+        let mut token = [0u8; 8];
+        getrandom::fill(&mut token).map_err(|e| failed(&parent.session, e.to_string()))?;
+        let snap_name = format!(
+            ".cellhost-fork-{}.pickle",
+            token.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let snap_host = parent_dir.join(&snap_name);
+        let snap_kernel = reg.kernel_path(&parent, &snap_host);
+        let threads = match self.threads {
+            ForkThreads::Refuse => "refuse",
+            ForkThreads::Drop => "drop",
+        };
+        let code = format!(
+            "__import__('cellhost_worker.forkstate').forkstate.snapshot({}, {})",
+            py_str(&snap_kernel.display().to_string()),
+            py_str(threads)
+        );
+        let silent = || ExecOptions {
+            silent: true,
+            fail_if_busy: true,
+            timeout: Some(STEP_TIMEOUT),
+            ..Default::default()
+        };
+        let remove_snapshot = || {
+            let _ = std::fs::remove_file(&snap_host);
+        };
+        let snap = match kernel.execute(code, silent()).await {
+            Ok(r) => r,
+            Err(KernelError::KernelBusy { cell, .. }) => return Err(busy(cell)),
+            Err(e) => {
+                remove_snapshot();
+                return Err(RegistryError::Kernel(e).into());
+            }
+        };
+        let answer = match step_answer(&parent.session, "snapshot", &snap) {
+            Ok(a) => a,
+            Err(e) => {
+                remove_snapshot();
+                return Err(e);
+            }
+        };
+        if answer.get("ok").and_then(Value::as_bool) != Some(true) {
+            remove_snapshot();
+            let threads = answer
+                .get("threads")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(thread_label).collect())
+                .unwrap_or_default();
+            return Err(RequestError::ThreadsRunning {
+                session: parent.session.clone(),
+                threads,
+            });
+        }
+        let fork_point = answer.get("execution_count").and_then(Value::as_u64).unwrap_or(0);
+        let snapshot_bytes = answer.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        let threads_dropped: Vec<String> = answer
+            .get("threads")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(thread_label).collect())
+            .unwrap_or_default();
+        // The working directory, bounded by the session's disk cap (the
+        // snapshot counts: it lands in the fork's directory too).
+        let disk_mb = reg.session_limits(&parent).disk_mb;
+        let cap = disk_mb.map(|mb| (mb << 20).saturating_sub(snapshot_bytes));
+        let copied = {
+            let (src, dst, name) = (parent_dir.clone(), child_dir.clone(), snap_name.clone());
+            tokio::task::spawn_blocking(move || copy_tree(&src, &dst, &[OsStr::new(&name)], cap))
+                .await
+                .map_err(|e| failed(&parent.session, e.to_string()))
+        };
+        let copied = match copied {
+            Ok(Ok(c)) => c,
+            Ok(Err(CopyError::OverCap { path, bytes, .. })) => {
+                remove_snapshot();
+                return Err(RequestError::DiskFull {
+                    path,
+                    bytes,
+                    used: bytes.saturating_sub(snapshot_bytes),
+                    max_mb: disk_mb.unwrap_or(0),
+                });
+            }
+            Ok(Err(e)) => {
+                remove_snapshot();
+                return Err(failed(
+                    &parent.session,
+                    format!("copying the working directory: {e}"),
+                ));
+            }
+            Err(e) => {
+                remove_snapshot();
+                return Err(e);
+            }
+        };
+        let snap_child = child_dir.join(&snap_name);
+        if std::fs::rename(&snap_host, &snap_child).is_err() {
+            let moved = std::fs::copy(&snap_host, &snap_child);
+            remove_snapshot();
+            if let Err(e) = moved {
+                let _ = std::fs::remove_dir_all(&child_dir);
+                return Err(failed(&parent.session, format!("moving the snapshot: {e}")));
+            }
+        }
+        let undo = || {
+            let _ = std::fs::remove_dir_all(&child_dir);
+        };
+        reg.inherit_session(&parent, &child);
+        reg.set_fork_dir(&child, &child_dir);
+        let (child_kernel, generation) = match reg.acquire(&child).await {
+            Ok(x) => x,
+            Err(e) => {
+                reg.dispose(&child).await;
+                undo();
+                return Err(e.into());
+            }
+        };
+        let modules: Vec<String> = strings(answer.get("modules").unwrap_or(&Value::Null));
+        let code = format!(
+            "__import__('cellhost_worker.forkstate').forkstate.restore({}, {fork_point}, {})",
+            py_str(&reg.kernel_path(&child, &snap_child).display().to_string()),
+            serde_json::to_string(&modules).unwrap_or_else(|_| "[]".into())
+        );
+        let resume = ExecOptions {
+            resume_count: Some(fork_point),
+            ..silent()
+        };
+        let restored = match child_kernel.execute(code, resume).await {
+            Ok(r) => step_answer(&parent.session, "restore", &r),
+            Err(e) => Err(RegistryError::Kernel(e).into()),
+        };
+        let restored = match restored {
+            Ok(a) => a,
+            Err(e) => {
+                reg.dispose(&child).await;
+                undo();
+                return Err(e);
+            }
+        };
+        if let Some(j) = reg.journal() {
+            j.kernel_forked(
+                &child.owner,
+                &child.session,
+                generation,
+                &parent.session,
+                parent_generation,
+                fork_point,
+            );
+        }
+        let mut lost = string_map(answer.get("lost").unwrap_or(&Value::Null));
+        lost.extend(string_map(restored.get("lost").unwrap_or(&Value::Null)));
+        Ok(ForkReport {
+            session: child.session.clone(),
+            parent: parent.session.clone(),
+            parent_generation,
+            generation,
+            pid: child_kernel.info().pid,
+            execution_count: fork_point,
+            names: strings(restored.get("names").unwrap_or(&Value::Null)),
+            lost,
+            modules_failed: string_map(restored.get("modules_failed").unwrap_or(&Value::Null)),
+            threads_dropped,
+            cwd: child_dir.clone(),
+            files_copied: copied.files,
+            bytes_copied: copied.bytes,
+            skipped: copied.skipped.into_iter().map(|(p, _)| p).collect(),
+            snapshot_bytes,
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+}
+
+fn thread_label(t: &Value) -> String {
+    format!(
+        "{} ({})",
+        t.get("name").and_then(Value::as_str).unwrap_or("?"),
+        t.get("native_id").and_then(Value::as_u64).unwrap_or(0)
+    )
+}

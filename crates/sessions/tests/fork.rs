@@ -1,0 +1,297 @@
+//! `fork` against a real registry and real kernels: mutations in one branch
+//! are invisible to the other (numpy arrays, pandas frames, module globals,
+//! files), the execution count is carried, a busy parent or a taken name is
+//! refused with its code, threads refuse a fork unless dropped, the disk cap
+//! bounds the copy, and `history` shows the lineage.
+//!
+//! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH; the
+//! numpy/pandas checks run where the interpreter has them and say so when
+//! it does not.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cellhost_kernel::{CellStatus, KernelConfig, LiveEvent};
+use cellhost_sessions::requests::{
+    CwdScope, ExecuteRequest, ForkRequest, ForkThreads, HistoryRequest, KillRequest,
+};
+use cellhost_sessions::{Durability, Journal, Origin, Registry, RegistryConfig, SessionSpec, Surface};
+
+fn python() -> PathBuf {
+    match std::env::var_os("CELLHOST_TEST_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => cellhost_kernel::resolve_python(None).expect("python3 for tests"),
+    }
+}
+
+async fn start(dir: &Path) -> Arc<Registry> {
+    let mut t = KernelConfig::new(python(), dir.join("unused"));
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).expect("workdir");
+    t.cwd = Some(work);
+    let mut c = RegistryConfig::new(dir.join("state"), t);
+    c.pool_size = 0;
+    let j = Arc::new(Journal::open(dir.join("state/journal.sqlite3"), Durability::Normal).expect("journal"));
+    Registry::start(c, Some(j)).await.expect("registry")
+}
+
+/// Shuts the registry down (killing every kernel) when the test ends,
+/// passed or failed.
+struct Shutdown(Arc<Registry>);
+
+impl Drop for Shutdown {
+    fn drop(&mut self) {
+        let reg = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                rt.block_on(reg.shutdown());
+            }
+        })
+        .join();
+    }
+}
+
+fn owner() -> String {
+    Surface::Library.owner("t")
+}
+
+async fn run(reg: &Registry, session: &str, code: &str) -> cellhost_kernel::CellResult {
+    let r = ExecuteRequest::new(SessionSpec::new(owner(), session), code, Origin::new("test"))
+        .execute(reg)
+        .await
+        .expect("execute")
+        .result;
+    assert_eq!(r.status, CellStatus::Ok, "{code}: {:?} {}", r.error, r.stderr);
+    r
+}
+
+fn text(r: &cellhost_kernel::CellResult) -> String {
+    r.result
+        .as_ref()
+        .and_then(|b| b.get("text/plain"))
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn fork(parent: &str, name: &str) -> ForkRequest {
+    ForkRequest {
+        session: SessionSpec::new(owner(), parent),
+        name: name.into(),
+        threads: ForkThreads::Refuse,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_has_the_parents_state_and_its_own_and_counts_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start(dir.path()).await;
+    let _guard = Shutdown(reg.clone());
+    let has_np = run(
+        &reg,
+        "p",
+        "import importlib.util as u\nbool(u.find_spec('numpy') and u.find_spec('pandas'))",
+    )
+    .await;
+    let has_np = text(&has_np) == "True";
+    run(
+        &reg,
+        "p",
+        "import json, random\nx = [1, 2, 3]\ncounter = {'n': 1}\ndef bump(k):\n    counter['n'] += k\n    return counter['n']\nopen('data.txt', 'w').write('parent')\nmarker = 'p'\ndef set_marker(v):\n    global marker\n    marker = v",
+    )
+    .await;
+    if has_np {
+        run(
+            &reg,
+            "p",
+            "import numpy as np, pandas as pd\narr = np.arange(1000.0)\ndf = pd.DataFrame({'a': [1, 2, 3]})",
+        )
+        .await;
+    } else {
+        eprintln!(
+            "capability: numpy/pandas missing in {}: array and frame checks skipped",
+            python().display()
+        );
+    }
+    let before = run(&reg, "p", "5").await.execution_count;
+
+    let report = fork("p", "c").execute(&reg).await.expect("fork");
+    assert_eq!(report.session, "c");
+    assert_eq!(report.parent, "p");
+    assert_eq!(report.execution_count, before);
+    assert!(report.names.iter().any(|n| n == "x"), "{:?}", report.names);
+    assert!(report.lost.is_empty(), "{:?}", report.lost);
+    assert_eq!(report.files_copied, 1);
+    assert!(report.cwd.join("data.txt").exists());
+    // Its own kernel.
+    let parent_pid = reg
+        .kernel(&reg.key(&owner(), "p"))
+        .expect("parent live")
+        .info()
+        .pid;
+    assert_ne!(report.pid, parent_pid);
+
+    // The count goes on from the fork point.
+    let r = run(&reg, "c", "x").await;
+    assert_eq!(r.execution_count, before + 1);
+    assert_eq!(text(&r), "[1, 2, 3]");
+    // Functions of the cells and imported modules are there.
+    assert_eq!(text(&run(&reg, "c", "bump(10)").await), "11");
+    assert_eq!(
+        text(&run(&reg, "c", "marker, json.dumps([1])").await),
+        "('p', '[1]')"
+    );
+
+    // Mutations in each branch stay in it: lists, module globals, files.
+    run(
+        &reg,
+        "c",
+        "x.append(4); set_marker('c'); open('data.txt', 'w').write('child')",
+    )
+    .await;
+    run(&reg, "p", "x.append(99)").await;
+    assert_eq!(text(&run(&reg, "p", "x").await), "[1, 2, 3, 99]");
+    assert_eq!(text(&run(&reg, "c", "x").await), "[1, 2, 3, 4]");
+    assert_eq!(text(&run(&reg, "p", "marker, counter['n']").await), "('p', 1)");
+    assert_eq!(text(&run(&reg, "c", "marker, counter['n']").await), "('c', 11)");
+    assert_eq!(text(&run(&reg, "p", "open('data.txt').read()").await), "'parent'");
+    assert_eq!(text(&run(&reg, "c", "open('data.txt').read()").await), "'child'");
+    if has_np {
+        run(&reg, "c", "arr[:10] = -1; df.loc[0, 'a'] = 100").await;
+        assert_eq!(
+            text(&run(&reg, "p", "float(arr[:10].sum()), int(df.a[0])").await),
+            "(45.0, 1)"
+        );
+        assert_eq!(
+            text(&run(&reg, "c", "float(arr[:10].sum()), int(df.a[0])").await),
+            "(-10.0, 100)"
+        );
+        // Random generators are reseeded: the branches do not draw the same.
+        let p = text(&run(&reg, "p", "np.random.random(), random.random()").await);
+        let c = text(&run(&reg, "c", "np.random.random(), random.random()").await);
+        assert_ne!(p, c);
+    }
+
+    // Lineage in history.
+    let h = HistoryRequest {
+        owner: owner(),
+        session: "c".into(),
+    }
+    .execute(&reg)
+    .await
+    .expect("history");
+    let k = h.kernels.first().expect("a kernel row");
+    assert_eq!(k.parent_session.as_deref(), Some("p"));
+    assert_eq!(k.parent_generation, Some(report.parent_generation));
+    assert_eq!(k.fork_point, Some(before));
+
+    // Killing one leaves the other.
+    KillRequest {
+        owner: owner(),
+        session: "p".into(),
+        cwd: CwdScope::Any,
+    }
+    .execute(&reg)
+    .await
+    .expect("kill parent");
+    assert_eq!(text(&run(&reg, "c", "len(x)").await), "4");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_parent_a_taken_name_and_running_threads_are_refused_with_their_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start(dir.path()).await;
+    let _guard = Shutdown(reg.clone());
+    run(&reg, "p", "y = 1").await;
+    run(&reg, "other", "z = 1").await;
+
+    // A taken name (a live session; the parent's own name).
+    for name in ["other", "p"] {
+        let e = fork("p", name).execute(&reg).await.expect_err("taken");
+        assert_eq!(e.code(), "session_exists", "{e}");
+    }
+    // No such parent.
+    let e = fork("nobody", "n").execute(&reg).await.expect_err("missing");
+    assert_eq!(e.code(), "session_not_found");
+
+    // Busy: a cell that waits on a file; the fork is refused while it runs.
+    let go = dir.path().join("work/go");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut req = ExecuteRequest::new(
+        SessionSpec::new(owner(), "p"),
+        format!(
+            "import os, time\nprint('started', flush=True)\nwhile not os.path.exists({:?}): time.sleep(0.01)",
+            go.display().to_string()
+        ),
+        Origin::new("test"),
+    );
+    req.live = Some(tx);
+    let running = {
+        let reg = reg.clone();
+        tokio::spawn(async move { req.execute(&reg).await })
+    };
+    match rx.recv().await {
+        Some(LiveEvent::Stdout(s)) => assert!(s.contains("started"), "{s}"),
+        other => panic!("expected the cell's first output, got {other:?}"),
+    }
+    let e = fork("p", "b").execute(&reg).await.expect_err("busy");
+    assert_eq!(e.code(), "session_busy", "{e}");
+    std::fs::write(&go, b"").expect("go");
+    assert_eq!(
+        running.await.expect("join").expect("cell").result.status,
+        CellStatus::Ok
+    );
+
+    // A thread of a cell refuses the fork, naming it, unless dropped.
+    run(
+        &reg,
+        "p",
+        "import threading\nstop = threading.Event()\nt = threading.Thread(target=stop.wait, name='waiter', daemon=True)\nt.start()",
+    )
+    .await;
+    let e = fork("p", "t").execute(&reg).await.expect_err("threads");
+    assert_eq!(e.code(), "threads_running", "{e}");
+    assert!(e.to_string().contains("waiter"), "{e}");
+    let mut drop_req = fork("p", "t");
+    drop_req.threads = ForkThreads::Drop;
+    let r = drop_req.execute(&reg).await.expect("fork dropping threads");
+    assert!(
+        r.threads_dropped.iter().any(|t| t.starts_with("waiter")),
+        "{:?}",
+        r.threads_dropped
+    );
+    assert!(r.lost.contains_key("t") && r.lost.contains_key("stop"), "{r:?}");
+    assert!(r.names.iter().any(|n| n == "y"), "{r:?}");
+    assert_eq!(text(&run(&reg, "t", "y").await), "1");
+    run(&reg, "p", "stop.set(); t.join()").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workdir_past_the_disk_cap_is_refused_and_leaves_no_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start(dir.path()).await;
+    let _guard = Shutdown(reg.clone());
+    let mut spec = SessionSpec::new(owner(), "big");
+    spec.limits.disk_mb = Some(1);
+    let r = ExecuteRequest::new(
+        spec,
+        "open('a.bin', 'wb').write(b'x' * 800_000)",
+        Origin::new("test"),
+    )
+    .execute(&reg)
+    .await
+    .expect("execute")
+    .result;
+    assert_eq!(r.status, CellStatus::Ok, "{:?}", r.error);
+    run(&reg, "big", "open('b.bin', 'wb').write(b'y' * 800_000)").await;
+    let e = fork("big", "big2").execute(&reg).await.expect_err("over the cap");
+    assert_eq!(e.code(), "disk_full", "{e}");
+    assert!(reg.kernel(&reg.key(&owner(), "big2")).is_none());
+    // No snapshot left behind in the parent's directory.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("work"))
+        .expect("workdir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".cellhost-fork-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
