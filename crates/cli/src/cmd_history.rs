@@ -116,8 +116,13 @@ pub fn run(args: HistoryArgs) -> u8 {
         kernels.len()
     );
     for k in &kernels {
+        let place = k
+            .placement
+            .as_ref()
+            .map(|p| format!(" on {} ({} {} job {})", p.node, p.name, p.kind, p.job))
+            .unwrap_or_default();
         println!(
-            "  kernel g{} pid {}: {}",
+            "  kernel g{} pid {}{place}: {}",
             k.generation,
             k.pid,
             k.end_reason

@@ -58,7 +58,7 @@ pub use config::{DisplayLimits, KernelConfig, KernelStarter};
 pub use error::KernelError;
 pub use fault::Fault;
 pub use kernel::{
-    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent,
+    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent, PlacementStart,
     Variables,
 };
 pub use lineage::Lineage;

@@ -714,6 +714,7 @@ impl Config {
             timeout: Duration::from_secs_f64(self.float("packages.timeout_s").clamp(1.0, 86400.0)),
         };
         rc.limits = self.limits.clone();
+        rc.placements = self.placements.clone();
     }
 
     /// `key = value  # source` lines, then the tools.

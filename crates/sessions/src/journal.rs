@@ -166,6 +166,10 @@ pub struct KernelRow {
     pub ended_ms: Option<i64>,
     /// Why it ended.
     pub end_reason: Option<String>,
+    /// Where it ran (`None`: locally, on the host): the placement's name
+    /// and kind, the node and the scheduler's job or pod id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<cellhost_kernel::KernelPlacement>,
 }
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
@@ -395,12 +399,20 @@ impl Journal {
     }
 
     /// Records a new kernel generation.
-    pub fn kernel_started(&self, owner: &str, session: &str, generation: u64, pid: u32) {
+    pub fn kernel_started(
+        &self,
+        owner: &str,
+        session: &str,
+        generation: u64,
+        pid: u32,
+        placement: Option<&cellhost_kernel::KernelPlacement>,
+    ) {
         let (o, s) = (owner.to_string(), session.to_string());
+        let placement = placement.and_then(|p| serde_json::to_string(p).ok());
         self.fire("kernel start", move |c| {
             c.execute(
-                "INSERT OR REPLACE INTO kernels (owner, session, generation, pid, started_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![o, s, generation as i64, pid, now_ms()],
+                "INSERT OR REPLACE INTO kernels (owner, session, generation, pid, started_ms, placement) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![o, s, generation as i64, pid, now_ms(), placement],
             )?;
             Ok(())
         });
@@ -647,7 +659,7 @@ fn query_cells(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<V
 
 fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Vec<KernelRow>> {
     let mut st = c.prepare(
-        "SELECT generation, pid, started_ms, ended_ms, end_reason FROM kernels
+        "SELECT generation, pid, started_ms, ended_ms, end_reason, placement FROM kernels
          WHERE owner=?1 AND session=?2 ORDER BY generation",
     )?;
     let rows = st.query_map(params![owner, session], |r| {
@@ -657,6 +669,11 @@ fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result
             started_ms: r.get(2)?,
             ended_ms: r.get(3)?,
             end_reason: r.get(4)?,
+            // A value this build cannot read is shown as no placement,
+            // never an error for the whole history.
+            placement: r
+                .get::<_, Option<String>>(5)?
+                .and_then(|p| serde_json::from_str(&p).ok()),
         })
     })?;
     rows.collect()
@@ -802,7 +819,7 @@ mod tests {
         {
             let j = Journal::open(&path, Durability::Normal).expect("open");
             j.session_used("o", "s", "py", "", "", "default", "python");
-            j.kernel_started("o", "s", 1, 42);
+            j.kernel_started("o", "s", 1, 42, None);
             j.cell_started(CellStart {
                 id: "c1".into(),
                 owner: "o".into(),
@@ -861,7 +878,15 @@ mod tests {
         drop(r);
         let j = Journal::open(&path, Durability::Normal).expect("open");
         j.session_used("o", "s", "py", "", "", "default", "python");
-        j.kernel_started("o", "s", 2, 42);
+        // A generation placed on another node says where it ran.
+        let place = cellhost_kernel::KernelPlacement {
+            name: "cluster".into(),
+            kind: "slurm".into(),
+            node: "node7".into(),
+            job: "4711".into(),
+            start: None,
+        };
+        j.kernel_started("o", "s", 2, 42, Some(&place));
         let start = CellStart {
             id: "new".into(),
             owner: "o".into(),
@@ -883,6 +908,7 @@ mod tests {
         let r = JournalReader::open(&path).expect("reader");
         let k = r.kernels("o", "s").expect("kernels");
         assert_eq!(k.last().and_then(|k| k.end_reason.as_deref()), Some("done"));
+        assert_eq!(k.last().and_then(|k| k.placement.as_ref()), Some(&place));
     }
 
     /// The egress proxy's refusals of a cell are journaled with it, and a
@@ -903,7 +929,7 @@ mod tests {
         }
         let j = Journal::open(&path, Durability::Normal).expect("open");
         j.session_used("o", "s", "py", "", "", "default", "python");
-        j.kernel_started("o", "s", 1, 42);
+        j.kernel_started("o", "s", 1, 42, None);
         let start = CellStart {
             id: "c1".into(),
             owner: "o".into(),

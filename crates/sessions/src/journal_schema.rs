@@ -9,7 +9,9 @@
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
 //! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
-//! | 4 | the tables and columns of [`SCHEMA`]: `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use |
+//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; no `kernels.placement` |
+//! | 5, 6 | reserved |
+//! | 7 | the tables and columns of [`SCHEMA`]: `kernels.placement` says where each generation ran (the JSON of a [`KernelPlacement`](cellhost_kernel::KernelPlacement); NULL for a local kernel) |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -24,7 +26,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -37,6 +39,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS kernels (
   owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
   pid INTEGER, started_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT,
+  placement TEXT,
   PRIMARY KEY (owner, session, generation));
 CREATE TABLE IF NOT EXISTS cells (
   id TEXT PRIMARY KEY, owner TEXT NOT NULL, session TEXT NOT NULL,
@@ -82,6 +85,7 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("kernels", "started_ms", "INTEGER NOT NULL DEFAULT 0"),
     ("kernels", "ended_ms", "INTEGER"),
     ("kernels", "end_reason", "TEXT"),
+    ("kernels", "placement", "TEXT"),
     ("cells", "id", "TEXT"),
     ("cells", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("cells", "session", "TEXT NOT NULL DEFAULT ''"),
@@ -173,7 +177,8 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         // Every earlier version: whatever tables and columns are missing
         // (version 1 lacks `sessions.language`, `network_denials` and
         // `credential_nonces`, version 2 the two tables, version 3
-        // `credential_nonces`); `SCHEMA` creates missing tables.
+        // `credential_nonces`, version 4 `kernels.placement`); `SCHEMA`
+        // creates missing tables.
         tx.execute_batch(SCHEMA)?;
         for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
             let have = columns_of(&tx, table)?;
@@ -221,6 +226,16 @@ mod tests {
             .expect("version 2 schema");
     }
 
+    /// Version 4: kernels without `placement`, with a row of a local kernel.
+    fn version_4(conn: &Connection) {
+        let schema = SCHEMA.replace("end_reason TEXT,\n  placement TEXT,", "end_reason TEXT,");
+        assert!(!schema.contains("placement"), "the version 4 layout has no placement");
+        conn.execute_batch(&format!(
+            "{schema}\nINSERT INTO kernels (owner, session, generation, pid, started_ms) VALUES ('o', 's', 1, 7, 5);\nPRAGMA user_version = 4;"
+        ))
+        .expect("version 4 schema");
+    }
+
     /// An older, narrower layout: cells without execution counts, origin,
     /// context, files or error; kernels without end reasons; no tool calls.
     fn narrow(conn: &Connection) {
@@ -250,12 +265,14 @@ mod tests {
             ("narrow", narrow),
             ("version 1", version_1),
             ("version 2", version_2),
+            ("version 4", version_4),
         ] {
             let mut conn = Connection::open_in_memory().expect("db");
             make(&conn);
             let from = match name {
                 "version 1" => 1,
                 "version 2" => 2,
+                "version 4" => 4,
                 _ => 0,
             };
             assert_eq!(migrate(&mut conn).expect(name), from, "{name}");
@@ -277,6 +294,13 @@ mod tests {
                     )
                     .expect("old row");
                 assert_eq!(lang, None);
+            }
+            if name == "version 4" {
+                // The local kernel of the old row ran nowhere else.
+                let placement: Option<String> = conn
+                    .query_row("SELECT placement FROM kernels WHERE generation=1", [], |r| r.get(0))
+                    .expect("old kernel row");
+                assert_eq!(placement, None);
             }
             // A second open has nothing left to do.
             assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");

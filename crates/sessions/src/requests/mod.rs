@@ -323,6 +323,19 @@ pub enum RequestError {
         /// The cap, in MiB.
         max_mb: u64,
     },
+    /// The session runs on another placement than the request named: a
+    /// session keeps the placement it was created with.
+    #[error(
+        "session {session:?} runs on placement {placement:?}; a session keeps the placement it was created with (use another session name for {asked:?}, or kill this one first)"
+    )]
+    PlacementMismatch {
+        /// The session.
+        session: String,
+        /// The placement its live kernel runs on.
+        placement: String,
+        /// The placement the request asked for.
+        asked: String,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -339,7 +352,7 @@ impl RequestError {
     /// The stable code: `bad_request`, `session_not_found`, `session_busy`,
     /// the package codes (`invalid_package_spec`, `shared_venv_refused`,
     /// `install_failed`, `installer_unavailable`),
-    /// `limit_over_max`, `disk_full`,
+    /// `limit_over_max`, `disk_full`, `placement_mismatch`,
     /// `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
@@ -365,6 +378,7 @@ impl RequestError {
             RequestError::Package(e) => e.code(),
             RequestError::LimitOverMax { .. } => "limit_over_max",
             RequestError::DiskFull { .. } => "disk_full",
+            RequestError::PlacementMismatch { .. } => "placement_mismatch",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -397,6 +411,7 @@ impl RequestError {
                 | "shared_venv_refused"
                 | "limit_over_max"
                 | "disk_full"
+                | "placement_mismatch"
         )
     }
 
@@ -409,6 +424,15 @@ impl RequestError {
         let mut v = serde_json::json!({"code": self.code(), "message": self.to_string()});
         match self {
             RequestError::SessionNotFound { session, .. } => v["session"] = session.clone().into(),
+            RequestError::PlacementMismatch {
+                session,
+                placement,
+                asked,
+            } => {
+                v["session"] = session.clone().into();
+                v["placement"] = placement.clone().into();
+                v["asked"] = asked.clone().into();
+            }
             RequestError::SessionInOtherDirectory {
                 session,
                 cwd,
@@ -529,6 +553,12 @@ pub struct SessionSpec {
     pub language: Option<String>,
     /// Sandbox mode (`None`: the registry's floor; never below it).
     pub sandbox: Option<SandboxMode>,
+    /// Where the session's kernels run: `local` or the name of a
+    /// configured `[placement.NAME]` table. `None`: the placement of the
+    /// owner's live session of that name, else the configured default. An
+    /// unknown name is a [`RequestError::BadRequest`]; another placement
+    /// than the live session's is [`RequestError::PlacementMismatch`].
+    pub placement: Option<String>,
     /// Working directory (`None`: the registry's). Part of the key: the
     /// same name in two directories is two sessions, so a session never
     /// works in another caller's directory. Must be an absolute path to an
@@ -554,6 +584,7 @@ impl SessionSpec {
             python: None,
             language: None,
             sandbox: None,
+            placement: None,
             cwd: None,
             env: crate::SessionEnv::new(),
             limits: crate::limits::SessionLimits::default(),
@@ -627,6 +658,25 @@ impl SessionSpec {
                 .map_err(|e| RequestError::Registry(RegistryError::Kernel(e)))?;
             key.language = language;
         }
+        key.placement = match &self.placement {
+            Some(asked) => {
+                reg.config()
+                    .placements
+                    .check(asked)
+                    .map_err(RequestError::bad_request)?;
+                if let Some(other) = live.iter().find(|k| k.placement != *asked) {
+                    return Err(RequestError::PlacementMismatch {
+                        session: self.session.clone(),
+                        placement: other.placement.clone(),
+                        asked: asked.clone(),
+                    });
+                }
+                asked.clone()
+            }
+            None => live
+                .first()
+                .map_or_else(|| key.placement.clone(), |k| k.placement.clone()),
+        };
         if let Some(p) = &self.python {
             key.python = p.clone();
         }
