@@ -489,6 +489,13 @@ export interface components {
             /** @description The session's name (default: a random `s-…` name). */
             name?: string | null;
             network?: null | components["schemas"]["NetworkField"];
+            /**
+             * @description Where the session's kernels run: `local` or the name of a
+             *     `[placement.NAME]` table of the server's config (default: the
+             *     config's `placement`); an unknown name is refused with
+             *     `bad_request`. The session keeps it.
+             */
+            placement?: string | null;
             sandbox?: null | components["schemas"]["SandboxMode"];
         };
         /** @description One refused connection. */
@@ -559,7 +566,7 @@ export interface components {
          *     is [`ErrorCode::status`].
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "internal";
+        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "placement_mismatch" | "placement_rejected" | "placement_unschedulable" | "placement_unavailable" | "placement_config" | "dial_back_timeout" | "dial_back_failed" | "admission_refused" | "remote_failed" | "internal";
         /**
          * @description The error itself: a code, a message for a reader, and fields a caller
          *     can act on (e.g. `session` and `cell` for `session_busy`, `limit` for
@@ -818,6 +825,7 @@ export interface components {
             name: string;
             /** @description The node the agent runs on (its host name as the agent reports it). */
             node: string;
+            start?: null | components["schemas"]["PlacementStart"];
         };
         /** @description Which kernel ran the cell. */
         KernelRef: {
@@ -904,6 +912,39 @@ export interface components {
         PendingCells: {
             /** @description In submission order (the running one first). */
             cells: components["schemas"]["PendingCell"][];
+        };
+        /**
+         * @description The start of a remote kernel, from the request to the kernel's `ready`,
+         *     split by phase. Milliseconds; the phases add up to `total_ms`.
+         *     `agent_start_ms` is measured by the agent on its node, the rest on the
+         *     host (so `queue_wait_ms` also holds the one-way latency of the host's
+         *     welcome).
+         */
+        PlacementStart: {
+            /**
+             * Format: int64
+             * @description From the agent's start to its admission by the host: the dial back,
+             *     TLS and the credential check.
+             */
+            agent_start_ms: number;
+            /**
+             * Format: int64
+             * @description From the admission to the kernel's `ready`: the worker started in
+             *     the node's sandbox and the kernel's own handshake.
+             */
+            handshake_ms: number;
+            /**
+             * Format: int64
+             * @description From the request to the agent's start on the node: the submission
+             *     (`sbatch`, the Pod's creation, `ssh`), the scheduler's queue and
+             *     the job's launch.
+             */
+            queue_wait_ms: number;
+            /**
+             * Format: int64
+             * @description From the request to the kernel's `ready`.
+             */
+            total_ms: number;
         };
         /** @description Answer of `POST /v1/notebooks/run`. */
         RunNotebookAnswer: {
@@ -1032,6 +1073,7 @@ export interface components {
              * @description The worker's host pid.
              */
             pid?: number | null;
+            placement?: null | components["schemas"]["KernelPlacement"];
             /** @description The interpreter. */
             python?: string | null;
             /** @description The sandbox mode of the session's kernels. */
@@ -1664,7 +1706,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description `bad_request`: a network allowlist with sandbox mode `off`, or a limit out of its range */
+            /** @description `bad_request`: a network allowlist with sandbox mode `off`, a limit out of its range, or an unknown placement */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1736,7 +1778,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `internal`: a fault of the server */
+            /** @description `placement_config`: the placement's table or the listener for node agents is not usable */
             500: {
                 headers: {
                     [name: string]: unknown;
@@ -1745,7 +1787,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `kernel_failed`: the kernel could not start */
+            /** @description `kernel_failed`: the kernel could not start; `placement_rejected`, `dial_back_failed`, `admission_refused`, `remote_failed`: a remote kernel could not be placed or admitted (the scheduler's message) */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -1754,8 +1796,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `sandbox_unavailable`, `registry_full` or `shut_down` */
+            /** @description `sandbox_unavailable`, `registry_full`, `shut_down`, `placement_unschedulable` or `placement_unavailable` */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `dial_back_timeout`: the node agent did not dial back in time */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };

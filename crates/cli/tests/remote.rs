@@ -262,7 +262,10 @@ fn daemon_sessions_keep_their_placement_and_list_and_history_show_where_they_ran
     assert_eq!(code, Some(0), "{v} {err}");
     assert_eq!(v["result"]["text/plain"], "42", "{v}");
     assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
-    let job = v["kernel"]["placement"]["job"].as_str().unwrap_or_default().to_string();
+    let job = v["kernel"]["placement"]["job"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(!job.is_empty(), "{v}");
     // Naming the session's own placement reuses it (state kept).
     let (code, v, err) = exec(&["--session", "s1", "--placement", "lo", "y + 1"]);
@@ -271,9 +274,18 @@ fn daemon_sessions_keep_their_placement_and_list_and_history_show_where_they_ran
     // Another placement for a running session is a typed usage error.
     let (code, _, err) = exec(&["--session", "s1", "--placement", "local", "1"]);
     assert_eq!(code, Some(2), "refused as usage: {err}");
-    assert!(err.contains("placement_mismatch") || err.contains("keeps the placement"), "{err}");
+    assert!(
+        err.contains("placement_mismatch") || err.contains("keeps the placement"),
+        "{err}"
+    );
     // A session created with `--placement local` runs on this host.
-    let (code, v, err) = exec(&["--session", "s2", "--placement", "local", "import os\nos.getpid()"]);
+    let (code, v, err) = exec(&[
+        "--session",
+        "s2",
+        "--placement",
+        "local",
+        "import os\nos.getpid()",
+    ]);
     assert_eq!(code, Some(0), "{v} {err}");
     assert!(v["kernel"].get("placement").is_none(), "a local kernel: {v}");
     // An unknown placement names the configured ones.
@@ -330,7 +342,10 @@ fn curl(args: &[&str]) -> (String, Value) {
     let o = Command::new("curl").args(&all).output().expect("curl");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let (body, status) = out.rsplit_once('\n').unwrap_or(("", ""));
-    (status.to_string(), serde_json::from_str(body).unwrap_or(Value::Null))
+    (
+        status.to_string(),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
 }
 
 #[test]
@@ -393,7 +408,10 @@ fn http_sessions_are_created_on_a_named_placement_and_list_where_they_run() {
     assert_eq!(v["kernel"]["placement"]["job"], job.as_str(), "{v}");
     let (status, v) = post("", r#"{"name": "r2"}"#);
     assert_eq!(status, "201", "{v}");
-    assert!(v.get("placement").is_none(), "the default placement is local: {v}");
+    assert!(
+        v.get("placement").is_none(),
+        "the default placement is local: {v}"
+    );
     let (status, v) = curl(&["-H", &auth, &url]);
     assert_eq!(status, "200", "{v}");
     let r1 = v["sessions"]
@@ -419,4 +437,53 @@ fn http_sessions_are_created_on_a_named_placement_and_list_where_they_run() {
             .is_some_and(|l| l.iter().all(|s| s["name"] != "r3")),
         "{v}"
     );
+}
+
+#[test]
+fn a_daemon_session_keeps_its_placement_after_its_agent_is_killed() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.path().join("run")).expect("run dir");
+    let _daemon = DaemonGuard(&env);
+    let py = python();
+    let exec = |args: &[&str]| -> Value {
+        let mut all = vec!["exec", "--python", py.as_str(), "--json", "--session", "s"];
+        all.extend_from_slice(args);
+        let o = env.cmd(&all).output().expect("exec --session");
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)))
+    };
+    // The default is local; the session is created on the loopback agent.
+    let v = exec(&["--placement", "lo", "x = 1"]);
+    assert_eq!(v["status"], "ok", "{v}");
+    let agent: i32 = v["kernel"]["placement"]["job"]
+        .as_str()
+        .and_then(|j| j.parse().ok())
+        .unwrap_or_else(|| panic!("the loopback job is the agent's pid: {v}"));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the agent");
+    assert!(wait_gone(agent), "agent {agent} killed");
+    // The daemon notices the lost connection: the session has no live kernel.
+    let mut listed = true;
+    for _ in 0..600 {
+        let o = env.cmd(&["sessions", "--json"]).output().expect("sessions");
+        let list: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        listed = list
+            .as_array()
+            .is_some_and(|l| l.iter().any(|s| s["name"] == "s"));
+        if !listed {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!listed, "the session's kernel is gone after its agent");
+    // Without --placement the next kernel runs where the session was created.
+    let v = exec(&["'x' in dir()"]);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
+    assert_eq!(v["kernel"]["state_reset"], true, "{v}");
+    assert_eq!(v["kernel"]["generation"], 2, "{v}");
+    assert_eq!(v["result"]["text/plain"], "False", "{v}");
 }

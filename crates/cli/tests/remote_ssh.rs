@@ -74,10 +74,21 @@ async fn ssh_kernel_keeps_state_and_an_interrupt_the_agent_delivers_keeps_it() {
     let Some(sshd) = Sshd::start() else { return };
     let dir = tempfile::tempdir().expect("tmp");
     let mut session = ssh_session(&sshd, dir.path(), "ssh-state").await;
-    let r = session.execute("x = 41", ExecOptions::default()).await.expect("x");
+    let r = session
+        .execute("x = 41", ExecOptions::default())
+        .await
+        .expect("x");
     assert_eq!(r.status, CellStatus::Ok, "{r:?}");
-    let place = r.kernel.placement.clone().expect("a placed kernel names its placement");
-    assert_eq!((place.name.as_str(), place.kind.as_str()), ("box", "ssh"), "{place:?}");
+    let place = r
+        .kernel
+        .placement
+        .clone()
+        .expect("a placed kernel names its placement");
+    assert_eq!(
+        (place.name.as_str(), place.kind.as_str()),
+        ("box", "ssh"),
+        "{place:?}"
+    );
     let agent = agent_pid(&place.job);
     assert!(!pid_gone(agent), "the agent {agent} runs");
     let start = place.start.expect("the start is split");
@@ -86,7 +97,10 @@ async fn ssh_kernel_keeps_state_and_an_interrupt_the_agent_delivers_keeps_it() {
         start.total_ms,
         "{start:?}"
     );
-    let r = session.execute("x + 1", ExecOptions::default()).await.expect("state");
+    let r = session
+        .execute("x + 1", ExecOptions::default())
+        .await
+        .expect("state");
     assert_eq!(text(&r).as_deref(), Some("42"), "{r:?}");
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -113,7 +127,11 @@ async fn ssh_kernel_keeps_state_and_an_interrupt_the_agent_delivers_keeps_it() {
     let r = session.finish(cell).await.expect("the cell settles");
     assert_eq!(r.status, CellStatus::Interrupted, "{r:?}");
     let r = session.execute("x", ExecOptions::default()).await.expect("after");
-    assert_eq!(text(&r).as_deref(), Some("41"), "state survives the interrupt: {r:?}");
+    assert_eq!(
+        text(&r).as_deref(),
+        Some("41"),
+        "state survives the interrupt: {r:?}"
+    );
     assert!(!r.kernel.state_reset, "{r:?}");
     session.shutdown().await;
     assert!(wait_gone(agent), "the agent {agent} outlived its kernel");
@@ -132,7 +150,10 @@ async fn ssh_kernel_kill_ends_the_whole_tree_with_a_setsid_grandchild() {
                     if os.path.exists('gc.pid') and open('gc.pid').read(): break\n    \
                     time.sleep(0.05)\n\
                 (os.getpid(), int(open('gc.pid').read()))";
-    let r = session.execute(code, ExecOptions::default()).await.expect("grandchild");
+    let r = session
+        .execute(code, ExecOptions::default())
+        .await
+        .expect("grandchild");
     assert_eq!(r.status, CellStatus::Ok, "{r:?}");
     let pair = text(&r).unwrap_or_default();
     let pids: Vec<i32> = pair
@@ -163,7 +184,16 @@ fn ssh_host_sigkill_leaves_no_process() {
         pids.display()
     );
     let mut host = Command::new(bin())
-        .args(["exec", "--python", &python(), "--sandbox", "off", "--placement", "box", &code])
+        .args([
+            "exec",
+            "--python",
+            &python(),
+            "--sandbox",
+            "off",
+            "--placement",
+            "box",
+            &code,
+        ])
         .current_dir(dir.path())
         .env("CELLHOST_STATE_DIR", dir.path().join("state"))
         .env("XDG_RUNTIME_DIR", dir.path().join("run"))
@@ -207,7 +237,10 @@ fn ancestor_agent(mut pid: i32) -> Option<i32> {
         pid = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
         let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        if args.windows(2).any(|w| w[0] == b"agent" && w[1] == b"--credential") {
+        if args
+            .windows(2)
+            .any(|w| w[0] == b"agent" && w[1] == b"--credential")
+        {
             return Some(pid);
         }
     }

@@ -8,7 +8,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cell::new_cell_id;
 pub use crate::cell::{
-    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, KernelPlacement, LiveEvent, PlacementStart, Variables,
+    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, KernelPlacement, LiveEvent, PlacementStart,
+    Variables,
 };
 use crate::config::KernelConfig;
 use crate::driver::{Command, Driver, QueuedCell, Shared};

@@ -58,8 +58,8 @@ pub use config::{DisplayLimits, KernelConfig, KernelStarter};
 pub use error::KernelError;
 pub use fault::Fault;
 pub use kernel::{
-    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent, PlacementStart,
-    Variables,
+    CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent,
+    PlacementStart, Variables,
 };
 pub use lineage::Lineage;
 pub use result::*;

@@ -114,3 +114,40 @@ impl Placement for AnyPlacement {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_grace_is_seconds_in_range_and_not_a_scheduler_option() {
+        for ok in [
+            toml::Value::Integer(1),
+            toml::Value::Float(2.5),
+            toml::Value::Integer(86_400),
+        ] {
+            assert!(agent_grace("box", &ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            toml::Value::Integer(0),
+            toml::Value::Integer(-3),
+            toml::Value::Float(f64::NAN),
+            toml::Value::Integer(86_401),
+            toml::Value::String("5s".into()),
+        ] {
+            let e = agent_grace("box", &bad).expect_err("refused");
+            assert!(e.to_string().contains("agent_grace_s"), "{e}");
+        }
+        // The ssh placement's own options refuse unknown keys: the host's
+        // key is taken out before they are read.
+        let table: toml::Table =
+            "kind = \"ssh\"\nhost = \"box\"\nagent = \"/opt/cellhost\"\nagent_grace_s = 5\n"
+                .parse()
+                .expect("table");
+        assert!(AnyPlacement::from_config("box", &table).is_ok());
+        let table: toml::Table = "kind = \"ssh\"\nhost = \"box\"\nagent_grace_s = \"soon\"\n"
+            .parse()
+            .expect("table");
+        assert!(AnyPlacement::from_config("box", &table).is_err());
+    }
+}

@@ -217,7 +217,11 @@ impl RemoteStarter {
 /// The start so far, at the agent's `Started`: the host's time from the
 /// request to the admission less the agent's own part is the queue wait;
 /// from the admission on is the handshake (the kernel adds its `ready`).
-fn start_split(requested: tokio::time::Instant, admitted: tokio::time::Instant, agent_ms: u64) -> PlacementStart {
+fn start_split(
+    requested: tokio::time::Instant,
+    admitted: tokio::time::Instant,
+    agent_ms: u64,
+) -> PlacementStart {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let to_admission = ms(admitted.saturating_duration_since(requested));
     let now = tokio::time::Instant::now();

@@ -164,7 +164,9 @@ impl ErrorCode {
             TooManySessions => StatusCode::TOO_MANY_REQUESTS,
             RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             SandboxUnavailable | RegistryFull | ShutDown => StatusCode::SERVICE_UNAVAILABLE,
-            KernelFailed | PlacementRejected | DialBackFailed | AdmissionRefused | RemoteFailed => StatusCode::BAD_GATEWAY,
+            KernelFailed | PlacementRejected | DialBackFailed | AdmissionRefused | RemoteFailed => {
+                StatusCode::BAD_GATEWAY
+            }
             PlacementMismatch => StatusCode::CONFLICT,
             PlacementUnschedulable | PlacementUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             DialBackTimeout => StatusCode::GATEWAY_TIMEOUT,

@@ -388,12 +388,14 @@ fn session_info(
     let sandbox = meta.sandbox;
     let language = meta.language.clone();
     let placement = live.and_then(|l| l.placement.clone()).or_else(|| {
-        (meta.placement != cellhost_sessions::placement::LOCAL).then(|| cellhost_sessions::cell::KernelPlacement {
-            name: meta.placement.clone(),
-            kind: placements.kind(&meta.placement),
-            node: String::new(),
-            job: String::new(),
-            start: None,
+        (meta.placement != cellhost_sessions::placement::LOCAL).then(|| {
+            cellhost_sessions::cell::KernelPlacement {
+                name: meta.placement.clone(),
+                kind: placements.kind(&meta.placement),
+                node: String::new(),
+                job: String::new(),
+                start: None,
+            }
         })
     });
     match live {
@@ -895,7 +897,12 @@ async fn restart(
     .execute(&st.registry)
     .await?;
     let live = live_summary(&st, &owner, &name, sandbox);
-    Ok(Json(session_info(&st.registry.config().placements, &name, &meta, live.as_ref())))
+    Ok(Json(session_info(
+        &st.registry.config().placements,
+        &name,
+        &meta,
+        live.as_ref(),
+    )))
 }
 
 /// Query of `variables`.

@@ -229,7 +229,10 @@ mod tests {
     /// Version 4: kernels without `placement`, with a row of a local kernel.
     fn version_4(conn: &Connection) {
         let schema = SCHEMA.replace("end_reason TEXT,\n  placement TEXT,", "end_reason TEXT,");
-        assert!(!schema.contains("placement"), "the version 4 layout has no placement");
+        assert!(
+            !schema.contains("placement"),
+            "the version 4 layout has no placement"
+        );
         conn.execute_batch(&format!(
             "{schema}\nINSERT INTO kernels (owner, session, generation, pid, started_ms) VALUES ('o', 's', 1, 7, 5);\nPRAGMA user_version = 4;"
         ))
@@ -298,7 +301,9 @@ mod tests {
             if name == "version 4" {
                 // The local kernel of the old row ran nowhere else.
                 let placement: Option<String> = conn
-                    .query_row("SELECT placement FROM kernels WHERE generation=1", [], |r| r.get(0))
+                    .query_row("SELECT placement FROM kernels WHERE generation=1", [], |r| {
+                        r.get(0)
+                    })
                     .expect("old kernel row");
                 assert_eq!(placement, None);
             }

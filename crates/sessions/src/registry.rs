@@ -779,6 +779,20 @@ impl Registry {
         v
     }
 
+    /// The keys the registry holds for the owner's session `name`, live
+    /// or not: a session whose kernel crashed, was reaped or evicted is
+    /// still known (and continues its generations) until it is disposed.
+    pub fn known_keys(&self, owner: &str, name: &str) -> Vec<Key> {
+        let mut v: Vec<Key> = self
+            .all_slots()
+            .iter()
+            .filter(|s| s.key.owner == owner && s.key.session == name)
+            .map(|s| s.key.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The live kernel of a key, if any (for interrupt, inspect, …).
     pub fn kernel(&self, key: &Key) -> Option<Kernel> {
         let slots = self.slots.lock().ok()?;

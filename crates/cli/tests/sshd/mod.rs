@@ -35,7 +35,9 @@ impl Sshd {
     /// Starts one; `None` when openssh-server is not installed.
     pub fn start() -> Option<Sshd> {
         if !Path::new(SSHD).exists() || Command::new("ssh-keygen").arg("-?").output().is_err() {
-            eprintln!("skipped: {SSHD} or ssh-keygen is missing (apt-get install openssh-server openssh-client)");
+            eprintln!(
+                "skipped: {SSHD} or ssh-keygen is missing (apt-get install openssh-server openssh-client)"
+            );
             return None;
         }
         let dir = tempfile::Builder::new()

@@ -658,6 +658,9 @@ impl SessionSpec {
                 .map_err(|e| RequestError::Registry(RegistryError::Kernel(e)))?;
             key.language = language;
         }
+        if let Some(p) = &self.python {
+            key.python = p.clone();
+        }
         key.placement = match &self.placement {
             Some(asked) => {
                 reg.config()
@@ -673,13 +676,25 @@ impl SessionSpec {
                 }
                 asked.clone()
             }
+            // The live session's, else the one this session ran on before
+            // its kernel died (the same session otherwise), else the
+            // default.
             None => live
                 .first()
-                .map_or_else(|| key.placement.clone(), |k| k.placement.clone()),
+                .map(|k| k.placement.clone())
+                .or_else(|| {
+                    reg.known_keys(&self.owner, &self.session)
+                        .into_iter()
+                        .find(|k| {
+                            Key {
+                                placement: key.placement.clone(),
+                                ..k.clone()
+                            } == key
+                        })
+                        .map(|k| k.placement)
+                })
+                .unwrap_or_else(|| key.placement.clone()),
         };
-        if let Some(p) = &self.python {
-            key.python = p.clone();
-        }
         Ok(key)
     }
 }
@@ -829,5 +844,17 @@ mod tests {
         };
         assert!(e.is_usage());
         assert_eq!(e.to_json()["session"], "s");
+        let e = RequestError::PlacementMismatch {
+            session: "s".into(),
+            placement: "slurm".into(),
+            asked: "local".into(),
+        };
+        assert_eq!(e.code(), "placement_mismatch");
+        assert!(e.is_usage());
+        let v = e.to_json();
+        assert_eq!(
+            (&v["session"], &v["placement"], &v["asked"]),
+            (&"s".into(), &"slurm".into(), &"local".into())
+        );
     }
 }
