@@ -83,6 +83,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 cwd: base.canonicalize().ok(),
                 env: Vec::new(),
                 language: None,
+                placement: None,
                 network: None,
                 limits: None,
             })

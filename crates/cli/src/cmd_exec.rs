@@ -67,13 +67,6 @@ pub fn run(args: ExecArgs) -> u8 {
         }
     };
     if let Some(session) = args.session {
-        if let Some(p) = args.kernel.placement.as_deref().filter(|p| *p != "local") {
-            // Daemon sessions run where the daemon's config places them.
-            eprintln!(
-                "cellhost: --placement {p} with --session: daemon sessions use the daemon's configured `placement`; set it in the config (placement_unsupported)"
-            );
-            return EXIT_USAGE;
-        }
         if args.detach {
             return crate::cmd_wait::submit(
                 &args.kernel,

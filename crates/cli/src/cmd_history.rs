@@ -120,8 +120,13 @@ pub fn run(args: HistoryArgs) -> u8 {
             (Some(p), Some(g), Some(n)) => format!(" (forked from {p} g{g} at execution_count {n})"),
             _ => String::new(),
         };
+        let place = k
+            .placement
+            .as_ref()
+            .map(|p| format!(" on {} ({} {} job {})", p.node, p.name, p.kind, p.job))
+            .unwrap_or_default();
         println!(
-            "  kernel g{} pid {}{forked}: {}",
+            "  kernel g{} pid {}{place}{forked}: {}",
             k.generation,
             k.pid,
             k.end_reason

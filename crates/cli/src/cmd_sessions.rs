@@ -117,6 +117,7 @@ pub fn exec(
             queue,
             python,
             language,
+            placement: kernel.placement.clone(),
             sandbox: kernel.sandbox.map(|m| m.to_string()),
             cwd,
             env,
@@ -290,8 +291,15 @@ fn named(req: Request) -> u8 {
                     println!("dropped queued cells: {}", dropped.join(" "));
                 }
                 if outcome.delivered {
+                    // Where SIGINT went: `pid/tid`, `node:pid/tid` for a
+                    // remote kernel (delivered by its node agent).
+                    let target = outcome
+                        .target
+                        .as_deref()
+                        .map(|t| format!(" (SIGINT to {t})"))
+                        .unwrap_or_default();
                     println!(
-                        "interrupted {}",
+                        "interrupted {}{target}",
                         outcome.cell.as_deref().unwrap_or("the running cell")
                     );
                     0

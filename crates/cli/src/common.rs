@@ -273,6 +273,12 @@ async fn start_registry_with(
     };
     let mut rc = RegistryConfig::new(state_dir(), template);
     config.apply_to_registry(&mut rc);
+    // The template's starter (the config's default, or `--placement`) is
+    // the default placement's.
+    rc.placements.default = rc.template.starter.as_ref().map_or_else(
+        || cellhost_sessions::placement::LOCAL.to_string(),
+        |s| s.name().to_string(),
+    );
     if let Some(p) = NETWORK_DEFAULT.lock().ok().and_then(|g| g.clone()) {
         rc.network.default = Some(p);
     }

@@ -239,7 +239,7 @@ impl Drop for DaemonGuard<'_> {
 }
 
 #[test]
-fn daemon_sessions_use_the_configured_default_placement_and_list_where_they_run() {
+fn daemon_sessions_keep_their_placement_and_list_and_history_show_where_they_ran() {
     let env = Env::new();
     let cfg = format!(
         "[placement]\ndefault = \"lo\"\n[placement.lo]\nkind = \"loopback\"\nprogram = {:?}\n",
@@ -249,39 +249,241 @@ fn daemon_sessions_use_the_configured_default_placement_and_list_where_they_run(
     std::fs::create_dir_all(env.path().join("run")).expect("run dir");
     let _daemon = DaemonGuard(&env);
     let py = python();
-    let o = env
-        .cmd(&[
-            "exec",
-            "--python",
-            &py,
-            "--session",
-            "s1",
-            "--json",
-            "y = 2\ny * 21",
-        ])
-        .output()
-        .expect("exec --session");
-    let v: Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+    let exec = |args: &[&str]| -> (Option<i32>, Value, String) {
+        let mut all = vec!["exec", "--python", py.as_str(), "--json"];
+        all.extend_from_slice(args);
+        let o = env.cmd(&all).output().expect("exec --session");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        (o.status.code(), v, err)
+    };
+    // The configured default: the session runs on the loopback agent.
+    let (code, v, err) = exec(&["--session", "s1", "y = 2\ny * 21"]);
+    assert_eq!(code, Some(0), "{v} {err}");
     assert_eq!(v["result"]["text/plain"], "42", "{v}");
     assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
+    let job = v["kernel"]["placement"]["job"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!job.is_empty(), "{v}");
+    // Naming the session's own placement reuses it (state kept).
+    let (code, v, err) = exec(&["--session", "s1", "--placement", "lo", "y + 1"]);
+    assert_eq!(code, Some(0), "{v} {err}");
+    assert_eq!(v["result"]["text/plain"], "3", "{v}");
+    // Another placement for a running session is a typed usage error.
+    let (code, _, err) = exec(&["--session", "s1", "--placement", "local", "1"]);
+    assert_eq!(code, Some(2), "refused as usage: {err}");
+    assert!(
+        err.contains("placement_mismatch") || err.contains("keeps the placement"),
+        "{err}"
+    );
+    // A session created with `--placement local` runs on this host.
+    let (code, v, err) = exec(&[
+        "--session",
+        "s2",
+        "--placement",
+        "local",
+        "import os\nos.getpid()",
+    ]);
+    assert_eq!(code, Some(0), "{v} {err}");
+    assert!(v["kernel"].get("placement").is_none(), "a local kernel: {v}");
+    // An unknown placement names the configured ones.
+    let (code, _, err) = exec(&["--session", "s3", "--placement", "nowhere", "1"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown placement `nowhere`"), "{err}");
+
     let o = env.cmd(&["sessions", "--json"]).output().expect("sessions");
     let list: Value = serde_json::from_slice(&o.stdout).expect("sessions JSON");
-    assert_eq!(list[0]["name"], "s1", "{list}");
-    assert_eq!(list[0]["placement"]["kind"], "loopback", "{list}");
-    let o = env
-        .cmd(&[
-            "exec",
-            "--python",
-            &py,
-            "--session",
-            "s1",
-            "--placement",
-            "lo",
-            "1",
+    let s1 = list
+        .as_array()
+        .and_then(|l| l.iter().find(|s| s["name"] == "s1"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(s1["placement"]["kind"], "loopback", "{list}");
+    assert_eq!(s1["placement"]["job"], job.as_str(), "{list}");
+    let s2 = list
+        .as_array()
+        .and_then(|l| l.iter().find(|s| s["name"] == "s2"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert!(s2.get("placement").is_none(), "{list}");
+    let o = env.cmd(&["sessions"]).output().expect("sessions");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("(lo loopback job {job})")), "{text}");
+
+    // The journal says where each generation ran.
+    let o = env.cmd(&["history", "s1", "--json"]).output().expect("history");
+    let h: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("history JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(h["kernels"][0]["placement"]["name"], "lo", "{h}");
+    assert_eq!(h["kernels"][0]["placement"]["job"], job.as_str(), "{h}");
+    let o = env.cmd(&["history", "s1"]).output().expect("history");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&format!("(lo loopback job {job})")), "{text}");
+    let o = env.cmd(&["history", "s2", "--json"]).output().expect("history");
+    let h: Value = serde_json::from_slice(&o.stdout).expect("history JSON");
+    assert!(h["kernels"][0].get("placement").is_none(), "{h}");
+}
+
+/// `cellhost serve`, killed and reaped on drop.
+struct Serve(std::process::Child);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn curl(args: &[&str]) -> (String, Value) {
+    let mut all = vec!["-s", "-w", "\n%{http_code}"];
+    all.extend_from_slice(args);
+    let o = Command::new("curl").args(&all).output().expect("curl");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, status) = out.rsplit_once('\n').unwrap_or(("", ""));
+    (
+        status.to_string(),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn http_sessions_are_created_on_a_named_placement_and_list_where_they_run() {
+    use std::io::{BufRead, BufReader};
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skipped: curl is not installed");
+        return;
+    }
+    let env = Env::new();
+    let mut child = env
+        .cmd(&["serve", "--listen", "127.0.0.1:0", "--python", &python()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let _serve = Serve(child);
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(rest) = line.split("serving http://").nth(1) {
+                    break rest.split('/').next().unwrap_or_default().to_string();
+                }
+            }
+            _ => panic!("serve ended before it said where it listens"),
+        }
+    };
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let tokens = std::fs::read_to_string(env.path().join("state/server/tokens")).expect("tokens");
+    let token = tokens
+        .lines()
+        .find(|l| l.starts_with("local "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("a token")
+        .to_string();
+    let auth = format!("Authorization: Bearer {token}");
+    let url = format!("http://{addr}/v1/sessions");
+    let post = |path: &str, body: &str| {
+        curl(&[
+            "-H",
+            &auth,
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            &format!("{url}{path}"),
         ])
-        .output()
-        .expect("exec --session --placement");
-    assert_eq!(o.status.code(), Some(2), "refused as usage");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("placement_unsupported"));
+    };
+    let (status, v) = post("", r#"{"name": "r1", "placement": "lo"}"#);
+    assert_eq!(status, "201", "{v}");
+    assert_eq!(v["placement"]["name"], "lo", "{v}");
+    assert_eq!(v["placement"]["kind"], "loopback", "{v}");
+    let job = v["placement"]["job"].as_str().unwrap_or_default().to_string();
+    assert!(!job.is_empty() && v["placement"]["node"] != "", "{v}");
+    let (status, v) = post("/r1/execute", r#"{"code": "x = 20\nx + 22"}"#);
+    assert_eq!(status, "200", "{v}");
+    assert_eq!(v["result"]["text/plain"], "42", "{v}");
+    assert_eq!(v["kernel"]["placement"]["job"], job.as_str(), "{v}");
+    let (status, v) = post("", r#"{"name": "r2"}"#);
+    assert_eq!(status, "201", "{v}");
+    assert!(
+        v.get("placement").is_none(),
+        "the default placement is local: {v}"
+    );
+    let (status, v) = curl(&["-H", &auth, &url]);
+    assert_eq!(status, "200", "{v}");
+    let r1 = v["sessions"]
+        .as_array()
+        .and_then(|l| l.iter().find(|s| s["name"] == "r1"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(r1["placement"]["job"], job.as_str(), "{v}");
+    let (status, v) = post("", r#"{"name": "r3", "placement": "nowhere"}"#);
+    assert_eq!(status, "400", "{v}");
+    assert_eq!(v["error"]["code"], "bad_request", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown placement `nowhere`")),
+        "{v}"
+    );
+    // The refused session was not kept.
+    let (_, v) = curl(&["-H", &auth, &url]);
+    assert!(
+        v["sessions"]
+            .as_array()
+            .is_some_and(|l| l.iter().all(|s| s["name"] != "r3")),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_daemon_session_keeps_its_placement_after_its_agent_is_killed() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.path().join("run")).expect("run dir");
+    let _daemon = DaemonGuard(&env);
+    let py = python();
+    let exec = |args: &[&str]| -> Value {
+        let mut all = vec!["exec", "--python", py.as_str(), "--json", "--session", "s"];
+        all.extend_from_slice(args);
+        let o = env.cmd(&all).output().expect("exec --session");
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stderr)))
+    };
+    // The default is local; the session is created on the loopback agent.
+    let v = exec(&["--placement", "lo", "x = 1"]);
+    assert_eq!(v["status"], "ok", "{v}");
+    let agent: i32 = v["kernel"]["placement"]["job"]
+        .as_str()
+        .and_then(|j| j.parse().ok())
+        .unwrap_or_else(|| panic!("the loopback job is the agent's pid: {v}"));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the agent");
+    assert!(wait_gone(agent), "agent {agent} killed");
+    // The daemon notices the lost connection: the session has no live kernel.
+    let mut listed = true;
+    for _ in 0..600 {
+        let o = env.cmd(&["sessions", "--json"]).output().expect("sessions");
+        let list: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+        listed = list
+            .as_array()
+            .is_some_and(|l| l.iter().any(|s| s["name"] == "s"));
+        if !listed {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!listed, "the session's kernel is gone after its agent");
+    // Without --placement the next kernel runs where the session was created.
+    let v = exec(&["'x' in dir()"]);
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["kernel"]["placement"]["name"], "lo", "{v}");
+    assert_eq!(v["kernel"]["state_reset"], true, "{v}");
+    assert_eq!(v["kernel"]["generation"], 2, "{v}");
+    assert_eq!(v["result"]["text/plain"], "False", "{v}");
 }

@@ -132,7 +132,7 @@ fn text(r: &cellhost_kernel::CellResult) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slurm_kernel_keeps_state_sees_its_job_and_an_interrupt_keeps_state() {
+async fn slurm_kernel_keeps_state_sees_its_job_splits_its_start_and_an_interrupt_keeps_state() {
     if !cluster_up() {
         return;
     }
@@ -158,6 +158,14 @@ async fn slurm_kernel_keeps_state_sees_its_job_and_an_interrupt_keeps_state() {
         "job {} runs while the session does",
         place.job
     );
+    // The start is split into the scheduler's part, the agent's and the
+    // handshake (the figures come from `scripts/remote-figures.sh slurm`).
+    let start = place.start.expect("a Slurm kernel's start is split");
+    assert_eq!(
+        start.queue_wait_ms + start.agent_start_ms + start.handshake_ms,
+        start.total_ms,
+        "{start:?}"
+    );
     let r = session
         .execute(
             "import os\n(x + 1, os.environ.get('SLURM_JOB_ID'))",
@@ -182,7 +190,14 @@ async fn slurm_kernel_keeps_state_sees_its_job_and_an_interrupt_keeps_state() {
         }
     }
     let outcome = session.interrupt(None).await.expect("interrupt");
-    assert!(outcome.delivered, "{outcome:?}");
+    assert!(outcome.delivered, "the agent's tgkill is reported: {outcome:?}");
+    assert!(
+        outcome
+            .target
+            .as_deref()
+            .is_some_and(|t| t.starts_with(&format!("{}:", place.node))),
+        "the target names the node: {outcome:?}"
+    );
     let r = session.finish(cell).await.expect("the cell settles");
     assert_eq!(r.status, CellStatus::Interrupted, "{r:?}");
     let r = session.execute("x", ExecOptions::default()).await.expect("after");

@@ -140,6 +140,41 @@ pub struct KernelPlacement {
     /// The scheduler's id of the agent: Slurm job id, Pod name, ssh
     /// destination and pid, local pid for `loopback`.
     pub job: String,
+    /// How long the kernel took to start, split by phase (absent when
+    /// the node agent did not measure its part).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<PlacementStart>,
+}
+
+/// The start of a remote kernel, from the request to the kernel's `ready`,
+/// split by phase. Milliseconds; the phases add up to `total_ms`.
+/// `agent_start_ms` is measured by the agent on its node, the rest on the
+/// host (so `queue_wait_ms` also holds the one-way latency of the host's
+/// welcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PlacementStart {
+    /// From the request to the agent's start on the node: the submission
+    /// (`sbatch`, the Pod's creation, `ssh`), the scheduler's queue and
+    /// the job's launch.
+    pub queue_wait_ms: u64,
+    /// From the agent's start to its admission by the host: the dial back,
+    /// TLS and the credential check.
+    pub agent_start_ms: u64,
+    /// From the admission to the kernel's `ready`: the worker started in
+    /// the node's sandbox and the kernel's own handshake.
+    pub handshake_ms: u64,
+    /// From the request to the kernel's `ready`.
+    pub total_ms: u64,
+}
+
+impl PlacementStart {
+    /// Adds `d` to the handshake (and the total).
+    pub fn add_handshake(&mut self, d: std::time::Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.handshake_ms = self.handshake_ms.saturating_add(ms);
+        self.total_ms = self.total_ms.saturating_add(ms);
+    }
 }
 
 static CELL_SEQ: AtomicU64 = AtomicU64::new(1);

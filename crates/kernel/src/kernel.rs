@@ -8,7 +8,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cell::new_cell_id;
 pub use crate::cell::{
-    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, KernelPlacement, LiveEvent, Variables,
+    CellProgress, ExecOptions, InterruptOutcome, KernelInfo, KernelPlacement, LiveEvent, PlacementStart,
+    Variables,
 };
 use crate::config::KernelConfig;
 use crate::driver::{Command, Driver, QueuedCell, Shared};
@@ -81,7 +82,12 @@ impl Kernel {
         mut link: L,
         launch: Launch,
     ) -> Result<Kernel, KernelError> {
+        let began = std::time::Instant::now();
         let ready = handshake::handshake(&mut link, &config, &launch).await?;
+        let mut placement = launch.placement.clone();
+        if let Some(start) = placement.as_mut().and_then(|p| p.start.as_mut()) {
+            start.add_handshake(began.elapsed());
+        }
         let ids = link.worker_ready(ready.pid, &ready.rings);
         let info = KernelInfo {
             output_rings: ids.output_rings,
@@ -93,7 +99,7 @@ impl Kernel {
             python_version: ready.version,
             sandbox: ready.sandbox,
             template: launch.template,
-            placement: launch.placement.clone(),
+            placement,
         };
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (tx, rx) = mpsc::unbounded_channel();

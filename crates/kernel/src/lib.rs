@@ -59,7 +59,7 @@ pub use error::KernelError;
 pub use fault::Fault;
 pub use kernel::{
     CellHandle, CellProgress, ExecOptions, InterruptOutcome, Kernel, KernelInfo, KernelPlacement, LiveEvent,
-    Variables,
+    PlacementStart, Variables,
 };
 pub use lineage::Lineage;
 pub use result::*;

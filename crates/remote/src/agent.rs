@@ -111,6 +111,7 @@ type Conn = tokio_rustls::client::TlsStream<TcpStream>;
 /// # Errors
 /// [`AgentError`].
 pub async fn run_agent(opts: AgentOptions) -> Result<AgentExit, AgentError> {
+    let began = Instant::now();
     let (cred, bytes) = read_credential_file(&opts.credential)?;
     // Single use: nothing else on the node needs it.
     let _ = std::fs::remove_file(&opts.credential);
@@ -129,6 +130,7 @@ pub async fn run_agent(opts: AgentOptions) -> Result<AgentExit, AgentError> {
         Ok(other) => return Err(AgentError::Handshake(format!("unexpected reply {other:?}"))),
         Err(e) => return Err(AgentError::Handshake(e.to_string())),
     };
+    let admitted_after_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
     let config = kernel_config(&spec, &opts);
     let (local, launch) = match LocalLink::spawn(&config).await {
         Ok(x) => x,
@@ -143,6 +145,7 @@ pub async fn run_agent(opts: AgentOptions) -> Result<AgentExit, AgentError> {
         sandboxed: launch.sandboxed,
         host_layers: launch.host_layers.clone(),
         limits: launch.limits.clone(),
+        admitted_after_ms: Some(admitted_after_ms),
     };
     write_msg(&mut conn, &Msg::Started(started))
         .await

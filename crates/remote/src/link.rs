@@ -23,7 +23,7 @@ use tokio::io::{ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 
 use crate::host::AgentConn;
-use crate::wire::{MAX_MESSAGE, Msg, UsageSnapshot, WorkerPids, read_msg, write_msg};
+use crate::wire::{InterruptDone, MAX_MESSAGE, Msg, UsageSnapshot, WorkerPids, read_msg, write_msg};
 
 /// Events buffered between the reader task and the driver (each at most
 /// one output chunk, 1 MiB).
@@ -31,6 +31,12 @@ const EVENT_QUEUE: usize = 32;
 
 /// The reason a lost connection reports.
 pub const CONNECTION_LOST: &str = "connection lost";
+
+/// How long an interrupt waits for the node agent's report of its
+/// `tgkill` before it counts as not delivered (the `interrupt` frame went
+/// out regardless; the grace and the escalation run as for a local
+/// kernel).
+pub const DELIVERY_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Usage {
@@ -80,6 +86,8 @@ pub type OnRelease = Box<dyn FnOnce() + Send>;
 /// The host's end of a remote worker.
 pub struct RemoteLink {
     events: mpsc::Receiver<LinkEvent>,
+    /// The agent's reports of the interrupts it delivered, in order.
+    delivered: mpsc::UnboundedReceiver<InterruptDone>,
     out: mpsc::UnboundedSender<Msg>,
     state: Arc<State>,
     node: String,
@@ -112,11 +120,13 @@ impl RemoteLink {
         let (rd, wr) = tokio::io::split(conn);
         let (ev_tx, events) = mpsc::channel(EVENT_QUEUE);
         let (out, out_rx) = mpsc::unbounded_channel();
+        let (done_tx, delivered) = mpsc::unbounded_channel();
         let state = Arc::new(State::default());
-        tokio::spawn(reader(rd, ev_tx, state.clone(), silence));
+        tokio::spawn(reader(rd, ev_tx, done_tx, state.clone(), silence));
         tokio::spawn(writer(wr, out_rx, heartbeat));
         RemoteLink {
             events,
+            delivered,
             out,
             state,
             node,
@@ -130,6 +140,7 @@ impl RemoteLink {
 async fn reader(
     mut rd: ReadHalf<AgentConn>,
     tx: mpsc::Sender<LinkEvent>,
+    delivered: mpsc::UnboundedSender<InterruptDone>,
     state: Arc<State>,
     silence: Duration,
 ) {
@@ -189,9 +200,12 @@ async fn reader(
                 if !d.delivered {
                     tracing::warn!(
                         "the node agent could not deliver an interrupt: {}",
-                        d.reason.unwrap_or_default()
+                        d.reason.as_deref().unwrap_or_default()
                     );
                 }
+                // The driver waits for it (or gave up waiting: then
+                // nobody reads it and the next interrupt drops it).
+                let _ = delivered.send(d);
                 continue;
             }
             Msg::Ping => continue,
@@ -275,10 +289,31 @@ impl WorkerLink for RemoteLink {
     }
 
     fn interrupt(&mut self) -> Result<(), String> {
-        // The agent runs `tgkill` on the node and reports the delivery.
+        // The agent runs `tgkill` on the node and reports the delivery
+        // ([`interrupt_delivery`](WorkerLink::interrupt_delivery)); a
+        // report of an earlier interrupt that came too late is dropped.
+        while self.delivered.try_recv().is_ok() {}
         self.out
             .send(Msg::Interrupt)
             .map_err(|_| format!("{CONNECTION_LOST} to the node agent on {}", self.node))
+    }
+
+    async fn interrupt_delivery(&mut self) -> Option<Result<(), String>> {
+        let node = &self.node;
+        Some(
+            match tokio::time::timeout(DELIVERY_WAIT, self.delivered.recv()).await {
+                Ok(Some(InterruptDone { delivered: true, .. })) => Ok(()),
+                Ok(Some(InterruptDone { reason, .. })) => Err(format!(
+                    "the node agent on {node} could not signal the worker: {}",
+                    reason.unwrap_or_else(|| "no reason given".into())
+                )),
+                Ok(None) => Err(format!("{CONNECTION_LOST} to the node agent on {node}")),
+                Err(_) => Err(format!(
+                    "the node agent on {node} did not report the delivery within {} s",
+                    DELIVERY_WAIT.as_secs()
+                )),
+            },
+        )
     }
 
     fn interrupt_target(&self) -> String {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cellhost_kernel::link::Launch;
-use cellhost_kernel::{Kernel, KernelConfig, KernelError, KernelPlacement, KernelStarter};
+use cellhost_kernel::{Kernel, KernelConfig, KernelError, KernelPlacement, KernelStarter, PlacementStart};
 use cellhost_placement::{CREDENTIAL_PLACEHOLDER, Placed, Placement, PlacementRequest};
 
 use crate::host::RemoteHost;
@@ -63,6 +63,13 @@ impl RemoteStarter {
         }
     }
 
+    /// The same starter with `args` appended to the agent's command line
+    /// (`--connect-grace 5s`).
+    pub fn with_agent_args(mut self, args: impl IntoIterator<Item = String>) -> Self {
+        self.agent_argv.extend(args);
+        self
+    }
+
     /// The placement.
     pub fn placement(&self) -> &AnyPlacement {
         &self.placement
@@ -89,6 +96,7 @@ impl RemoteStarter {
 
     async fn start_kernel(&self, config: KernelConfig) -> Result<Kernel, KernelError> {
         let label = config.label();
+        let requested = tokio::time::Instant::now();
         let remote = |code: &'static str, message: String| KernelError::Remote {
             kernel: label.clone(),
             code,
@@ -141,6 +149,7 @@ impl RemoteStarter {
             }
         };
         drop(expected);
+        let admitted = tokio::time::Instant::now();
         let first = tokio::time::timeout(
             config.startup_timeout,
             read_msg(&mut conn, crate::wire::HANDSHAKE_CAP),
@@ -188,6 +197,9 @@ impl RemoteStarter {
                 kind: placed.kind.clone(),
                 node: started.node.clone(),
                 job: placed.job.clone(),
+                start: started
+                    .admitted_after_ms
+                    .map(|agent| start_split(requested, admitted, agent)),
             }),
         };
         let link = RemoteLink::new(
@@ -199,6 +211,27 @@ impl RemoteStarter {
             on_release,
         );
         Kernel::attach(config, link, launch).await
+    }
+}
+
+/// The start so far, at the agent's `Started`: the host's time from the
+/// request to the admission less the agent's own part is the queue wait;
+/// from the admission on is the handshake (the kernel adds its `ready`).
+fn start_split(
+    requested: tokio::time::Instant,
+    admitted: tokio::time::Instant,
+    agent_ms: u64,
+) -> PlacementStart {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let to_admission = ms(admitted.saturating_duration_since(requested));
+    let now = tokio::time::Instant::now();
+    let agent_start_ms = agent_ms.min(to_admission);
+    let handshake_ms = ms(now.saturating_duration_since(admitted));
+    PlacementStart {
+        queue_wait_ms: to_admission - agent_start_ms,
+        agent_start_ms,
+        handshake_ms,
+        total_ms: to_admission.saturating_add(handshake_ms),
     }
 }
 

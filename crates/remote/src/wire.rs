@@ -36,6 +36,11 @@ pub struct Started {
     pub host_layers: Vec<cellhost_sandbox::profile::LayerStatus>,
     /// The cgroup limits in effect on the node, when there is a cgroup.
     pub limits: Option<cellhost_sandbox::cgroup::CgroupLimits>,
+    /// Milliseconds from the agent's start to the host's `Welcome` (the
+    /// dial back, TLS and the credential check), on the node's clock;
+    /// absent from an agent that does not measure it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted_after_ms: Option<u64>,
 }
 
 /// The node's view of the worker once it said `ready`.

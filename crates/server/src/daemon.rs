@@ -86,6 +86,13 @@ pub enum Request {
         /// was created with (another one is refused with `bad_request`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         language: Option<String>,
+        /// Where the session's kernels run (`local` or a `[placement.NAME]`
+        /// of the daemon's config; default: the live session's, else the
+        /// daemon's default); a session keeps the placement it was created
+        /// with (another one is refused with `placement_mismatch`, an
+        /// unknown one with `bad_request`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        placement: Option<String>,
         /// Sandbox mode of the session (`off`, `auto`, `enforce`; default:
         /// the daemon's). Never below the daemon's own mode: a weaker one is
         /// refused with code `sandbox_below_floor`.
@@ -680,6 +687,7 @@ async fn handle(
             queue,
             python,
             language,
+            placement,
             sandbox,
             cwd,
             env,
@@ -696,6 +704,7 @@ async fn handle(
                 python,
                 language,
                 sandbox: requested,
+                placement,
                 cwd,
                 limits: limits.unwrap_or_default(),
                 ..SessionSpec::new(owner, session)

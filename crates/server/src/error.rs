@@ -113,6 +113,31 @@ pub enum ErrorCode {
     InstallFailed,
     /// 503: the installer could not be started or ran past its deadline.
     InstallerUnavailable,
+    /// 409: the session runs on another placement than the request named
+    /// (`session`, `placement`, `asked`); a session keeps the placement it
+    /// was created with.
+    PlacementMismatch,
+    /// 502: the scheduler refused the node agent's job (`sbatch`, the
+    /// Kubernetes API, `ssh`), with its own message.
+    PlacementRejected,
+    /// 503: the scheduler accepted the job but cannot run it (a Pod that
+    /// cannot be scheduled).
+    PlacementUnschedulable,
+    /// 503: the scheduler could not be reached.
+    PlacementUnavailable,
+    /// 500: the `[placement.NAME]` table or the host's listener for node
+    /// agents is not usable.
+    PlacementConfig,
+    /// 504: the node agent did not dial back within the placement's
+    /// timeout.
+    DialBackTimeout,
+    /// 502: the node agent ended before it was admitted.
+    DialBackFailed,
+    /// 502: the host refused the node agent's credential.
+    AdmissionRefused,
+    /// 502: the node agent failed after it was admitted (its connection,
+    /// its first message).
+    RemoteFailed,
     /// 500: a fault of the server itself.
     Internal,
 }
@@ -144,7 +169,13 @@ impl ErrorCode {
             TooManySessions => StatusCode::TOO_MANY_REQUESTS,
             RangeNotSatisfiable => StatusCode::RANGE_NOT_SATISFIABLE,
             SandboxUnavailable | RegistryFull | ShutDown => StatusCode::SERVICE_UNAVAILABLE,
-            KernelFailed => StatusCode::BAD_GATEWAY,
+            KernelFailed | PlacementRejected | DialBackFailed | AdmissionRefused | RemoteFailed => {
+                StatusCode::BAD_GATEWAY
+            }
+            PlacementMismatch => StatusCode::CONFLICT,
+            PlacementUnschedulable | PlacementUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            DialBackTimeout => StatusCode::GATEWAY_TIMEOUT,
+            PlacementConfig => StatusCode::INTERNAL_SERVER_ERROR,
             RestoreFailed | ForkFailed | JournalFailed | FileIoFailed | Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -192,6 +223,15 @@ impl ErrorCode {
             SharedVenvRefused => "shared_venv_refused",
             InstallFailed => "install_failed",
             InstallerUnavailable => "installer_unavailable",
+            PlacementMismatch => "placement_mismatch",
+            PlacementRejected => "placement_rejected",
+            PlacementUnschedulable => "placement_unschedulable",
+            PlacementUnavailable => "placement_unavailable",
+            PlacementConfig => "placement_config",
+            DialBackTimeout => "dial_back_timeout",
+            DialBackFailed => "dial_back_failed",
+            AdmissionRefused => "admission_refused",
+            RemoteFailed => "remote_failed",
             Internal => "internal",
         }
     }
@@ -521,6 +561,15 @@ mod tests {
             (UnsupportedMediaType, 415, "unsupported_media_type"),
             (PayloadTooLarge, 413, "payload_too_large"),
             (KernelFailed, 502, "kernel_failed"),
+            (PlacementMismatch, 409, "placement_mismatch"),
+            (PlacementRejected, 502, "placement_rejected"),
+            (PlacementUnschedulable, 503, "placement_unschedulable"),
+            (PlacementUnavailable, 503, "placement_unavailable"),
+            (PlacementConfig, 500, "placement_config"),
+            (DialBackTimeout, 504, "dial_back_timeout"),
+            (DialBackFailed, 502, "dial_back_failed"),
+            (AdmissionRefused, 502, "admission_refused"),
+            (RemoteFailed, 502, "remote_failed"),
             (Internal, 500, "internal"),
         ] {
             assert_eq!(code.status().as_u16(), status, "{name}");

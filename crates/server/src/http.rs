@@ -59,6 +59,9 @@ pub(crate) struct SessionMeta {
     /// The language it was created with (`python`, `r`), which every
     /// kernel of it runs.
     pub(crate) language: String,
+    /// The placement it was created with (`local` or a configured
+    /// `[placement.NAME]`), where every kernel of it runs.
+    pub(crate) placement: String,
 }
 
 /// Shared state of the API.
@@ -138,6 +141,7 @@ pub(crate) fn spec(owner: &str, name: &str, meta: &SessionMeta) -> SessionSpec {
     SessionSpec {
         sandbox: Some(meta.sandbox),
         language: Some(meta.language.clone()),
+        placement: Some(meta.placement.clone()),
         ..SessionSpec::new(owner, name)
     }
 }
@@ -324,6 +328,12 @@ pub struct CreateSession {
     /// session's name). A value over the server's maximum is refused with
     /// 422 `limit_over_max` naming the `field` and the `max`.
     pub limits: Option<cellhost_sessions::SessionLimits>,
+    /// Where the session's kernels run: `local` or the name of a
+    /// `[placement.NAME]` table of the server's config (default: the
+    /// config's `placement`); an unknown name is refused with
+    /// `bad_request`. The session keeps it.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$", min_length = 1, max_length = 64)]
+    pub placement: Option<String>,
 }
 
 /// A session of the caller.
@@ -356,6 +366,13 @@ pub struct SessionInfo {
     /// when not limited.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limits: Option<cellhost_sessions::SessionLimits>,
+    /// Where the session's kernels run, for a session of a remote
+    /// placement (absent: on this host): the placement's `name` and
+    /// `kind`, and while a kernel lives the `node` and the scheduler's
+    /// `job` (Slurm job id, Pod name, ssh destination and pid) — empty
+    /// when none lives.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<cellhost_sessions::cell::KernelPlacement>,
 }
 
 /// The caller's sessions.
@@ -367,9 +384,25 @@ pub struct SessionList {
 
 /// A session of the table, rendered with its live kernel's summary (from
 /// [`ListRequest`]) if one lives.
-fn session_info(name: &str, meta: &SessionMeta, live: Option<&SessionSummary>) -> SessionInfo {
+fn session_info(
+    placements: &cellhost_sessions::placement::Placements,
+    name: &str,
+    meta: &SessionMeta,
+    live: Option<&SessionSummary>,
+) -> SessionInfo {
     let sandbox = meta.sandbox;
     let language = meta.language.clone();
+    let placement = live.and_then(|l| l.placement.clone()).or_else(|| {
+        (meta.placement != cellhost_sessions::placement::LOCAL).then(|| {
+            cellhost_sessions::cell::KernelPlacement {
+                name: meta.placement.clone(),
+                kind: placements.kind(&meta.placement),
+                node: String::new(),
+                job: String::new(),
+                start: None,
+            }
+        })
+    });
     match live {
         Some(l) => SessionInfo {
             name: name.to_string(),
@@ -381,6 +414,7 @@ fn session_info(name: &str, meta: &SessionMeta, live: Option<&SessionSummary>) -
             pid: Some(l.pid),
             python: Some(l.python.display().to_string()),
             limits: Some(l.limits),
+            placement,
         },
         None => SessionInfo {
             name: name.to_string(),
@@ -392,6 +426,7 @@ fn session_info(name: &str, meta: &SessionMeta, live: Option<&SessionSummary>) -
             pid: None,
             python: None,
             limits: None,
+            placement,
         },
     }
 }
@@ -412,13 +447,15 @@ fn live_summary(st: &AppState, owner: &str, name: &str, sandbox: SandboxMode) ->
         description = "optional: no body gives a random name and the server's sandbox mode"),
     responses(
         (status = 201, description = "created, its kernel started", body = SessionInfo),
-        (status = 400, description = "`bad_request`: a network allowlist with sandbox mode `off`, or a limit out of its range", body = ErrorBody),
+        (status = 400, description = "`bad_request`: a network allowlist with sandbox mode `off`, a limit out of its range, or an unknown placement", body = ErrorBody),
         (status = 403, description = "`sandbox_below_floor`: a sandbox mode below the server's", body = ErrorBody),
         (status = 409, description = "`session_exists`", body = ErrorBody),
         (status = 422, description = "`limit_over_max`: a limit over the server's maximum (`field`, `value`, `max`), or `invalid_request`: a malformed body (a bad network rule, say)", body = ErrorBody),
         (status = 429, description = "`too_many_sessions` (64 an owner)", body = ErrorBody),
-        (status = 502, description = "`kernel_failed`: the kernel could not start", body = ErrorBody),
-        (status = 503, description = "`sandbox_unavailable`, `registry_full` or `shut_down`", body = ErrorBody),
+        (status = 500, description = "`placement_config`: the placement's table or the listener for node agents is not usable", body = ErrorBody),
+        (status = 502, description = "`kernel_failed`: the kernel could not start; `placement_rejected`, `dial_back_failed`, `admission_refused`, `remote_failed`: a remote kernel could not be placed or admitted (the scheduler's message)", body = ErrorBody),
+        (status = 503, description = "`sandbox_unavailable`, `registry_full`, `shut_down`, `placement_unschedulable` or `placement_unavailable`", body = ErrorBody),
+        (status = 504, description = "`dial_back_timeout`: the node agent did not dial back in time", body = ErrorBody),
     ))]
 async fn create_session(
     State(st): St,
@@ -435,12 +472,14 @@ async fn create_session(
     let key = SessionSpec {
         sandbox: body.sandbox,
         language: body.language.clone(),
+        placement: body.placement.clone(),
         ..SessionSpec::new(owner.as_str(), name.as_str())
     }
     .key(&st.registry)?;
     let meta = SessionMeta {
         sandbox: key.sandbox,
         language: key.language.clone(),
+        placement: key.placement.clone(),
     };
     let sandbox = key.sandbox;
     {
@@ -493,7 +532,12 @@ async fn create_session(
     let live = live_summary(&st, &owner, &name, sandbox);
     Ok((
         StatusCode::CREATED,
-        Json(session_info(&name, &meta, live.as_ref())),
+        Json(session_info(
+            &st.registry.config().placements,
+            &name,
+            &meta,
+            live.as_ref(),
+        )),
     )
         .into_response())
 }
@@ -525,7 +569,7 @@ async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> J
             .iter()
             .map(|(n, meta)| {
                 let l = live.iter().find(|l| &l.name == n && l.sandbox == meta.sandbox);
-                session_info(n, meta, l)
+                session_info(&st.registry.config().placements, n, meta, l)
             })
             .collect(),
     })
@@ -906,7 +950,12 @@ async fn restart(
     .execute(&st.registry)
     .await?;
     let live = live_summary(&st, &owner, &name, sandbox);
-    Ok(Json(session_info(&name, &meta, live.as_ref())))
+    Ok(Json(session_info(
+        &st.registry.config().placements,
+        &name,
+        &meta,
+        live.as_ref(),
+    )))
 }
 
 /// Query of `variables`.

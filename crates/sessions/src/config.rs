@@ -725,6 +725,7 @@ impl Config {
             egress_hosts: self.egress.hosts.clone(),
         };
         rc.limits = self.limits.clone();
+        rc.placements = self.placements.clone();
     }
 
     /// `key = value  # source` lines, then the tools.

@@ -176,6 +176,10 @@ pub struct KernelRow {
     /// (the forked kernel's cells count on from it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_point: Option<u64>,
+    /// Where it ran (`None`: locally, on the host): the placement's name
+    /// and kind, the node and the scheduler's job or pod id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<cellhost_kernel::KernelPlacement>,
 }
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
@@ -469,12 +473,20 @@ impl Journal {
     }
 
     /// Records a new kernel generation.
-    pub fn kernel_started(&self, owner: &str, session: &str, generation: u64, pid: u32) {
+    pub fn kernel_started(
+        &self,
+        owner: &str,
+        session: &str,
+        generation: u64,
+        pid: u32,
+        placement: Option<&cellhost_kernel::KernelPlacement>,
+    ) {
         let (o, s) = (owner.to_string(), session.to_string());
+        let placement = placement.and_then(|p| serde_json::to_string(p).ok());
         self.fire("kernel start", move |c| {
             c.execute(
-                "INSERT OR REPLACE INTO kernels (owner, session, generation, pid, started_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![o, s, generation as i64, pid, now_ms()],
+                "INSERT OR REPLACE INTO kernels (owner, session, generation, pid, started_ms, placement) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![o, s, generation as i64, pid, now_ms(), placement],
             )?;
             Ok(())
         });
@@ -756,7 +768,7 @@ fn query_cells(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<V
 fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result<Vec<KernelRow>> {
     let mut st = c.prepare(
         "SELECT generation, pid, started_ms, ended_ms, end_reason, parent_session,
-                parent_generation, fork_point FROM kernels
+                parent_generation, fork_point, placement FROM kernels
          WHERE owner=?1 AND session=?2 ORDER BY generation",
     )?;
     let rows = st.query_map(params![owner, session], |r| {
@@ -769,6 +781,11 @@ fn query_kernels(c: &Connection, owner: &str, session: &str) -> rusqlite::Result
             parent_session: r.get(5)?,
             parent_generation: r.get::<_, Option<i64>>(6)?.map(|g| g as u64),
             fork_point: r.get::<_, Option<i64>>(7)?.map(|g| g as u64),
+            // A value this build cannot read is shown as no placement,
+            // never an error for the whole history.
+            placement: r
+                .get::<_, Option<String>>(8)?
+                .and_then(|p| serde_json::from_str(&p).ok()),
         })
     })?;
     rows.collect()
@@ -972,7 +989,7 @@ mod tests {
                 "python",
                 &SessionSettings::default(),
             );
-            j.kernel_started("o", "s", 1, 42);
+            j.kernel_started("o", "s", 1, 42, None);
             j.cell_started(CellStart {
                 id: "c1".into(),
                 owner: "o".into(),
@@ -1040,7 +1057,15 @@ mod tests {
             "python",
             &SessionSettings::default(),
         );
-        j.kernel_started("o", "s", 2, 42);
+        // A generation placed on another node says where it ran.
+        let place = cellhost_kernel::KernelPlacement {
+            name: "cluster".into(),
+            kind: "slurm".into(),
+            node: "node7".into(),
+            job: "4711".into(),
+            start: None,
+        };
+        j.kernel_started("o", "s", 2, 42, Some(&place));
         let start = CellStart {
             id: "new".into(),
             owner: "o".into(),
@@ -1062,6 +1087,7 @@ mod tests {
         let r = JournalReader::open(&path).expect("reader");
         let k = r.kernels("o", "s").expect("kernels");
         assert_eq!(k.last().and_then(|k| k.end_reason.as_deref()), Some("done"));
+        assert_eq!(k.last().and_then(|k| k.placement.as_ref()), Some(&place));
     }
 
     /// The egress proxy's refusals of a cell are journaled with it, and a
@@ -1091,7 +1117,7 @@ mod tests {
             "python",
             &SessionSettings::default(),
         );
-        j.kernel_started("o", "s", 1, 42);
+        j.kernel_started("o", "s", 1, 42, None);
         let start = CellStart {
             id: "c1".into(),
             owner: "o".into(),

@@ -9,9 +9,10 @@
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
 //! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
-//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; kernels without lineage, no `sessions.settings` |
-//! | 5 | `kernels.parent_session`, `kernels.parent_generation` and `kernels.fork_point` record the session, generation and `execution_count` a forked kernel was forked from (NULL for a kernel that was not); no `sessions.settings` |
-//! | 6–7 | (numbers of other layouts; a journal at one of them migrates as any earlier one: whatever is missing is added) |
+//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; kernels without lineage or `placement`, no `sessions.settings` |
+//! | 5 | `kernels.parent_session`, `kernels.parent_generation` and `kernels.fork_point` record the session, generation and `execution_count` a forked kernel was forked from (NULL for a kernel that was not); no `kernels.placement`, no `sessions.settings` |
+//! | 6 | (the number of another layout; a journal at it migrates as any earlier one: whatever is missing is added) |
+//! | 7 | `kernels.placement` says where each generation ran (the JSON of a [`KernelPlacement`](cellhost_kernel::KernelPlacement); NULL for a local kernel); no `sessions.settings` |
 //! | 8 | the tables and columns of [`SCHEMA`]: `sessions.settings` holds the session's own limits and network policy (JSON, [`crate::journal::SessionSettings`]; NULL: the configured ones), which `restore` and a restarted host give its next kernel |
 //!
 //! Opening a journal runs every migration from its version to
@@ -41,6 +42,7 @@ CREATE TABLE IF NOT EXISTS kernels (
   owner TEXT NOT NULL, session TEXT NOT NULL, generation INTEGER NOT NULL,
   pid INTEGER, started_ms INTEGER NOT NULL, ended_ms INTEGER, end_reason TEXT,
   parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,
+  placement TEXT,
   PRIMARY KEY (owner, session, generation));
 CREATE TABLE IF NOT EXISTS cells (
   id TEXT PRIMARY KEY, owner TEXT NOT NULL, session TEXT NOT NULL,
@@ -90,6 +92,7 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("kernels", "parent_session", "TEXT"),
     ("kernels", "parent_generation", "INTEGER"),
     ("kernels", "fork_point", "INTEGER"),
+    ("kernels", "placement", "TEXT"),
     ("cells", "id", "TEXT"),
     ("cells", "owner", "TEXT NOT NULL DEFAULT ''"),
     ("cells", "session", "TEXT NOT NULL DEFAULT ''"),
@@ -181,8 +184,9 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         // Every earlier version: whatever tables and columns are missing
         // (version 1 lacks `sessions.language`, `network_denials` and
         // `credential_nonces`, version 2 the two tables, version 3
-        // `credential_nonces`, version 4 the kernels' lineage columns and
-        // `sessions.settings`, version 5 `sessions.settings`); `SCHEMA`
+        // `credential_nonces`, version 4 the kernels' lineage and placement
+        // and `sessions.settings`, version 5 `kernels.placement` and
+        // `sessions.settings`, version 7 `sessions.settings`); `SCHEMA`
         // creates missing tables.
         tx.execute_batch(SCHEMA)?;
         for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
@@ -234,15 +238,19 @@ mod tests {
     /// Version 4: every table, kernels without their lineage and the
     /// sessions table without `settings`, with a row in each.
     fn version_4(conn: &Connection) {
-        let schema = SCHEMA.replace(" settings TEXT,", "").replace(
-            "parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,",
-            "",
-        );
+        let schema = SCHEMA
+            .replace(" settings TEXT,", "")
+            .replace(
+                "parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,",
+                "",
+            )
+            .replace("end_reason TEXT,\n  placement TEXT,", "end_reason TEXT,");
         assert!(
             !schema.contains("settings TEXT"),
             "version 4 lacks sessions.settings"
         );
         assert!(!schema.contains("fork_point"), "version 4 lacks the lineage");
+        assert!(!schema.contains("placement"), "version 4 lacks kernels.placement");
         conn.execute_batch(&format!(
             "{schema}\nINSERT INTO sessions (owner, session, created_ms, last_used_ms) VALUES ('o', 's', 1, 2);\nINSERT INTO kernels (owner, session, generation, pid, started_ms) VALUES ('o', 's', 1, 7, 5);\nPRAGMA user_version = 4;"
         ))
@@ -329,6 +337,13 @@ mod tests {
                     )
                     .expect("old kernel row");
                 assert_eq!(parent, None);
+                // The local kernel of the old row ran nowhere else.
+                let placement: Option<String> = conn
+                    .query_row("SELECT placement FROM kernels WHERE generation=1", [], |r| {
+                        r.get(0)
+                    })
+                    .expect("old kernel row");
+                assert_eq!(placement, None);
             }
             // A second open has nothing left to do.
             assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");

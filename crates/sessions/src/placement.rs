@@ -10,6 +10,11 @@
 //! in `[placement]`: `listen` (`"0.0.0.0:7400"`, default
 //! `"127.0.0.1:0"`), `advertise` (`"head-node:7400"`, what credentials
 //! name).
+//!
+//! Keys of a `[placement.<name>]` table the host reads itself, next to the
+//! placement's own: `agent` (the `cellhost` binary on the node) and
+//! `agent_grace_s` (seconds the agent waits for a lost host connection
+//! before it kills its worker; the agent's default is 30).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -36,16 +41,21 @@ pub struct Placements {
 }
 
 impl Placements {
+    /// No placement tables: every kernel runs locally.
+    pub fn local() -> Placements {
+        Placements {
+            default: LOCAL.into(),
+            ..Placements::default()
+        }
+    }
+
     /// From the config file's `placement` value: a string (the default's
     /// name) or a table (`default`, `listen`, `advertise`, sub-tables).
     ///
     /// # Errors
     /// A message for a value of the wrong shape or an invalid table.
     pub fn parse(value: Option<toml::Value>) -> Result<Placements, String> {
-        let mut p = Placements {
-            default: LOCAL.into(),
-            ..Placements::default()
-        };
+        let mut p = Placements::local();
         match value {
             None => {}
             Some(toml::Value::String(s)) => p.default = s,
@@ -92,6 +102,21 @@ impl Placements {
         ))
     }
 
+    /// The kind of placement `name` (`local`, or its table's `kind`:
+    /// `slurm`, `kubernetes`, `ssh`, `loopback`); empty for a name not
+    /// configured.
+    pub fn kind(&self, name: &str) -> String {
+        if name == LOCAL {
+            return LOCAL.into();
+        }
+        self.tables
+            .get(name)
+            .and_then(|t| t.get("kind"))
+            .and_then(|k| k.as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// The starter of placement `name` (`None` for `local`).
     ///
     /// # Errors
@@ -103,10 +128,15 @@ impl Placements {
         };
         let placement = AnyPlacement::from_config(name, table).map_err(|e| e.to_string())?;
         let program = table.get("agent").and_then(|v| v.as_str()).map(str::to_string);
+        let grace = match table.get("agent_grace_s") {
+            Some(v) => Some(cellhost_remote::placements::agent_grace(name, v).map_err(|e| e.to_string())?),
+            None => None,
+        };
         Ok(Some(Arc::new(LazyStarter {
             name: name.to_string(),
             placement,
             program,
+            grace,
             listen: self.listen.clone(),
             advertise: self.advertise.clone(),
         })))
@@ -144,6 +174,8 @@ struct LazyStarter {
     name: String,
     placement: AnyPlacement,
     program: Option<String>,
+    /// The agent's `--connect-grace`, seconds (`agent_grace_s`).
+    grace: Option<f64>,
     listen: Option<String>,
     advertise: Option<String>,
 }
@@ -195,6 +227,12 @@ impl KernelStarter for LazyStarter {
                 host,
                 self.placement.clone(),
                 self.program.clone(),
+            )
+            .with_agent_args(
+                self.grace
+                    .map(|g| ["--connect-grace".to_string(), format!("{g}s")])
+                    .into_iter()
+                    .flatten(),
             );
             starter.start(config).await
         })

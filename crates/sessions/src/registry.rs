@@ -97,6 +97,10 @@ pub struct Key {
     /// so a kernel of another mode (a pooled one included) is never handed
     /// to the session.
     pub sandbox: SandboxMode,
+    /// Where the session's kernels run: `local` or the name of a
+    /// `[placement.NAME]` table ([`RegistryConfig::placements`]). A
+    /// session keeps the placement it was created with.
+    pub placement: String,
 }
 
 impl Key {
@@ -163,6 +167,10 @@ pub struct RegistryConfig {
     /// Limits per session: maximum, default and per-pattern rules
     /// ([`crate::limits`]; config `[limits]`).
     pub limits: crate::limits::LimitsPolicy,
+    /// The configured placements (config `placement`,
+    /// `[placement.NAME]`): a key's placement other than the default gets
+    /// that placement's starter; the default's is the template's own.
+    pub placements: crate::placement::Placements,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -194,6 +202,7 @@ impl RegistryConfig {
             network: crate::NetworkSettings::default(),
             packages: crate::packages::PackageSettings::default(),
             limits: crate::limits::LimitsPolicy::default(),
+            placements: crate::placement::Placements::local(),
         }
     }
 
@@ -537,6 +546,7 @@ impl Registry {
             cwd: self.cfg.template.cwd.clone(),
             tools: None,
             sandbox: self.sandbox_floor(),
+            placement: self.cfg.placements.default.clone(),
         }
     }
 
@@ -842,6 +852,20 @@ impl Registry {
         v
     }
 
+    /// The keys the registry holds for the owner's session `name`, live
+    /// or not: a session whose kernel crashed, was reaped or evicted is
+    /// still known (and continues its generations) until it is disposed.
+    pub fn known_keys(&self, owner: &str, name: &str) -> Vec<Key> {
+        let mut v: Vec<Key> = self
+            .all_slots()
+            .iter()
+            .filter(|s| s.key.owner == owner && s.key.session == name)
+            .map(|s| s.key.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The live kernel of a key, if any (for interrupt, inspect, …).
     pub fn kernel(&self, key: &Key) -> Option<Kernel> {
         let slots = self.slots.lock().ok()?;
@@ -886,6 +910,7 @@ impl Registry {
             && key.cwd == self.cfg.template.cwd
             && key.tools.is_none()
             && key.sandbox == self.cfg.template.sandbox.mode
+            && key.placement == self.cfg.placements.default
     }
 
     /// The session's own working directory, when the registry gives each
@@ -1166,7 +1191,13 @@ impl Registry {
                 &key.language,
                 &own_settings(&g),
             );
-            j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
+            j.kernel_started(
+                &key.owner,
+                &key.session,
+                generation,
+                k.info().pid,
+                k.info().placement.as_ref(),
+            );
         }
         Ok((k, generation))
     }
@@ -1236,7 +1267,22 @@ impl Registry {
             }
             k.kill().await;
         }
-        let (cfg, _tools) = self.kernel_config(slot, generation);
+        let (mut cfg, _tools) = self.kernel_config(slot, generation);
+        // The default placement's starter is the template's; another one
+        // the session was created with gets its own.
+        if slot.key.placement != self.cfg.placements.default {
+            cfg.starter = self
+                .cfg
+                .placements
+                .starter(&slot.key.placement)
+                .map_err(|message| {
+                    RegistryError::Kernel(KernelError::Remote {
+                        kernel: cfg.label(),
+                        code: "placement_config",
+                        message,
+                    })
+                })?;
+        }
         {
             let mut g = slot.lock();
             g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));

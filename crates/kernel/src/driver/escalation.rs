@@ -54,8 +54,24 @@ impl<L: WorkerLink> Driver<L> {
         // that sleeps or blocks; before `started`, the frame alone cancels
         // the cell, or the worker signals its own main thread.
         let signalled = active.started_code;
-        let sent = if signalled { self.link.interrupt() } else { Ok(()) };
+        let mut sent = if signalled { self.link.interrupt() } else { Ok(()) };
+        if signalled
+            && sent.is_ok()
+            && let Some(reported) = self.link.interrupt_delivery().await
+        {
+            sent = reported;
+        }
         let not_delivered = sent.as_ref().err().cloned();
+        // The wait for the delivery report left the cell where it was (the
+        // driver handles nothing else meanwhile).
+        let Some(active) = self.active.as_mut() else {
+            return InterruptOutcome {
+                delivered: false,
+                target: None,
+                cell: Some(id),
+                reason: Some("no cell is running".into()),
+            };
+        };
         active.interrupt = Some(Interrupt {
             cause,
             delivered: sent.is_ok(),

@@ -164,6 +164,15 @@ pub trait WorkerLink: Send + 'static {
     /// Why the wake-up was not delivered (the process is gone, …).
     fn interrupt(&mut self) -> Result<(), String>;
 
+    /// After an [`interrupt`](WorkerLink::interrupt) that returned `Ok`:
+    /// the delivery as reported by whoever sent the signal, when that is
+    /// not this process (a remote kernel's node agent runs `tgkill` on its
+    /// node and reports the result). `None` (the default): `interrupt`'s
+    /// own result is the delivery. A link bounds its own wait.
+    fn interrupt_delivery(&mut self) -> impl Future<Output = Option<Result<(), String>>> + Send {
+        std::future::ready(None)
+    }
+
     /// Where [`interrupt`](WorkerLink::interrupt) goes, as reported to the
     /// caller (`pid/tid` for the local link).
     fn interrupt_target(&self) -> String;

@@ -354,6 +354,19 @@ pub enum RequestError {
         /// Why.
         reason: String,
     },
+    /// The session runs on another placement than the request named: a
+    /// session keeps the placement it was created with.
+    #[error(
+        "session {session:?} runs on placement {placement:?}; a session keeps the placement it was created with (use another session name for {asked:?}, or kill this one first)"
+    )]
+    PlacementMismatch {
+        /// The session.
+        session: String,
+        /// The placement its live kernel runs on.
+        placement: String,
+        /// The placement the request asked for.
+        asked: String,
+    },
     /// The registry refused or the kernel failed.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -371,7 +384,7 @@ impl RequestError {
     /// the package codes (`invalid_package_spec`, `shared_venv_refused`,
     /// `install_failed`, `installer_unavailable`),
     /// `limit_over_max`, `disk_full`, `session_exists`, `threads_running`,
-    /// `fork_failed`, `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
+    /// `fork_failed`, `placement_mismatch`, `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
     /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
@@ -399,6 +412,7 @@ impl RequestError {
             RequestError::SessionExists { .. } => "session_exists",
             RequestError::ThreadsRunning { .. } => "threads_running",
             RequestError::ForkFailed { .. } => "fork_failed",
+            RequestError::PlacementMismatch { .. } => "placement_mismatch",
             RequestError::Registry(RegistryError::Kernel(KernelError::KernelBusy { .. })) => "session_busy",
             RequestError::Registry(RegistryError::Kernel(KernelError::InvalidRequest(_))) => "bad_request",
             RequestError::Registry(RegistryError::Kernel(KernelError::StaleGeneration { .. })) => {
@@ -433,6 +447,7 @@ impl RequestError {
                 | "disk_full"
                 | "session_exists"
                 | "threads_running"
+                | "placement_mismatch"
         )
     }
 
@@ -445,6 +460,15 @@ impl RequestError {
         let mut v = serde_json::json!({"code": self.code(), "message": self.to_string()});
         match self {
             RequestError::SessionNotFound { session, .. } => v["session"] = session.clone().into(),
+            RequestError::PlacementMismatch {
+                session,
+                placement,
+                asked,
+            } => {
+                v["session"] = session.clone().into();
+                v["placement"] = placement.clone().into();
+                v["asked"] = asked.clone().into();
+            }
             RequestError::SessionInOtherDirectory {
                 session,
                 cwd,
@@ -572,6 +596,12 @@ pub struct SessionSpec {
     pub language: Option<String>,
     /// Sandbox mode (`None`: the registry's floor; never below it).
     pub sandbox: Option<SandboxMode>,
+    /// Where the session's kernels run: `local` or the name of a
+    /// configured `[placement.NAME]` table. `None`: the placement of the
+    /// owner's live session of that name, else the configured default. An
+    /// unknown name is a [`RequestError::BadRequest`]; another placement
+    /// than the live session's is [`RequestError::PlacementMismatch`].
+    pub placement: Option<String>,
     /// Working directory (`None`: the registry's). Part of the key: the
     /// same name in two directories is two sessions, so a session never
     /// works in another caller's directory. Must be an absolute path to an
@@ -597,6 +627,7 @@ impl SessionSpec {
             python: None,
             language: None,
             sandbox: None,
+            placement: None,
             cwd: None,
             env: crate::SessionEnv::new(),
             limits: crate::limits::SessionLimits::default(),
@@ -673,6 +704,40 @@ impl SessionSpec {
         if let Some(p) = &self.python {
             key.python = p.clone();
         }
+        key.placement = match &self.placement {
+            Some(asked) => {
+                reg.config()
+                    .placements
+                    .check(asked)
+                    .map_err(RequestError::bad_request)?;
+                if let Some(other) = live.iter().find(|k| k.placement != *asked) {
+                    return Err(RequestError::PlacementMismatch {
+                        session: self.session.clone(),
+                        placement: other.placement.clone(),
+                        asked: asked.clone(),
+                    });
+                }
+                asked.clone()
+            }
+            // The live session's, else the one this session ran on before
+            // its kernel died (the same session otherwise), else the
+            // default.
+            None => live
+                .first()
+                .map(|k| k.placement.clone())
+                .or_else(|| {
+                    reg.known_keys(&self.owner, &self.session)
+                        .into_iter()
+                        .find(|k| {
+                            Key {
+                                placement: key.placement.clone(),
+                                ..k.clone()
+                            } == key
+                        })
+                        .map(|k| k.placement)
+                })
+                .unwrap_or_else(|| key.placement.clone()),
+        };
         Ok(key)
     }
 }
@@ -822,5 +887,17 @@ mod tests {
         };
         assert!(e.is_usage());
         assert_eq!(e.to_json()["session"], "s");
+        let e = RequestError::PlacementMismatch {
+            session: "s".into(),
+            placement: "slurm".into(),
+            asked: "local".into(),
+        };
+        assert_eq!(e.code(), "placement_mismatch");
+        assert!(e.is_usage());
+        let v = e.to_json();
+        assert_eq!(
+            (&v["session"], &v["placement"], &v["asked"]),
+            (&"s".into(), &"slurm".into(), &"local".into())
+        );
     }
 }
