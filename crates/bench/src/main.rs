@@ -33,6 +33,7 @@ mod fork;
 mod limits;
 mod pysdk;
 mod remote;
+mod remote_scale;
 mod rtemplate;
 mod sessions;
 mod stats;
@@ -114,6 +115,46 @@ enum Helper {
         /// Cells per round-trip sample set.
         #[arg(long, default_value_t = 300)]
         cells: usize,
+    },
+    /// Remote kernels at scale on loopback: a thousand with the stub worker
+    /// (`cellhost-stub-worker`, protocol v1 without an interpreter) and a
+    /// hundred with real Python workers, every one through `cellhost agent`
+    /// and TLS: handshakes per second, host RSS (host alone and total),
+    /// the trivial-cell round trip local vs remote, processes left after.
+    #[command(name = "remote-scale")]
+    RemoteScale {
+        /// Interpreter of the Python kernels (default: as the bench's).
+        #[arg(long, value_name = "PATH")]
+        python: Option<PathBuf>,
+        /// Sandbox mode of the kernels (default: the config's).
+        #[arg(long, value_name = "MODE", value_parser = parse_sandbox_mode)]
+        sandbox: Option<SandboxMode>,
+        /// The `cellhost` binary run as the agent (default: next to this one).
+        #[arg(long, value_name = "PATH")]
+        cellhost: Option<PathBuf>,
+        /// The stub worker (default: `cellhost-stub-worker` next to this one).
+        #[arg(long, value_name = "PATH")]
+        stub: Option<PathBuf>,
+        /// Remote kernels with the stub worker.
+        #[arg(long, default_value_t = 1000)]
+        stub_kernels: usize,
+        /// Remote kernels with real Python workers, started on top.
+        #[arg(long, default_value_t = 100)]
+        python_kernels: usize,
+        /// Kernels starting at once (more than the listener's 64 pending
+        /// handshakes: the agents turned away must dial again).
+        #[arg(long, default_value_t = 128)]
+        starting: usize,
+        /// Cells per round-trip sample set.
+        #[arg(long, default_value_t = 300)]
+        cells: usize,
+        /// TLS handshakes + admissions for the rate.
+        #[arg(long, default_value_t = 1000)]
+        handshakes: usize,
+        /// Replace (or add) this workload's section of this Markdown file
+        /// (`BENCHMARKS.md`), keeping the rest; default: print only.
+        #[arg(long, value_name = "PATH")]
+        output: Option<PathBuf>,
     },
 }
 
@@ -231,6 +272,69 @@ fn main() -> ExitCode {
             let _ = std::fs::remove_dir_all(&dir);
             code
         }
+        Some(Helper::RemoteScale {
+            python,
+            sandbox,
+            cellhost,
+            stub,
+            stub_kernels,
+            python_kernels,
+            starting,
+            cells,
+            handshakes,
+            output,
+        }) => {
+            let command = format!(
+                "cellhost bench remote-scale{}{} --stub-kernels {stub_kernels} --python-kernels {python_kernels} --starting {starting} --cells {cells} --handshakes {handshakes}{}",
+                python
+                    .as_ref()
+                    .map(|p| format!(" --python {}", p.display()))
+                    .unwrap_or_default(),
+                sandbox.map(|m| format!(" --sandbox {m}")).unwrap_or_default(),
+                output
+                    .as_ref()
+                    .map(|p| format!(" --output {}", p.display()))
+                    .unwrap_or_default(),
+            );
+            let args = BenchArgs {
+                python,
+                sandbox,
+                ..cli.args
+            };
+            let dir = std::env::temp_dir().join(format!("cellhost-bench-scale-{}", std::process::id()));
+            let cfg = match kernel_config(&args, &dir) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("cellhost-bench: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let bins =
+                cellhost_binary(cellhost.as_deref()).and_then(|c| Ok((c, stub_binary(stub.as_deref())?)));
+            let (cellhost, stub) = match bins {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("cellhost-bench: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let code = remote_scale::run(
+                cfg,
+                remote_scale::ScaleArgs {
+                    stub_kernels,
+                    python_kernels,
+                    starting,
+                    cells,
+                    handshakes,
+                    cellhost,
+                    stub,
+                    command,
+                    output,
+                },
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            code
+        }
         None => run(cli.args),
     };
     ExitCode::from(code)
@@ -283,6 +387,28 @@ fn cellhost_binary(given: Option<&Path>) -> Result<PathBuf, String> {
     } else {
         Err(format!(
             "the cellhost binary {} is missing: build it with `cargo build --release -p cellhost`, or pass --cellhost PATH",
+            path.display()
+        ))
+    }
+}
+
+/// The stub worker: `given`, else `cellhost-stub-worker` next to this
+/// executable.
+///
+/// # Errors
+/// This executable's path is unknown, or there is no such file.
+fn stub_binary(given: Option<&Path>) -> Result<PathBuf, String> {
+    let path = match given {
+        Some(p) => p.to_path_buf(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot locate this executable: {e}"))?
+            .with_file_name("cellhost-stub-worker"),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the stub worker {} is missing: build it with `cargo build -p cellhost-bench`, or pass --stub PATH",
             path.display()
         ))
     }

@@ -17,7 +17,7 @@ use cellhost_remote::{
 
 use crate::stats::percentile;
 
-fn rss_kb() -> u64 {
+pub(crate) fn rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|t| {
@@ -29,7 +29,7 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-fn spec(config: &KernelConfig) -> AgentSpec {
+pub(crate) fn spec(config: &KernelConfig) -> AgentSpec {
     AgentSpec {
         session: "bench".into(),
         generation: 1,
@@ -44,7 +44,7 @@ fn spec(config: &KernelConfig) -> AgentSpec {
 }
 
 /// One TLS connection, `hello` with a fresh credential, `welcome`.
-async fn handshake(host: &RemoteHost, spec: AgentSpec) -> Result<(), String> {
+pub(crate) async fn handshake(host: &RemoteHost, spec: AgentSpec) -> Result<(), String> {
     let mut expected = host.expect(spec, Duration::from_secs(60));
     let cred = expected.credential().clone();
     let connector = tokio_rustls::TlsConnector::from(cellhost_remote::tls::client_config(&cred.cert_sha256)?);
@@ -69,7 +69,7 @@ async fn handshake(host: &RemoteHost, spec: AgentSpec) -> Result<(), String> {
     Ok(())
 }
 
-async fn round_trips(k: &Kernel, cells: usize) -> Result<Vec<f64>, String> {
+pub(crate) async fn round_trips(k: &Kernel, cells: usize) -> Result<Vec<f64>, String> {
     let mut v = Vec::with_capacity(cells);
     k.execute("1", ExecOptions::default())
         .await

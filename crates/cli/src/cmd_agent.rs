@@ -30,8 +30,9 @@ pub struct AgentArgs {
     /// The interpreter on this node (default: the one the host names).
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
-    /// Where the kernel's session directory goes on this node (default:
-    /// the temporary directory).
+    /// Where the kernel's session directory goes on this node (kept);
+    /// default: the temporary directory, where it is removed once the
+    /// worker has ended.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
 }

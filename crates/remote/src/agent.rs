@@ -36,8 +36,9 @@ pub struct AgentOptions {
     pub connect_grace: Duration,
     /// The interpreter on this node (default: the one the host names).
     pub python: Option<PathBuf>,
-    /// Where the kernel's session directory goes on this node (default:
-    /// a directory under the system's temporary directory).
+    /// Where the kernel's session directory goes on this node (kept).
+    /// Default: a directory under the system's temporary directory, removed
+    /// once the worker has ended.
     pub state_dir: Option<PathBuf>,
 }
 
@@ -132,9 +133,15 @@ pub async fn run_agent(opts: AgentOptions) -> Result<AgentExit, AgentError> {
     };
     let admitted_after_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
     let config = kernel_config(&spec, &opts);
+    // A directory the agent made under the temporary directory is scratch
+    // of this run (its name has the agent's pid): removed once the worker
+    // is gone, so a node running thousands of kernels keeps none of them.
+    // One under `--state-dir` is kept.
+    let scratch = ScratchDir(opts.state_dir.is_none().then(|| config.session_dir.clone()));
     let (local, launch) = match LocalLink::spawn(&config).await {
         Ok(x) => x,
         Err(e) => {
+            scratch.remove();
             let _ = write_msg(&mut conn, &Msg::SpawnFailed(e.to_string())).await;
             return Err(AgentError::Spawn(e.to_string()));
         }
@@ -155,8 +162,25 @@ pub async fn run_agent(opts: AgentOptions) -> Result<AgentExit, AgentError> {
         local,
         opts.connect_grace,
         Duration::from_millis(spec.heartbeat_ms.max(100)),
+        &scratch,
     )
     .await)
+}
+
+/// The kernel's session directory on this node when it is the agent's
+/// scratch (`None`: kept).
+struct ScratchDir(Option<PathBuf>);
+
+impl ScratchDir {
+    /// Removes the directory (once the worker is gone); errors are logged.
+    fn remove(&self) {
+        if let Some(d) = &self.0
+            && let Err(e) = std::fs::remove_dir_all(d)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("cannot remove the kernel's directory {}: {e}", d.display());
+        }
+    }
 }
 
 /// This node's host name.
@@ -164,32 +188,76 @@ pub fn node_name() -> String {
     rustix::system::uname().nodename().to_string_lossy().into_owned()
 }
 
+/// First pause before dialling again after a refused or failed attempt;
+/// it doubles up to [`REDIAL_MAX`], with jitter.
+const REDIAL_FIRST: Duration = Duration::from_millis(50);
+/// Longest pause between attempts.
+const REDIAL_MAX: Duration = Duration::from_secs(1);
+
+/// Whether a failed TLS connect is the host turning the connection away
+/// before TLS (closed or reset: its bound on pending handshakes, 64, is
+/// reached), which is worth another attempt, rather than TLS refusing the
+/// host (a certificate other than the pinned one), which is not.
+fn turned_away(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    matches!(
+        e.kind(),
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+    )
+}
+
+/// The pause before attempt `attempt` (1 = the first retry): doubling
+/// from [`REDIAL_FIRST`] to [`REDIAL_MAX`], each between half and all of
+/// that, so agents turned away together do not come back together.
+fn redial_pause(attempt: u32) -> Duration {
+    let full = REDIAL_FIRST
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(10))
+        .min(REDIAL_MAX);
+    let r = u16::from_le_bytes(crate::random_bytes::<2>());
+    full / 2 + full.mul_f64(f64::from(r) / f64::from(u16::MAX) / 2.0)
+}
+
+/// Connects and completes TLS, retrying within `grace` while the host is
+/// unreachable or turns the connection away before TLS (so a thousand
+/// agents started at once all get in, paced by the host's bound on pending
+/// handshakes); a TLS failure of the pinned certificate is final.
 async fn dial(host: &str, pin: &str, grace: Duration) -> Result<Conn, AgentError> {
     let connector = TlsConnector::from(crate::tls::client_config(pin).map_err(|reason| AgentError::Tls {
         host: host.to_string(),
         reason,
     })?);
     let until = Instant::now() + grace;
-    let tcp = loop {
-        match TcpStream::connect(host).await {
-            Ok(t) => break t,
-            Err(e) if Instant::now() >= until => {
-                return Err(AgentError::Unreachable {
-                    host: host.to_string(),
-                    reason: e.to_string(),
-                });
+    let mut attempt = 0u32;
+    loop {
+        let err = match TcpStream::connect(host).await {
+            Ok(tcp) => {
+                let _ = tcp.set_nodelay(true);
+                match connector.connect(crate::tls::server_name(), tcp).await {
+                    Ok(conn) => return Ok(conn),
+                    Err(e) if turned_away(&e) => AgentError::Unreachable {
+                        host: host.to_string(),
+                        reason: format!("the host closed the connection before TLS (busy): {e}"),
+                    },
+                    Err(e) => {
+                        return Err(AgentError::Tls {
+                            host: host.to_string(),
+                            reason: e.to_string(),
+                        });
+                    }
+                }
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => AgentError::Unreachable {
+                host: host.to_string(),
+                reason: e.to_string(),
+            },
+        };
+        attempt += 1;
+        let pause = redial_pause(attempt);
+        if Instant::now() + pause >= until {
+            return Err(err);
         }
-    };
-    let _ = tcp.set_nodelay(true);
-    connector
-        .connect(crate::tls::server_name(), tcp)
-        .await
-        .map_err(|e| AgentError::Tls {
-            host: host.to_string(),
-            reason: e.to_string(),
-        })
+        tokio::time::sleep(pause).await;
+    }
 }
 
 /// The node's kernel config for the host's spec: this node's environment
@@ -244,7 +312,13 @@ fn snapshot(local: &LocalLink) -> Option<UsageSnapshot> {
     })
 }
 
-async fn relay(conn: Conn, mut local: LocalLink, grace: Duration, heartbeat: Duration) -> AgentExit {
+async fn relay(
+    conn: Conn,
+    mut local: LocalLink,
+    grace: Duration,
+    heartbeat: Duration,
+    scratch: &ScratchDir,
+) -> AgentExit {
     let (mut rd, mut wr) = tokio::io::split(conn);
     let (in_tx, mut in_rx) = mpsc::channel::<Result<Option<Msg>, WireError>>(16);
     tokio::spawn(async move {
@@ -304,6 +378,9 @@ async fn relay(conn: Conn, mut local: LocalLink, grace: Duration, heartbeat: Dur
                     }
                     LinkEvent::Exited(st) => {
                         exited = true;
+                        // Before the host hears of the exit: its answer may
+                        // be to cancel (kill) this agent.
+                        scratch.remove();
                         let mut v: Vec<Msg> = snapshot(&local).map(Msg::Usage).into_iter().collect();
                         v.push(Msg::Exited(st.into_raw()));
                         v
@@ -364,6 +441,7 @@ async fn relay(conn: Conn, mut local: LocalLink, grace: Duration, heartbeat: Dur
                 local.terminate();
                 wait_exit(&mut local).await;
                 local.release();
+                scratch.remove();
                 return AgentExit::HostLost;
             }
         }
@@ -379,5 +457,33 @@ async fn wait_exit(local: &mut LocalLink) {
             Ok(LinkEvent::Output { stream, bytes }) => local.recycle(stream, bytes),
             Ok(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redial_pauses_double_with_jitter_up_to_the_cap() {
+        for attempt in 1..40 {
+            let full = REDIAL_FIRST
+                .saturating_mul(1u32 << (attempt - 1).min(10))
+                .min(REDIAL_MAX);
+            let p = redial_pause(attempt);
+            assert!(p >= full / 2 && p <= full, "attempt {attempt}: {p:?} vs {full:?}");
+        }
+        assert!(redial_pause(100) <= REDIAL_MAX);
+    }
+
+    #[test]
+    fn only_a_connection_closed_before_tls_is_retried() {
+        use std::io::{Error, ErrorKind};
+        assert!(turned_away(&Error::from(ErrorKind::UnexpectedEof)));
+        assert!(turned_away(&Error::from(ErrorKind::ConnectionReset)));
+        assert!(!turned_away(&Error::new(
+            ErrorKind::InvalidData,
+            "invalid peer certificate"
+        )));
     }
 }

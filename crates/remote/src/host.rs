@@ -160,6 +160,28 @@ impl Default for HostOptions {
     }
 }
 
+/// Refusals [`RemoteHost::refusals`] lists: the latest this many. A
+/// listener turning away thousands of connections (agents dialling again,
+/// or an attacker) keeps its memory bounded; the counts are kept in full.
+pub const REFUSALS_KEPT: usize = 1024;
+
+/// The refusals: the latest codes and a count per code.
+#[derive(Debug, Default)]
+struct Refusals {
+    recent: std::collections::VecDeque<&'static str>,
+    counts: HashMap<&'static str, u64>,
+}
+
+impl Refusals {
+    fn record(&mut self, code: &'static str) {
+        if self.recent.len() == REFUSALS_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(code);
+        *self.counts.entry(code).or_insert(0) += 1;
+    }
+}
+
 /// An admitted agent's connection (after the host's `welcome`).
 pub type AgentConn = TlsStream<TcpStream>;
 
@@ -177,7 +199,7 @@ struct Inner {
     nonces: Arc<dyn NonceStore>,
     waiting: Mutex<HashMap<String, Waiting>>,
     opts: HostOptions,
-    refusals: Mutex<Vec<&'static str>>,
+    refusals: Mutex<Refusals>,
     admitted: AtomicU64,
     slots: Arc<Semaphore>,
 }
@@ -203,9 +225,39 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Raises this process's `RLIMIT_NOFILE` soft limit to its hard limit;
+/// returns (soft before, soft after). A listener holds one connection per
+/// remote kernel besides its pending handshakes, so a thousand kernels
+/// pass the usual soft limit of 1024 (the accept loop would then fail with
+/// `EMFILE` and agents would time out). Sandboxed workers get their own
+/// limit from the profile (`rlimits.nofile`, 8192).
+///
+/// # Errors
+/// The kernel refused the new limit.
+pub fn raise_nofile_limit() -> Result<(u64, u64), String> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    // `None` is unlimited.
+    let before = lim.current.unwrap_or(u64::MAX);
+    let hard = lim.maximum.unwrap_or(u64::MAX);
+    if before >= hard {
+        return Ok((before, before));
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        },
+    )
+    .map_err(|e| format!("cannot raise RLIMIT_NOFILE from {before} to {hard}: {e}"))?;
+    Ok((before, hard))
+}
+
 impl RemoteHost {
     /// Binds the listener and starts accepting (a task of the current
-    /// runtime). `identity`: the host certificate (see
+    /// runtime), first raising the process's descriptor limit
+    /// ([`raise_nofile_limit`]). `identity`: the host certificate (see
     /// [`HostIdentity::load_or_create`]); `nonces`: where nonces burn.
     ///
     /// # Errors
@@ -215,6 +267,13 @@ impl RemoteHost {
         identity: HostIdentity,
         nonces: Arc<dyn NonceStore>,
     ) -> Result<RemoteHost, String> {
+        match raise_nofile_limit() {
+            Ok((before, after)) if after > before => {
+                tracing::debug!("RLIMIT_NOFILE raised from {before} to {after} for remote kernels");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("{e}"),
+        }
         let listener = TcpListener::bind(opts.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
@@ -229,7 +288,7 @@ impl RemoteHost {
             nonces,
             waiting: Mutex::new(HashMap::new()),
             opts,
-            refusals: Mutex::new(Vec::new()),
+            refusals: Mutex::new(Refusals::default()),
             admitted: AtomicU64::new(0),
             slots: Arc::new(Semaphore::new(opts_max_pending)),
         });
@@ -248,10 +307,24 @@ impl RemoteHost {
         &self.inner.opts
     }
 
-    /// Codes of the refusals so far, in order (the escape suite and tests
-    /// check them).
+    /// Codes of the latest refusals (at most [`REFUSALS_KEPT`]), oldest
+    /// first (the escape suite and tests check them).
     pub fn refusals(&self) -> Vec<&'static str> {
-        self.inner.refusals.lock().map(|r| r.clone()).unwrap_or_default()
+        self.inner
+            .refusals
+            .lock()
+            .map(|r| r.recent.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many refusals with `code` there were since the start (every
+    /// one, also those [`refusals`](RemoteHost::refusals) no longer lists).
+    pub fn refusal_count(&self, code: &str) -> u64 {
+        self.inner
+            .refusals
+            .lock()
+            .map(|r| r.counts.get(code).copied().unwrap_or(0))
+            .unwrap_or(0)
     }
 
     /// Handshakes in progress now (at most [`HostOptions::max_pending`]).
@@ -316,7 +389,7 @@ impl RemoteHost {
 
     fn refused(&self, code: &'static str) {
         if let Ok(mut r) = self.inner.refusals.lock() {
-            r.push(code);
+            r.record(code);
         }
     }
 }
@@ -361,11 +434,22 @@ async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, host: std::sy
         Some(h) => h.slots.clone(),
         None => return,
     };
+    let mut last_warned: Option<std::time::Instant> = None;
     loop {
-        let Ok((tcp, peer)) = listener.accept().await else {
-            // Out of file descriptors or similar: try again shortly.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors or similar: said at most every
+                // 10 s (agents keep dialling), tried again shortly.
+                if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    last_warned = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        "remote listener cannot accept connections: {e} (RLIMIT_NOFILE too low for this many kernels?)"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let Some(inner) = host.upgrade() else { return };
         let host = RemoteHost { inner };
@@ -513,5 +597,46 @@ async fn admit(
             spec.generation = w.epoch;
             Ok((spec, w.tx))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_descriptor_limit_is_raised_to_the_hard_limit() {
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let lim = getrlimit(Resource::Nofile);
+        let hard = lim.maximum.unwrap_or(u64::MAX);
+        // A lower soft limit (still plenty for the other tests meanwhile).
+        let low = (lim.current.unwrap_or(u64::MAX).min(hard) / 2).max(256);
+        if low < hard {
+            setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(low),
+                    maximum: lim.maximum,
+                },
+            )
+            .expect("lower the soft limit");
+        }
+        let (before, after) = raise_nofile_limit().expect("raise");
+        assert_eq!(after, hard);
+        assert!(before <= after);
+        assert_eq!(getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX), hard);
+    }
+
+    #[test]
+    fn refusals_keep_the_latest_and_count_every_one() {
+        let mut r = Refusals::default();
+        for _ in 0..5000 {
+            r.record("too_many_handshakes");
+        }
+        r.record("credential_invalid");
+        assert_eq!(r.recent.len(), REFUSALS_KEPT);
+        assert_eq!(r.recent.back(), Some(&"credential_invalid"));
+        assert_eq!(r.counts.get("too_many_handshakes"), Some(&5000));
+        assert_eq!(r.counts.get("credential_invalid"), Some(&1));
     }
 }

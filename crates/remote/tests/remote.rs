@@ -354,3 +354,80 @@ async fn credential_files_readable_by_others_are_refused() {
         .expect_err("0640 refused");
     assert_eq!(err.code(), "credential_file", "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_turned_away_by_a_full_listener_dials_again_and_is_admitted() {
+    // One handshake slot, held by a connection that never starts TLS: the
+    // agent is closed at once (as the 65th of 65 agents started together
+    // would be) and must come back, not fail.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = HostOptions {
+        heartbeat: Duration::from_millis(500),
+        max_pending: 1,
+        ..HostOptions::default()
+    };
+    let host = RemoteHost::start(
+        opts,
+        HostIdentity::generate().expect("certificate"),
+        Arc::new(MemoryNonces::default()),
+    )
+    .await
+    .expect("listener");
+    let hold = tokio::net::TcpStream::connect(host.addr())
+        .await
+        .expect("connect");
+    while host.pending() < 1 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut expected = host.expect(spec(1), Duration::from_secs(60));
+    let p = write_credential(&dir, "c", &expected.credential().to_bytes());
+    let a = agent(p, Duration::from_secs(60));
+    while !host.refusals().contains(&"too_many_handshakes") {
+        assert!(!a.is_finished(), "the agent gave up: {:?}", a.await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(hold);
+    let mut conn = expected
+        .wait(Duration::from_secs(30))
+        .await
+        .expect("admitted once the slot was free");
+    let started = wire::read_msg(&mut conn, wire::HANDSHAKE_CAP)
+        .await
+        .expect("started");
+    assert!(matches!(started, Some(Msg::Started(_))), "{started:?}");
+    assert_eq!(host.admitted(), 1);
+    // Ends the agent's worker (the local link kills and reaps the tree).
+    a.abort();
+    let _ = a.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_directory_for_the_kernel_is_removed_when_the_kernel_ends() {
+    // A node running thousands of kernels one after another must not keep
+    // a directory per kernel in its temporary directory. The agent runs in
+    // this process: its directory is `cellhost-agent-SESSION-GEN-PID`.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = host().await;
+    let mut cfg = config(&dir, &host, SandboxMode::Off);
+    cfg.session = "scratchdir".into();
+    let suffix = format!("-{}", std::process::id());
+    let agent_dirs = || -> Vec<PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .expect("temp dir")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("cellhost-agent-scratchdir-") && n.ends_with(&suffix))
+            })
+            .collect()
+    };
+    let k = Kernel::spawn(cfg).await.expect("remote kernel");
+    let r = k.execute("1", ExecOptions::default()).await.expect("cell");
+    assert_eq!(r.status, CellStatus::Ok, "{r:?}");
+    let live = agent_dirs();
+    assert_eq!(live.len(), 1, "{live:?}");
+    k.kill().await;
+    assert!(agent_dirs().is_empty(), "{live:?} left behind");
+}

@@ -97,6 +97,27 @@ fn owned_fd(fd: i32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Takes ownership of descriptor `fd`, which this process inherited open
+/// across `exec` (a worker's control socket at fd 3): it is closed when the
+/// result is dropped. `None` when `fd` is below 3, not open, or was taken
+/// before (each number at most once per process).
+///
+/// For a program that starts as a worker: call it before the process opens
+/// anything itself, so the number is still the inherited descriptor.
+pub fn take_inherited_fd(fd: i32) -> Option<OwnedFd> {
+    static TAKEN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+    if fd < 3 {
+        return None;
+    }
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    if taken.contains(&fd) {
+        return None;
+    }
+    let owned = owned_fd(fd)?;
+    taken.push(fd);
+    Some(owned)
+}
+
 /// `read(2)` on a borrowed descriptor, retried on `EINTR`; 0 at the end or
 /// on an error.
 fn read_some(fd: BorrowedFd<'_>, buf: &mut [u8]) -> usize {

@@ -244,7 +244,7 @@ mod tests {
                 "parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,",
                 "",
             )
-            .replace("end_reason TEXT,\n  placement TEXT,", "end_reason TEXT,");
+            .replace("\n  placement TEXT,", "");
         assert!(
             !schema.contains("settings TEXT"),
             "version 4 lacks sessions.settings"
