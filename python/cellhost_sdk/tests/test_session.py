@@ -322,3 +322,19 @@ def test_overhead_over_the_raw_round_trip(session):
     print(f"\nOVERHEAD trivial cell median: raw HTTP {raw_ms:.2f} ms, Session.run {api_ms:.2f} ms, "
           f"overhead {api_ms - raw_ms:.2f} ms", file=sys.stderr)
     assert api_ms > 0 and raw_ms > 0
+
+
+def test_a_placement_is_the_sessions_own(tmp_path, monkeypatch):
+    # A loopback placement: the kernel runs under a `cellhost agent` that
+    # dials the host back over TLS, as on a Slurm or SSH node.
+    binary = cellhost._host.find_binary()
+    config = tmp_path / "cellhost.toml"
+    config.write_text(f'[placement.lo]\nkind = "loopback"\nprogram = {json.dumps(binary)}\n')
+    monkeypatch.setenv("CELLHOST_CONFIG", str(config))
+    with Session(python=PY, placement="lo") as s:
+        r = s.run("6 * 7")
+        assert r.status == "ok" and r.value == "42", r
+        listed = s._host.call("GET", "/v1/sessions")
+        mine = [x for x in listed["sessions"] if x["name"] == "default"]
+        assert mine and mine[0]["placement"]["name"] == "lo", listed
+        assert mine[0]["placement"]["kind"] == "loopback", listed

@@ -70,8 +70,7 @@ class Session:
         self.fork_report: Optional[Dict[str, Any]] = None
         session_limits = {k: v for k, v in (limits or {}).items() if k in SESSION_LIMITS}
         host_keys = {k: v for k, v in (limits or {}).items() if k not in SESSION_LIMITS}
-        env = {"CELLHOST_PLACEMENT": placement} if placement != "local" else None
-        self._host = Host(python=python, sandbox=sandbox, limits=host_keys, tools=tools, env=env)
+        self._host = Host(python=python, sandbox=sandbox, limits=host_keys, tools=tools)
         self._path = "/v1/sessions/" + urllib.parse.quote(name, safe="")
         #: The session's files (:class:`~cellhost.files.Files`): upload,
         #: download, list, delete, by paths relative to its workdir.
@@ -86,6 +85,9 @@ class Session:
                 body["limits"] = session_limits
             if network is not None:
                 body["network"] = network if isinstance(network, str) else list(network)
+            if placement != "local":
+                # The session's own property: every kernel of it runs there.
+                body["placement"] = placement
             self._host.call("POST", "/v1/sessions", body, timeout=120)
         except BaseException:
             self._host.close()
