@@ -226,6 +226,9 @@ def _run_cell(frame):
         except BaseException:  # noqa: B902
             pass
         del exc
+    if silent:
+        # A silent cell may have set the count (a checkpoint restore).
+        count = state.execution_count
     _end_cell(cid, frame.get("marker", ""), status, count, result, error, cpu_before, result_at)
 
 

@@ -81,6 +81,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "W7" => w7(ctx),
         "POOL" => super::sessions::pool(ctx).await,
         "JOURNAL" => super::sessions::journal(ctx).await,
+        "CKPT" => super::checkpoint::ckpt(ctx).await,
         "W5" => super::sessions::w5(ctx).await,
         "IDLE200" => super::sessions::idle200(ctx).await,
         "DAEMON" => super::surfaces::daemon(ctx).await,

@@ -35,6 +35,11 @@ pub struct ExecOptions {
     /// runs", in which an interrupt would find no cell and be lost. Whoever
     /// sets the flag must set it before it interrupts the running cell.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// A silent cell that sets the worker's execution_count to this value
+    /// (a checkpoint restore): the kernel takes the worker's count from its
+    /// answer when it is this value (otherwise a count may only stay or
+    /// grow by one).
+    pub restores_count: Option<u64>,
 }
 
 /// Output delivered while a cell runs (same rendering and redaction as the

@@ -9,7 +9,8 @@
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
 //! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
-//! | 4 | the tables and columns of [`SCHEMA`]: `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use |
+//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; no `checkpoints` |
+//! | 6 | the tables and columns of [`SCHEMA`]: `checkpoints` holds each session's latest namespace checkpoint (its file, execution_count, time, what was saved and lost) and whether the session is paused |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -24,7 +25,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -60,6 +61,13 @@ CREATE TABLE IF NOT EXISTS network_denials (
   PRIMARY KEY (cell_id, seq));
 CREATE TABLE IF NOT EXISTS credential_nonces (
   nonce TEXT PRIMARY KEY, used_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  owner TEXT NOT NULL, session TEXT NOT NULL, mode TEXT NOT NULL,
+  generation INTEGER NOT NULL, execution_count INTEGER NOT NULL,
+  taken_ms INTEGER NOT NULL, path TEXT NOT NULL, bytes INTEGER NOT NULL,
+  saved TEXT NOT NULL DEFAULT '[]', lost TEXT NOT NULL DEFAULT '[]',
+  paused_ms INTEGER,
+  PRIMARY KEY (owner, session));
 ";
 
 /// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
@@ -117,6 +125,17 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("network_denials", "port", "INTEGER NOT NULL DEFAULT 0"),
     ("network_denials", "reason", "TEXT NOT NULL DEFAULT ''"),
     ("network_denials", "sni", "TEXT"),
+    ("checkpoints", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("checkpoints", "session", "TEXT NOT NULL DEFAULT ''"),
+    ("checkpoints", "mode", "TEXT NOT NULL DEFAULT 'namespace'"),
+    ("checkpoints", "generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "execution_count", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "taken_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "path", "TEXT NOT NULL DEFAULT ''"),
+    ("checkpoints", "bytes", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "saved", "TEXT NOT NULL DEFAULT '[]'"),
+    ("checkpoints", "lost", "TEXT NOT NULL DEFAULT '[]'"),
+    ("checkpoints", "paused_ms", "INTEGER"),
 ];
 
 /// Why a journal's schema cannot be used.
@@ -173,9 +192,17 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         // Every earlier version: whatever tables and columns are missing
         // (version 1 lacks `sessions.language`, `network_denials` and
         // `credential_nonces`, version 2 the two tables, version 3
-        // `credential_nonces`); `SCHEMA` creates missing tables.
+        // `credential_nonces`, every version before 6 `checkpoints`);
+        // `SCHEMA` creates missing tables.
         tx.execute_batch(SCHEMA)?;
-        for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
+        for table in [
+            "sessions",
+            "kernels",
+            "cells",
+            "tool_calls",
+            "network_denials",
+            "checkpoints",
+        ] {
             let have = columns_of(&tx, table)?;
             for (_, column, decl) in COLUMNS.iter().filter(|(t, _, _)| *t == table) {
                 if !have.iter().any(|h| h == column) {
@@ -221,6 +248,20 @@ mod tests {
             .expect("version 2 schema");
     }
 
+    /// Version 4: every table but `checkpoints`, with a cell.
+    fn version_4(conn: &Connection) {
+        let without = SCHEMA
+            .split_inclusive(';')
+            .filter(|stmt| !stmt.contains("checkpoints"))
+            .collect::<String>();
+        conn.execute_batch(&format!(
+            "{without}\nINSERT INTO cells (id, owner, session, generation, code, status, started_ms)
+               VALUES ('c4', 'o', 's', 1, 'x = 1', 'ok', 5);
+             PRAGMA user_version = 4;"
+        ))
+        .expect("version 4 schema");
+    }
+
     /// An older, narrower layout: cells without execution counts, origin,
     /// context, files or error; kernels without end reasons; no tool calls.
     fn narrow(conn: &Connection) {
@@ -250,12 +291,14 @@ mod tests {
             ("narrow", narrow),
             ("version 1", version_1),
             ("version 2", version_2),
+            ("version 4", version_4),
         ] {
             let mut conn = Connection::open_in_memory().expect("db");
             make(&conn);
             let from = match name {
                 "version 1" => 1,
                 "version 2" => 2,
+                "version 4" => 4,
                 _ => 0,
             };
             assert_eq!(migrate(&mut conn).expect(name), from, "{name}");
@@ -278,6 +321,17 @@ mod tests {
                     .expect("old row");
                 assert_eq!(lang, None);
             }
+            if name == "version 4" {
+                // Its cells are kept, and sessions start without checkpoints.
+                let (cells, ckpts): (i64, i64) = conn
+                    .query_row(
+                        "SELECT (SELECT COUNT(*) FROM cells), (SELECT COUNT(*) FROM checkpoints)",
+                        [],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .expect("counts");
+                assert_eq!((cells, ckpts), (1, 0));
+            }
             // A second open has nothing left to do.
             assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");
         }
@@ -287,7 +341,14 @@ mod tests {
     fn columns_list_matches_the_schema() {
         let conn = Connection::open_in_memory().expect("db");
         conn.execute_batch(SCHEMA).expect("schema");
-        for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
+        for table in [
+            "sessions",
+            "kernels",
+            "cells",
+            "tool_calls",
+            "network_denials",
+            "checkpoints",
+        ] {
             let mut have = columns_of(&conn, table).expect("columns");
             let mut listed: Vec<String> = COLUMNS
                 .iter()

@@ -26,9 +26,16 @@ use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use crate::checkpoint::{Checkpoint, CheckpointMode, CheckpointStore};
 use crate::journal::{CellStart, Journal};
+use cellhost_kernel::RestoredState;
+
+#[path = "registry_checkpoint.rs"]
+mod checkpoints;
 use crate::pool::{Pool, SessionTools};
 use crate::templates::Templates;
+use checkpoints::merge_background;
+pub use checkpoints::{CheckpointSummary, PauseReport};
 
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +54,18 @@ pub enum RegistryError {
     /// A restore could not be done.
     #[error("restore: {0}")]
     Restore(String),
+    /// A checkpoint or a pause could not be taken: `code` is
+    /// `checkpoint_unavailable` (the mode cannot work for this session or
+    /// host: `process` without a working CRIU, a language without
+    /// namespace checkpoints, a remote kernel) or `checkpoint_failed` (the
+    /// kernel could not write one; the session keeps its kernel).
+    #[error("{message}")]
+    Checkpoint {
+        /// `checkpoint_unavailable` or `checkpoint_failed`.
+        code: &'static str,
+        /// Why.
+        message: String,
+    },
     /// The registry was shut down.
     #[error("the session registry is shut down")]
     ShutDown,
@@ -70,6 +89,7 @@ impl RegistryError {
             RegistryError::Kernel(_) => "kernel",
             RegistryError::Full { .. } => "registry_full",
             RegistryError::Restore(_) => "restore",
+            RegistryError::Checkpoint { code, .. } => code,
             RegistryError::ShutDown => "shut_down",
         }
     }
@@ -158,6 +178,9 @@ pub struct RegistryConfig {
     /// Limits per session: maximum, default and per-pattern rules
     /// ([`crate::limits`]; config `[limits]`).
     pub limits: crate::limits::LimitsPolicy,
+    /// Checkpoints: the mode per session pattern, the size cap and time
+    /// bound ([`crate::checkpoint`]; config `[checkpoint]`).
+    pub checkpoint: crate::checkpoint::CheckpointSettings,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -188,6 +211,7 @@ impl RegistryConfig {
             network: crate::NetworkSettings::default(),
             packages: crate::packages::PackageSettings::default(),
             limits: crate::limits::LimitsPolicy::default(),
+            checkpoint: crate::checkpoint::CheckpointSettings::default(),
         }
     }
 
@@ -279,11 +303,32 @@ struct SlotInner {
     /// it was started in, which was moved to the session's): (the kernel's
     /// path, the host's path).
     cwd_alias: Option<(PathBuf, PathBuf)>,
+    /// The session's checkpoint mode as a request (or the journal) set it
+    /// (`None`: the configured one for its name).
+    ckpt_mode: Option<CheckpointMode>,
+    /// The session's latest checkpoint.
+    ckpt: Option<Checkpoint>,
+    /// The journal's checkpoint row was read (once per slot).
+    ckpt_loaded: bool,
+    /// When the session was paused (its kernel stopped after a checkpoint).
+    paused: Option<i64>,
+    /// The generation the checkpoint was last restored into.
+    restored_into: u64,
+    /// What the restore of a generation brought back, for that
+    /// generation's next result: (generation, note).
+    restored_note: Option<(u64, RestoredState)>,
+    /// Background output a checkpoint cell saw, for the next result.
+    carry_background: Option<cellhost_kernel::BackgroundOutput>,
+    /// The execution_count of the session's latest cell.
+    last_count: u64,
 }
 
 struct Slot {
     key: Key,
     spawn_lock: tokio::sync::Mutex<()>,
+    /// Held while a checkpoint of the session is written: the session's
+    /// next cell (and a pause) waits for it.
+    ckpt_busy: Arc<tokio::sync::Mutex<()>>,
     inner: Mutex<SlotInner>,
     attached: AtomicUsize,
     pinned: AtomicBool,
@@ -335,6 +380,8 @@ pub struct Registry {
     detached: crate::detached::DetachedCells,
     /// The built-in package installer's settings and outcomes.
     packages: Arc<crate::pool::PackageHost>,
+    /// Where sessions' checkpoint files are kept.
+    ckpt_store: CheckpointStore,
 }
 
 impl std::fmt::Debug for Registry {
@@ -419,6 +466,7 @@ impl Registry {
     /// I/O errors creating the staging directory.
     pub async fn start(cfg: RegistryConfig, journal: Option<Arc<Journal>>) -> std::io::Result<Arc<Registry>> {
         let staging_root = cfg.root.join("staging");
+        let cfg_root = cfg.root.clone();
         let stamp = crate::journal::now_ms();
         // Named with a random nonce, not the host's pid: kernels see the
         // path of their session directory below it.
@@ -463,6 +511,7 @@ impl Registry {
             cells: Mutex::new(crate::cell_index::CellIndex::default()),
             detached: crate::detached::DetachedCells::default(),
             packages,
+            ckpt_store: CheckpointStore::new(&cfg_root),
         });
         let mut tasks = Vec::new();
         if let Some(pool) = &reg.pool {
@@ -721,6 +770,7 @@ impl Registry {
                 Arc::new(Slot {
                     key: key.clone(),
                     spawn_lock: tokio::sync::Mutex::new(()),
+                    ckpt_busy: Arc::new(tokio::sync::Mutex::new(())),
                     inner: Mutex::new(SlotInner::default()),
                     attached: AtomicUsize::new(0),
                     pinned: AtomicBool::new(false),
@@ -728,6 +778,10 @@ impl Registry {
                 })
             })
             .clone()
+    }
+
+    fn slot_if_any(&self, key: &Key) -> Option<Arc<Slot>> {
+        self.slots.lock().ok()?.get(key).cloned()
     }
 
     fn all_slots(&self) -> Vec<Arc<Slot>> {
@@ -952,6 +1006,13 @@ impl Registry {
         if self.closed.load(Ordering::SeqCst) {
             return Err(RegistryError::ShutDown);
         }
+        {
+            let g = slot.lock();
+            if let Some(k) = g.lineage.live() {
+                return Ok((k.clone(), g.lineage.generation()));
+            }
+        }
+        self.load_checkpoint(slot).await;
         let generation = {
             let mut g = slot.lock();
             if let Some(k) = g.lineage.live() {
@@ -977,26 +1038,34 @@ impl Registry {
             (_, g) => g,
         };
         let result = self.start_kernel(slot, generation).await;
-        let mut g = slot.lock();
-        g.spawning = false;
-        let k = result?;
-        g.lineage.install(k.clone(), generation);
-        g.last_used = Some(Instant::now());
-        if let Some(j) = &self.journal {
-            let key = &slot.key;
-            j.session_used(
-                &key.owner,
-                &key.session,
-                &key.python.display().to_string(),
-                &key.cwd
-                    .as_ref()
-                    .map(|c| c.display().to_string())
-                    .unwrap_or_default(),
-                &key.tools_label(),
-                key.sandbox.as_str(),
-                &key.language,
-            );
-            j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
+        let k = {
+            let mut g = slot.lock();
+            g.spawning = false;
+            let k = result?;
+            g.lineage.install(k.clone(), generation);
+            g.last_used = Some(Instant::now());
+            if let Some(j) = &self.journal {
+                let key = &slot.key;
+                j.session_used(
+                    &key.owner,
+                    &key.session,
+                    &key.python.display().to_string(),
+                    &key.cwd
+                        .as_ref()
+                        .map(|c| c.display().to_string())
+                        .unwrap_or_default(),
+                    &key.tools_label(),
+                    key.sandbox.as_str(),
+                    &key.language,
+                );
+                j.kernel_started(&key.owner, &key.session, generation, k.info().pid);
+            }
+            k
+        };
+        // Before any cell of the new generation: the session's state back
+        // from its latest checkpoint, when it keeps checkpoints or was paused.
+        if let Some(note) = self.restore_into(slot, &k, generation).await {
+            slot.lock().restored_note = Some((generation, note));
         }
         Ok((k, generation))
     }
@@ -1207,8 +1276,11 @@ impl Registry {
         }
         let slot = self.slot(key, None);
         let _attach = Attach::new(&slot);
+        // A checkpoint of the previous cell ends first (bounded by its timeout).
+        drop(slot.ckpt_busy.lock().await);
         let (mut kernel, mut generation) = self.ensure(&slot).await?;
         let cancel = options.cancel.clone();
+        let silent = options.silent;
         let handle = match kernel.submit(code, options.clone()) {
             // The kernel died between the check and the submit (an idle
             // worker killed from outside): one fresh generation, once.
@@ -1278,6 +1350,33 @@ impl Registry {
             }
             g.last_used = Some(Instant::now());
             g.lineage.settle(generation, kernel.is_alive(), &mut r);
+            if g.restored_note
+                .as_ref()
+                .is_some_and(|(gen_, _)| *gen_ == generation)
+                && let Some((_, mut note)) = g.restored_note.take()
+            {
+                if !note.resumed {
+                    note.reason = r
+                        .kernel
+                        .reset_reason
+                        .clone()
+                        .or_else(|| Some("the host that ran the previous kernel ended".to_string()));
+                }
+                r.restored = Some(note);
+            }
+            if let Some(b) = g.carry_background.take() {
+                merge_background(&mut r, b);
+            }
+            if r.execution_count > 0 {
+                g.last_count = r.execution_count;
+            }
+        }
+        if !silent
+            && r.status == cellhost_kernel::CellStatus::Ok
+            && kernel.is_alive()
+            && self.effective_mode(&slot) == CheckpointMode::Namespace
+        {
+            self.schedule_checkpoint(&slot, &kernel, generation, r.execution_count);
         }
         if let Ok(mut ix) = self.cells.lock() {
             ix.record(&key.owner, &key.session, &r);

@@ -117,7 +117,10 @@ impl<L: WorkerLink> Driver<L> {
             // The worker's count is believed only where it can be true: the
             // previous count, or one more (a hostile worker must not make
             // the host's own count overflow or jump).
-            if ec == self.execution_count || ec == self.execution_count.saturating_add(1) {
+            if ec == self.execution_count
+                || ec == self.execution_count.saturating_add(1)
+                || (a.q.options.silent && a.q.options.restores_count == Some(ec))
+            {
                 execution_count = ec;
             }
             self.execution_count = execution_count;
@@ -271,6 +274,7 @@ impl<L: WorkerLink> Driver<L> {
             hint: None,
             files,
             network: self.config.egress.as_ref().and_then(|e| e.log.take()),
+            restored: None,
         };
         res.hint = hints::hint_for(&res, &self.config, truncated_any);
         // The one place a result leaves the kernel crate: every text field
