@@ -85,6 +85,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 language: None,
                 network: None,
                 limits: None,
+                checkpoint: None,
             })
             .await
             .map_err(s)?;
