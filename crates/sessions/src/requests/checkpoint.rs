@@ -36,9 +36,8 @@ impl CheckpointRequest {
         if reg.checkpoint_mode(key) == CheckpointMode::Process {
             reg.check_checkpoint_mode(key, CheckpointMode::Process)?;
         }
-        Ok(reg
-            .checkpoint_now(key)
+        reg.checkpoint_now(key)
             .await
-            .map_err(super::busy_as_session_busy(&self.session))?)
+            .map_err(super::busy_as_session_busy(&self.session))
     }
 }

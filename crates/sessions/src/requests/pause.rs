@@ -35,9 +35,8 @@ impl PauseRequest {
                 live: true,
             });
         };
-        Ok(reg
-            .pause(key)
+        reg.pause(key)
             .await
-            .map_err(super::busy_as_session_busy(&self.session))?)
+            .map_err(super::busy_as_session_busy(&self.session))
     }
 }
