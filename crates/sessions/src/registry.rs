@@ -321,6 +321,10 @@ struct SlotInner {
     carry_background: Option<cellhost_kernel::BackgroundOutput>,
     /// The execution_count of the session's latest cell.
     last_count: u64,
+    /// A directory the live kernel writes and the host reads for
+    /// checkpoints when `workdir` is not known (a pooled kernel of a
+    /// session without a workdir): (the host's path, the kernel's path).
+    ckpt_dir: Option<(PathBuf, PathBuf)>,
 }
 
 struct Slot {
@@ -1080,7 +1084,11 @@ impl Registry {
         // A pooled kernel's own directory becomes a new session's workdir;
         // a session that has one already gets a kernel started in it.
         let overlay = self.overlay_dir(&slot.key);
+        // A session that keeps checkpoints (or resumes from one) gets a
+        // kernel started for it, whose writable directory the host knows.
+        let checkpointed = self.effective_mode(slot) != CheckpointMode::Off || slot.lock().paused.is_some();
         if self.poolable(slot)
+            && !(checkpointed && workdir.is_none())
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && crate::pool::overlay_is_empty(&overlay)
             && let Some(pool) = &self.pool
@@ -1119,6 +1127,14 @@ impl Registry {
                     });
                 }
                 let mut g = slot.lock();
+                // Where a checkpoint is written and read: the kernel's own
+                // directory when the session has no workdir of its own.
+                g.ckpt_dir = match (&workdir, &own, &seen) {
+                    (None, Some(own), Some(seen)) if slot.key.cwd.is_none() => {
+                        Some((own.clone(), seen.clone()))
+                    }
+                    _ => None,
+                };
                 match (&workdir, seen) {
                     (Some(w), Some(seen)) => {
                         g.workdir = Some(w.clone());
@@ -1140,6 +1156,7 @@ impl Registry {
             let mut g = slot.lock();
             g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));
             g.cwd_alias = None;
+            g.ckpt_dir = None;
         }
         let k = self.templates.spawn(cfg).await?;
         self.spawned.fetch_add(1, Ordering::Relaxed);

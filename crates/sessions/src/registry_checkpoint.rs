@@ -174,6 +174,19 @@ pub(crate) fn merge_background(r: &mut CellResult, b: cellhost_kernel::Backgroun
     }
 }
 
+/// The live kernel's writable directory: (the host's path, the kernel's).
+fn kernel_dirs(g: &super::SlotInner) -> Option<(PathBuf, PathBuf)> {
+    if let Some(d) = &g.ckpt_dir {
+        return Some(d.clone());
+    }
+    let w = g.workdir.clone()?;
+    let k = match &g.cwd_alias {
+        Some((seen, real)) if *real == w => seen.clone(),
+        _ => w.clone(),
+    };
+    Some((w, k))
+}
+
 fn rss_bytes(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -273,14 +286,8 @@ impl Registry {
         self.check_checkpoint_mode(&slot.key, CheckpointMode::Namespace)?;
         let (host_dir, kernel_dir, mode) = {
             let g = slot.lock();
-            let w = g
-                .workdir
-                .clone()
+            let (w, k) = kernel_dirs(&g)
                 .ok_or_else(|| unavailable("the kernel has no working directory to write a checkpoint in"))?;
-            let k = match &g.cwd_alias {
-                Some((seen, real)) if *real == w => seen.clone(),
-                _ => w.clone(),
-            };
             (w, k, g.ckpt_mode)
         };
         let name = checkpoint::fresh_name("checkpoint");
@@ -502,11 +509,7 @@ impl Registry {
                 return None;
             }
             g.restored_into = generation;
-            let w = g.workdir.clone()?;
-            let k = match &g.cwd_alias {
-                Some((seen, real)) if *real == w => seen.clone(),
-                _ => w.clone(),
-            };
+            let (w, k) = kernel_dirs(&g)?;
             (c, resumed, w, k)
         };
         let started = Instant::now();
