@@ -229,7 +229,8 @@ def _run_cell(frame):
             pass
         del exc
     if silent:
-        # A silent cell takes no number; it may set the count (a fork's restore).
+        # A silent cell takes no number; it may set the count (the restore
+        # of a fork or a checkpoint).
         count = state.execution_count
     _end_cell(cid, frame.get("marker", ""), status, count, result, error, cpu_before, result_at)
 

@@ -18,7 +18,10 @@
 //! daemon socket and `cellhost serve`; HTTP50 50 concurrent HTTP clients of
 //! 100 cells each (throughput, p99, lost or misattributed output); MCP and
 //! MCP50 the same through `cellhost mcp`; PYSDK a trivial cell through the
-//! Python API (`Session.run`) against a raw HTTP request to the same server.
+//! Python API (`Session.run`) against a raw HTTP request to the same server;
+//! CKPT namespace checkpoints of numpy + pandas state (checkpoint cost per
+//! cell as a ratio of the cell's own time, restore after SIGKILL, pause and
+//! resume, memory a pause frees).
 //!
 //! The library workloads run kernels in this process (it is their kernel
 //! init too); the surfaces (CLI, daemon, HTTP, MCP, `cellhost run`) run the
@@ -29,6 +32,7 @@
 //! (`python/requirements.txt`'s pins, under the cache directory).
 
 mod as_user;
+mod checkpoint;
 mod fork;
 mod limits;
 mod pysdk;
@@ -58,7 +62,7 @@ const EXIT_USAGE: u8 = 2;
 /// and reads the host's peak RSS).
 pub const ALL: &[&str] = &[
     "W3", "W1", "W2", "W2S", "W2T", "R2T", "R2TS", "W4", "KILL", "HOSTKILL", "W7", "POOL", "JOURNAL", "W5",
-    "IDLE200", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK", "FORK",
+    "IDLE200", "DAEMON", "HTTP", "HTTP50", "MCP", "MCP50", "PYSDK", "FORK", "CKPT",
 ];
 
 /// The workloads that run the `cellhost` binary.
@@ -185,7 +189,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PATH")]
     pub cellhost: Option<PathBuf>,
     /// Comma-separated workloads (W1, W2, W2S, W2T, R2T, R2TS, W3, W4, KILL, HOSTKILL, W7, POOL,
-    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50, PYSDK, FORK), or `all`.
+    /// JOURNAL, W5, IDLE200, DAEMON, HTTP, HTTP50, MCP, MCP50, PYSDK, FORK, CKPT), or `all`.
     #[arg(long, value_name = "LIST", default_value = "W1,W2,W7")]
     pub workload: String,
     /// Also measure the peers: ipykernel + jupyter_client, `python -c`,

@@ -86,6 +86,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 placement: None,
                 network: None,
                 limits: None,
+                checkpoint: None,
             })
             .await
             .map_err(s)?;

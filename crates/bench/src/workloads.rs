@@ -83,6 +83,7 @@ pub async fn run_one(ctx: &mut Ctx<'_>, w: &str) -> R {
         "POOL" => super::sessions::pool(ctx).await,
         "FORK" => super::fork::fork(ctx).await,
         "JOURNAL" => super::sessions::journal(ctx).await,
+        "CKPT" => super::checkpoint::ckpt(ctx).await,
         "W5" => super::sessions::w5(ctx).await,
         "IDLE200" => super::sessions::idle200(ctx).await,
         "DAEMON" => super::surfaces::daemon(ctx).await,

@@ -123,6 +123,7 @@ pub fn exec(
             env,
             network: kernel.network.as_ref().map(|p| p.to_text()),
             limits: (!limits.is_empty()).then_some(limits),
+            checkpoint: kernel.checkpoint,
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");
@@ -324,6 +325,46 @@ pub fn kill(args: NameArgs) -> u8 {
     named(Request::Kill {
         session: args.name,
         cwd: caller_cwd(),
+    })
+}
+
+/// Runs `pause NAME`: the session's kernel checkpointed and stopped; the
+/// next `exec --session NAME` resumes it.
+pub fn pause(args: NameArgs) -> u8 {
+    let Some(rt) = runtime() else { return 1 };
+    rt.block_on(async move {
+        let mut c = match Client::connect(&cmd_daemon::dir()).await {
+            Ok(c) => c,
+            Err(_) => return error_code("no daemon is running, so no such session", true),
+        };
+        let req = Request::Pause {
+            session: args.name.clone(),
+            cwd: caller_cwd(),
+        };
+        match c.call(&req).await {
+            Ok(Reply::Paused { report }) => {
+                let c = &report.checkpoint;
+                println!(
+                    "paused session {} (generation {}, pid {} stopped, {} MiB freed): checkpoint after cell {} ({} bytes, {} names saved, {} lost); the next exec --session {} resumes it",
+                    report.session,
+                    report.generation,
+                    report.pid,
+                    report.memory_freed_bytes >> 20,
+                    c.execution_count,
+                    c.bytes,
+                    c.saved.len(),
+                    c.lost.len(),
+                    report.session
+                );
+                for l in &c.lost {
+                    println!("  not saved: {} ({}): {}", l.name, l.type_name, l.reason);
+                }
+                0
+            }
+            Ok(Reply::Error { message, usage, .. }) => error_code(&message, usage),
+            Ok(other) => error_code(&format!("unexpected reply {other:?}"), false),
+            Err(e) => error_code(&e.to_string(), false),
+        }
     })
 }
 

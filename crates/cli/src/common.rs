@@ -58,6 +58,17 @@ pub fn set_network_default(p: cellhost_kernel::egress::NetworkPolicy) {
     }
 }
 
+static CHECKPOINT_DEFAULT: std::sync::Mutex<Option<cellhost_sessions::CheckpointMode>> =
+    std::sync::Mutex::new(None);
+
+/// The command's `--checkpoint`: the default checkpoint mode of the
+/// sessions of the registry it starts (over config `checkpoint.mode`).
+pub fn set_checkpoint_default(m: cellhost_sessions::CheckpointMode) {
+    if let Ok(mut g) = CHECKPOINT_DEFAULT.lock() {
+        *g = Some(m);
+    }
+}
+
 /// The journal file: `journal.sqlite3` in the state directory.
 pub fn journal_path() -> PathBuf {
     state_dir().join("journal.sqlite3")
@@ -140,6 +151,9 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     let config = config().map_err(KernelError::InvalidRequest)?;
     if let Some(p) = &args.network {
         set_network_default(p.clone());
+    }
+    if let Some(m) = args.checkpoint {
+        set_checkpoint_default(m);
     }
     let runtime = match &args.language {
         Some(name) => cellhost_kernel::for_language(name).ok_or_else(|| {
@@ -281,6 +295,9 @@ async fn start_registry_with(
     );
     if let Some(p) = NETWORK_DEFAULT.lock().ok().and_then(|g| g.clone()) {
         rc.network.default = Some(p);
+    }
+    if let Some(m) = CHECKPOINT_DEFAULT.lock().ok().and_then(|g| *g) {
+        rc.checkpoint.default = m;
     }
     if let Some(r) = config.r() {
         rc.interpreters.insert("r".into(), r);

@@ -75,6 +75,10 @@ enum Cmd {
     Kill(cmd_sessions::NameArgs),
     /// Interrupt the running cell of a daemon session.
     Interrupt(cmd_sessions::NameArgs),
+    /// Pause a daemon session: its namespace checkpointed, its kernel
+    /// stopped (memory freed); the next `exec --session NAME` resumes it,
+    /// also after the daemon restarted.
+    Pause(cmd_sessions::NameArgs),
     /// Copy a file into or out of a daemon session's working directory
     /// (`cp LOCAL SESSION:PATH`, `cp SESSION:PATH LOCAL`).
     Cp(cmd_cp::CpArgs),
@@ -139,6 +143,14 @@ pub struct KernelArgs {
     /// command's sessions.
     #[arg(long, value_name = "off|on|HOST[:PORT],...", value_parser = parse_network)]
     pub network: Option<cellhost_kernel::egress::NetworkPolicy>,
+    /// Checkpoints of the session: `off`, `namespace` (the picklable part
+    /// of the namespace after each successful cell; a lost kernel is
+    /// restored from it before the next cell) or `process` (CRIU; refused
+    /// with the reason where it cannot run). With `--session`, the
+    /// session's mode; for `daemon`, `serve` and `mcp`, the default of
+    /// their sessions (over config `checkpoint.mode`).
+    #[arg(long, value_name = "off|namespace|process")]
+    pub checkpoint: Option<cellhost_sessions::CheckpointMode>,
 }
 
 fn parse_network(s: &str) -> Result<cellhost_kernel::egress::NetworkPolicy, String> {
@@ -186,6 +198,7 @@ fn main() -> ExitCode {
         Cmd::Sessions(a) => cmd_sessions::sessions(a),
         Cmd::Kill(a) => cmd_sessions::kill(a),
         Cmd::Interrupt(a) => cmd_sessions::interrupt(a),
+        Cmd::Pause(a) => cmd_sessions::pause(a),
         Cmd::Output(a) => cmd_output::run(a),
         Cmd::Config(a) => cmd_config::run(a),
         Cmd::History(a) => cmd_history::run(a),

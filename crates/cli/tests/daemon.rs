@@ -733,3 +733,67 @@ fn restore_replays_an_r_session_in_r() {
         text(&o)
     );
 }
+
+/// `exec --session --checkpoint namespace`: a SIGKILLed kernel comes back
+/// from its checkpoint; `cellhost pause` stops the kernel, and after the
+/// daemon restarted the next `exec` resumes the session.
+#[test]
+fn checkpoint_restore_and_pause_survive_a_daemon_restart() {
+    let env = Env::new("600");
+    let o = env.run(&[
+        "exec",
+        "--python",
+        &python(),
+        "--session",
+        "ck",
+        "--checkpoint",
+        "namespace",
+        "rows = [1, 2, 3]\nimport json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = env.exec("ck", "rows.append(4)\nimport os; os.kill(os.getpid(), 9)");
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    let (code, v) = env.exec_json("ck", "json.dumps(rows)");
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(
+        v["result"]["text/plain"], "'[1, 2, 3]'",
+        "from the checkpoint: {v}"
+    );
+    assert_eq!(v["restored"]["execution_count"], 1, "{v}");
+    let pid = v["kernel"]["pid"].as_i64().expect("pid") as i32;
+
+    let o = env.run(&["pause", "ck"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("paused session ck"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        wait_gone(pid, Duration::from_secs(10)),
+        "the paused kernel is gone"
+    );
+    let o = env.run(&["pause", "ck"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a paused session has no kernel to pause: {}",
+        text(&o)
+    );
+
+    let daemon = env.daemon_pid().expect("daemon pid");
+    let o = env.run(&["daemon", "stop"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(wait_gone(daemon, Duration::from_secs(10)));
+    let (code, v) = env.exec_json("ck", "json.dumps(rows)");
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["result"]["text/plain"], "'[1, 2, 3]'", "{v}");
+    assert_eq!(v["restored"]["resumed"], true, "{v}");
+    let o = env.run(&["exec", "--session", "ck", "--checkpoint", "process", "1"]);
+    assert_eq!(o.status.code(), Some(1), "process mode is refused: {}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("CRIU"),
+        "{}",
+        text(&o)
+    );
+}

@@ -36,7 +36,7 @@ pub struct ExecOptions {
     /// sets the flag must set it before it interrupts the running cell.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// A silent cell that sets the worker's `execution_count` (the restore
-    /// of a forked session): the host takes the count the worker answers
+    /// of a forked session or of a checkpoint): the host takes the count the worker answers
     /// when it is this one, and counts on from it. Otherwise the host
     /// believes only the previous count or one more.
     pub resume_count: Option<u64>,

@@ -44,6 +44,7 @@ pub mod link;
 mod marker;
 mod outputs;
 pub use outputs::is_saved_file_mime;
+pub mod restored;
 pub mod result;
 pub mod runtime;
 mod seal;
@@ -62,6 +63,7 @@ pub use kernel::{
     PlacementStart, Variables,
 };
 pub use lineage::Lineage;
+pub use restored::{LostCell, LostName, RestoredState};
 pub use result::*;
 pub use runtime::python::{PythonRuntime, files as worker_files, resolve_python};
 pub use runtime::r::{RRuntime, resolve_r};

@@ -360,6 +360,11 @@ pub struct CellResult {
     /// when none were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<cellhost_egress::NetworkReport>,
+    /// What a new kernel of the session was given before this cell: an
+    /// automatic restore from the session's latest checkpoint after its
+    /// kernel was lost, or the resume of a paused session; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<crate::restored::RestoredState>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -119,6 +119,7 @@ pub(crate) fn seal_result(res: &mut CellResult, r: &Redactor) {
         hint,
         files,
         network,
+        restored: _,
     } = res;
     // A host name is text the cell chose (a secret spelled as a name
     // label, say): masked like every other.
@@ -486,6 +487,7 @@ mod tests {
                 }],
                 dropped: 0,
             }),
+            restored: None,
         }
     }
 

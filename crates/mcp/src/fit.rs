@@ -211,6 +211,31 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
             },
             "required": ["delivered"]
         }),
+        "pause_session" => json!({
+            "type": "object",
+            "properties": {
+                "session": {"type": "string", "description": "The session."},
+                "generation": {"type": "integer", "description": "The kernel generation that was stopped."},
+                "pid": {"type": "integer", "description": "The stopped worker's pid."},
+                "memory_freed_bytes": {"type": "integer", "description": "Resident memory of the stopped worker, bytes."},
+                "paused_ms": {"type": "integer", "description": "When, milliseconds since the Unix epoch."},
+                "pause_ms": {"type": "integer", "description": "Wall time of the pause, milliseconds."},
+                "checkpoint": {
+                    "type": "object",
+                    "description": "The checkpoint the session resumes from.",
+                    "properties": {
+                        "execution_count": {"type": "integer"},
+                        "taken_ms": {"type": "integer"},
+                        "bytes": {"type": "integer"},
+                        "write_ms": {"type": "integer"},
+                        "saved": {"type": "array", "items": {"type": "string"}},
+                        "lost": {"type": "array", "items": {"type": "object", "properties": {
+                            "name": {"type": "string"}, "type": {"type": "string"}, "reason": {"type": "string"}}}}
+                    }
+                }
+            },
+            "required": ["session", "generation", "pid", "checkpoint", "memory_freed_bytes", "paused_ms", "pause_ms"]
+        }),
         "restart" => json!({
             "type": "object",
             "properties": {
@@ -432,6 +457,12 @@ pub fn annotations(tool: &str) -> Option<ToolAnnotations> {
         "interrupt" => ("Interrupt the running cell", false, false, true),
         "restart" => ("Restart the kernel", false, true, false),
         "fork_session" => ("Fork the session", false, false, false),
+        "pause_session" => (
+            "Pause the session (checkpoint, stop the kernel)",
+            false,
+            false,
+            false,
+        ),
         "list_variables" => ("List variables", true, false, true),
         "read_output" => ("Read a cell's full output", true, false, true),
         "list_sessions" => ("List sessions", true, false, true),

@@ -653,6 +653,55 @@ status interrupted."
     }
 
     #[tool(
+        description = "Pause an idle session: the picklable part of its namespace is checkpointed, \
+then its kernel is stopped and its memory freed. The next execute_code of the session resumes it \
+transparently (its result says restored.resumed, with the names restored and those that could \
+not be saved, such as generators, open files or sockets). A paused session survives a restart \
+of the server."
+    )]
+    async fn pause_session(
+        &self,
+        Parameters(p): Parameters<SessionParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let session = session_name(p.session)?;
+        let asked = cellhost_sessions::requests::PauseRequest {
+            owner: self.owner(),
+            session: session.clone(),
+            cwd: CwdScope::Any,
+        };
+        match asked.execute(&self.inner.registry).await {
+            Ok(r) => {
+                let lost: Vec<String> = r
+                    .checkpoint
+                    .lost
+                    .iter()
+                    .map(|l| format!("{} ({})", l.name, l.reason))
+                    .collect();
+                Ok(text_result(
+                    format!(
+                        "session \"{session}\" paused: kernel generation {} (pid {}) stopped, {} MiB freed; checkpoint after cell {} saved {} names{}; the next execute_code resumes it",
+                        r.generation,
+                        r.pid,
+                        r.memory_freed_bytes >> 20,
+                        r.checkpoint.execution_count,
+                        r.checkpoint.saved.len(),
+                        if lost.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; not saved: {}", lost.join(", "))
+                        }
+                    ),
+                    json!(r),
+                ))
+            }
+            Err(e) => Ok(request_tool_error(
+                &format!("pause of session \"{session}\" failed"),
+                &e,
+            )),
+        }
+    }
+
+    #[tool(
         description = "Restart a session's kernel: the running cell (if any) is stopped, every \
 variable and import of the session is dropped, and a fresh kernel (a new generation) is started."
     )]

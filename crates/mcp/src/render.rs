@@ -344,6 +344,7 @@ mod tests {
             hint: None,
             files: None,
             network: None,
+            restored: None,
         }
     }
 

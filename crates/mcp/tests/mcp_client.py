@@ -9,6 +9,7 @@ check failed. Run by crates/mcp/tests/python_client.rs.
 """
 
 import base64
+import os
 import sys
 import time
 
@@ -247,6 +248,25 @@ async def run(command, args):
         r = await client.call_tool("list_sessions", {})
         sessions = {s["session"] for s in (r.structured_content or {}).get("sessions", [])}
         check("run_notebook leaves no session of its own", sessions == {"default", "other"}, sessions)
+        # --- pause_session: checkpoint, kernel stopped, resumed by the next cell ---
+        r = await run_cell("import numpy as np\nbig = np.ones(5_000_000)\nmarker = 'paused'\ngen = (i for i in [1])", session="pz")
+        p = await client.call_tool("pause_session", {"session": "pz"})
+        sc = p.structured_content or {}
+        ck = sc.get("checkpoint") or {}
+        check("pause_session checkpoints and stops the kernel",
+              not p.is_error and sc.get("memory_freed_bytes", 0) > (20 << 20) and "big" in ck.get("saved", [])
+              and not os.path.exists(f"/proc/{sc.get('pid', 0)}"), (sc, text_of(p)))
+        check("pause_session names what it could not save",
+              any(l.get("name") == "gen" for l in ck.get("lost", [])) and "gen" in text_of(p), text_of(p))
+        again = await client.call_tool("pause_session", {"session": "pz"})
+        check("pause_session of a paused session is session_not_found",
+              again.is_error and ((again.structured_content or {}).get("error") or {}).get("code") == "session_not_found",
+              again.structured_content)
+        r = await run_cell("(float(big.sum()), marker)", session="pz")
+        restored = (r.structured_content or {}).get("restored") or {}
+        check("the next cell resumes the paused session",
+              "5000000.0" in text_of(r) and restored.get("resumed") is True, (text_of(r), restored))
+        await client.call_tool("restart", {"session": "pz"})
         r = await client.call_tool("interrupt", {"session": "default"})
         check("interrupt an idle session", "not delivered" in text_of(r) or "delivered" in text_of(r), text_of(r))
         r = await client.call_tool("restart", {"session": "default"})

@@ -122,9 +122,24 @@ pub enum Request {
         /// value over the daemon's maximum is refused with `limit_over_max`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limits: Option<cellhost_sessions::SessionLimits>,
+        /// Checkpoint mode of the session (`--checkpoint off|namespace|process`;
+        /// default: the session's, else the daemon's for its name); `process`
+        /// is refused with `checkpoint_unavailable` where CRIU cannot run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<cellhost_sessions::CheckpointMode>,
     },
     /// The sessions with a live kernel.
     Sessions,
+    /// Pause a session (`cellhost pause SESSION`): a checkpoint, then its
+    /// kernel stopped; its next `exec` resumes it. Answered by one
+    /// `paused` reply.
+    Pause {
+        /// Session name.
+        session: String,
+        /// The caller's working directory, as for [`Request::Kill`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<PathBuf>,
+    },
     /// Kill a session's kernel and forget it.
     Kill {
         /// Session name.
@@ -380,6 +395,11 @@ pub enum Reply {
     Forked {
         /// The report.
         report: ForkReport,
+    },
+    /// What a pause did.
+    Paused {
+        /// The report.
+        report: cellhost_sessions::PauseReport,
     },
     /// Something the caller should know about its request (printed on
     /// stderr by the CLI); an `exec` goes on, its `result` follows.
@@ -693,6 +713,7 @@ async fn handle(
             env,
             network,
             limits,
+            checkpoint,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -707,6 +728,7 @@ async fn handle(
                 placement,
                 cwd,
                 limits: limits.unwrap_or_default(),
+                checkpoint,
                 ..SessionSpec::new(owner, session)
             };
             let Some(spec) = prepare_session(reg, w, spec, env, network.as_deref()).await? else {
@@ -792,6 +814,17 @@ async fn handle(
                 .collect();
             send(w, &Reply::Sessions { sessions }).await
         }
+        Request::Pause { session, cwd } => match (cellhost_sessions::requests::PauseRequest {
+            owner,
+            session,
+            cwd: CwdScope::Exactly(cwd),
+        })
+        .execute(reg)
+        .await
+        {
+            Ok(report) => send(w, &Reply::Paused { report }).await,
+            Err(e) => send(w, &request_error(&e)).await,
+        },
         Request::Kill { session, cwd } => match (KillRequest {
             owner,
             session,

@@ -101,6 +101,13 @@ pub enum ErrorCode {
     DiskFull,
     /// 500: a restore could not be done.
     RestoreFailed,
+    /// 501: a checkpoint mode this host or session cannot have (`process`
+    /// where CRIU cannot run, with its error; a language or placement
+    /// without namespace checkpoints).
+    CheckpointUnavailable,
+    /// 500: the kernel could not write a checkpoint (the session keeps
+    /// its kernel).
+    CheckpointFailed,
     /// 500: the journal could not be read or written.
     JournalFailed,
     /// 422: a package spec is not a plain requirement (options, markers,
@@ -176,9 +183,10 @@ impl ErrorCode {
             PlacementUnschedulable | PlacementUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             DialBackTimeout => StatusCode::GATEWAY_TIMEOUT,
             PlacementConfig => StatusCode::INTERNAL_SERVER_ERROR,
-            RestoreFailed | ForkFailed | JournalFailed | FileIoFailed | Internal => {
+            RestoreFailed | ForkFailed | JournalFailed | FileIoFailed | CheckpointFailed | Internal => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            CheckpointUnavailable => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -218,6 +226,8 @@ impl ErrorCode {
             LimitOverMax => "limit_over_max",
             DiskFull => "disk_full",
             RestoreFailed => "restore_failed",
+            CheckpointUnavailable => "checkpoint_unavailable",
+            CheckpointFailed => "checkpoint_failed",
             JournalFailed => "journal_failed",
             InvalidPackageSpec => "invalid_package_spec",
             SharedVenvRefused => "shared_venv_refused",

@@ -191,6 +191,16 @@ pub fn route_table() -> Vec<(Method, &'static str, MethodRouter<Arc<AppState>>)>
             post(routes::packages::install_packages),
         ),
         (
+            Method::POST,
+            "/v1/sessions/{name}/pause",
+            post(routes::checkpoints::pause_session),
+        ),
+        (
+            Method::POST,
+            "/v1/sessions/{name}/checkpoint",
+            post(routes::checkpoints::checkpoint_session),
+        ),
+        (
             Method::GET,
             "/v1/sessions/{name}/displays/{id}",
             get(routes::displays::read_display),
@@ -334,6 +344,13 @@ pub struct CreateSession {
     /// `bad_request`. The session keeps it.
     #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$", min_length = 1, max_length = 64)]
     pub placement: Option<String>,
+    /// The session's checkpoints: `off`, `namespace` (the picklable part
+    /// of its namespace after each successful cell; a lost kernel is
+    /// restored from it before the next cell, whose result says
+    /// `restored`) or `process` (refused with 501
+    /// `checkpoint_unavailable` where CRIU cannot run). Default: the
+    /// server's for the session's name.
+    pub checkpoint: Option<cellhost_sessions::CheckpointMode>,
 }
 
 /// A session of the caller.
@@ -473,6 +490,7 @@ async fn create_session(
         sandbox: body.sandbox,
         language: body.language.clone(),
         placement: body.placement.clone(),
+        checkpoint: body.checkpoint,
         ..SessionSpec::new(owner.as_str(), name.as_str())
     }
     .key(&st.registry)?;
@@ -517,12 +535,20 @@ async fn create_session(
         }
         return Err(e);
     }
-    // A new session has no kernel yet: a restart starts its first one.
-    let started = RestartRequest {
-        session: with_limits(spec(&owner, &name, &meta), body.limits),
-    }
-    .execute(&st.registry)
-    .await;
+    // A new session has no kernel yet: a restart starts its first one. A
+    // paused one (of this server or an earlier one) keeps its checkpoint:
+    // its next execute resumes it.
+    let paused = st.registry.paused_key(&owner, &name).await.is_some();
+    let started = if paused {
+        Ok(())
+    } else {
+        RestartRequest {
+            session: with_limits(spec(&owner, &name, &meta), body.limits),
+        }
+        .execute(&st.registry)
+        .await
+        .map(|_| ())
+    };
     if let Err(e) = started {
         if let Ok(mut s) = st.sessions.lock() {
             s.remove(&(owner.clone(), name.clone()));

@@ -51,6 +51,8 @@ HTTP status follows from the code. A second execute on a busy session is refused
         crate::routes::files::read_file,
         crate::routes::files::delete_file,
         crate::routes::packages::install_packages,
+        crate::routes::checkpoints::pause_session,
+        crate::routes::checkpoints::checkpoint_session,
         crate::routes::displays::read_display,
         crate::routes::cells::submit_cell,
         crate::routes::cells::list_cells,

@@ -161,6 +161,24 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "accept `name @ https://…` specs",
     ),
     ("packages.timeout_s", Kind::Float, "600.0", "installer deadline"),
+    (
+        "checkpoint.mode",
+        Kind::Str,
+        "\"off\"",
+        "checkpoints of sessions no pattern names: off, namespace or process ([checkpoint.sessions] by name pattern)",
+    ),
+    (
+        "checkpoint.max_mb",
+        Kind::Int,
+        "256",
+        "largest namespace checkpoint, MiB",
+    ),
+    (
+        "checkpoint.timeout_s",
+        Kind::Float,
+        "60.0",
+        "longest a checkpoint or a restore may run",
+    ),
     ("sandbox_mode", Kind::Str, "\"auto\"", "off, auto or enforce"),
     ("network", Kind::Bool, "false", "network inside the sandbox"),
     (
@@ -287,6 +305,8 @@ pub struct Config {
     /// Limits per session (`[limits.max]`, `[limits.default]`,
     /// `[[limits.session]]`; see [`crate::limits`]).
     pub limits: crate::limits::LimitsPolicy,
+    /// Checkpoint modes by session-name pattern (`[checkpoint.sessions]`).
+    pub checkpoint_sessions: Vec<(String, crate::checkpoint::CheckpointMode)>,
 }
 
 fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
@@ -410,6 +430,38 @@ impl Config {
             (Some(_), _) => return Err(ConfigError::Invalid("`egress` must be a table ([egress])".into())),
             (None, _) => crate::NetworkSettings::default(),
         };
+        // `[checkpoint]`: its keys are settings named `checkpoint.KEY`, but
+        // for `[checkpoint.sessions]` (session-name pattern = mode).
+        let mut checkpoint_sessions = Vec::new();
+        match table.remove("checkpoint") {
+            Some(toml::Value::Table(mut t)) => {
+                match t.remove("sessions") {
+                    Some(toml::Value::Table(pats)) => {
+                        for (pat, mode) in pats {
+                            let m = mode
+                                .as_str()
+                                .ok_or_else(|| format!("a mode is a string, got {mode}"))
+                                .and_then(crate::checkpoint::CheckpointMode::parse)
+                                .map_err(|e| {
+                                    ConfigError::Invalid(format!("[checkpoint.sessions] {pat:?}: {e}"))
+                                })?;
+                            checkpoint_sessions.push((pat, m));
+                        }
+                    }
+                    Some(_) => {
+                        return Err(ConfigError::Invalid(
+                            "`checkpoint.sessions` must be a table".into(),
+                        ));
+                    }
+                    None => {}
+                }
+                for (k, v) in t {
+                    table.insert(format!("checkpoint.{k}"), v);
+                }
+            }
+            Some(_) => return Err(ConfigError::Invalid("`checkpoint` must be a table".into())),
+            None => {}
+        }
         // `[packages]` (or `packages.KEY = …`): its keys are settings named
         // `packages.KEY`.
         match table.remove("packages") {
@@ -506,7 +558,10 @@ impl Config {
             egress,
             placements,
             limits,
+            checkpoint_sessions,
         };
+        crate::checkpoint::CheckpointMode::parse(&cfg.string("checkpoint.mode"))
+            .map_err(|e| ConfigError::Invalid(format!("checkpoint.mode: {e}")))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -726,6 +781,13 @@ impl Config {
         };
         rc.limits = self.limits.clone();
         rc.placements = self.placements.clone();
+        rc.checkpoint = crate::checkpoint::CheckpointSettings {
+            default: crate::checkpoint::CheckpointMode::parse(&self.string("checkpoint.mode"))
+                .unwrap_or_default(),
+            sessions: self.checkpoint_sessions.clone(),
+            max_bytes: (self.int("checkpoint.max_mb").max(1) as u64) << 20,
+            timeout: Duration::from_secs_f64(self.float("checkpoint.timeout_s").clamp(1.0, 86400.0)),
+        };
     }
 
     /// `key = value  # source` lines, then the tools.

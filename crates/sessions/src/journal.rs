@@ -665,6 +665,112 @@ impl Journal {
         .await
     }
 
+    /// Records `ckpt` as the session's latest checkpoint (replacing the
+    /// one before; a pause mark stays until [`Journal::checkpoint_paused`]
+    /// clears it).
+    pub fn checkpoint_saved(&self, owner: &str, session: &str, ckpt: &crate::checkpoint::Checkpoint) {
+        let (o, s) = (owner.to_string(), session.to_string());
+        let c = ckpt.clone();
+        self.fire("checkpoint", move |conn| {
+            conn.execute(
+                "INSERT INTO checkpoints (owner, session, mode, generation, execution_count, taken_ms, path, bytes, saved, lost)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (owner, session) DO UPDATE SET mode=?3, generation=?4, execution_count=?5,
+                   taken_ms=?6, path=?7, bytes=?8, saved=?9, lost=?10",
+                params![
+                    o,
+                    s,
+                    c.mode.as_str(),
+                    c.generation as i64,
+                    c.execution_count as i64,
+                    c.taken_ms,
+                    c.path.display().to_string(),
+                    c.bytes as i64,
+                    serde_json::to_string(&c.saved).unwrap_or_else(|_| "[]".into()),
+                    serde_json::to_string(&c.lost).unwrap_or_else(|_| "[]".into()),
+                ],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// Marks the session paused at `paused_ms` (`None`: resumed), and
+    /// waits until that is committed (a paused session must survive the
+    /// host).
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn checkpoint_paused(
+        &self,
+        owner: &str,
+        session: &str,
+        paused_ms: Option<i64>,
+    ) -> Result<(), JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| {
+            c.execute(
+                "UPDATE checkpoints SET paused_ms=?3 WHERE owner=?1 AND session=?2",
+                params![o, s, paused_ms],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    /// Forgets the session's checkpoint (a restart or kill dropped its state).
+    pub fn checkpoint_dropped(&self, owner: &str, session: &str) {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.fire("checkpoint drop", move |c| {
+            c.execute(
+                "DELETE FROM checkpoints WHERE owner=?1 AND session=?2",
+                params![o, s],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// The session's latest checkpoint and when it was paused (`None`: not
+    /// paused); `None` when it has none.
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn checkpoint_of(
+        &self,
+        owner: &str,
+        session: &str,
+    ) -> Result<Option<(crate::checkpoint::Checkpoint, Option<i64>)>, JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| {
+            c.query_row(
+                "SELECT mode, generation, execution_count, taken_ms, path, bytes, saved, lost, paused_ms
+                 FROM checkpoints WHERE owner=?1 AND session=?2",
+                params![o, s],
+                |r| {
+                    let mode: String = r.get(0)?;
+                    let saved: String = r.get(6)?;
+                    let lost: String = r.get(7)?;
+                    Ok((
+                        crate::checkpoint::Checkpoint {
+                            mode: crate::checkpoint::CheckpointMode::parse(&mode)
+                                .unwrap_or(crate::checkpoint::CheckpointMode::Namespace),
+                            generation: r.get::<_, i64>(1)?.max(0) as u64,
+                            execution_count: r.get::<_, i64>(2)?.max(0) as u64,
+                            taken_ms: r.get(3)?,
+                            path: PathBuf::from(r.get::<_, String>(4)?),
+                            bytes: r.get::<_, i64>(5)?.max(0) as u64,
+                            saved: serde_json::from_str(&saved).unwrap_or_default(),
+                            lost: serde_json::from_str(&lost).unwrap_or_default(),
+                            write_ms: 0,
+                        },
+                        r.get::<_, Option<i64>>(8)?,
+                    ))
+                },
+            )
+            .optional()
+        })
+        .await
+    }
+
     /// Waits until every write sent so far is committed.
     ///
     /// # Errors

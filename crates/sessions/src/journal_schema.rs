@@ -9,11 +9,12 @@
 //! | 1 | sessions without `language` (every session ran Python), no `network_denials` |
 //! | 2 | `sessions.language` names the runtime a session's kernels run (`python`, `r`; NULL in rows of older journals: Python), no `network_denials` |
 //! | 3 | `network_denials` holds the egress proxy's refusals per cell; no `credential_nonces` |
-//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; kernels without lineage or `placement`, no `sessions.settings` |
-//! | 5 | `kernels.parent_session`, `kernels.parent_generation` and `kernels.fork_point` record the session, generation and `execution_count` a forked kernel was forked from (NULL for a kernel that was not); no `kernels.placement`, no `sessions.settings` |
+//! | 4 | `credential_nonces` holds the nonces of remote agents' single-use credentials, burned at first use; kernels without lineage or `placement`, no `sessions.settings`, no `checkpoints` |
+//! | 5 | `kernels.parent_session`, `kernels.parent_generation` and `kernels.fork_point` record the session, generation and `execution_count` a forked kernel was forked from (NULL for a kernel that was not); no `kernels.placement`, no `sessions.settings`, no `checkpoints` |
 //! | 6 | (the number of another layout; a journal at it migrates as any earlier one: whatever is missing is added) |
-//! | 7 | `kernels.placement` says where each generation ran (the JSON of a [`KernelPlacement`](cellhost_kernel::KernelPlacement); NULL for a local kernel); no `sessions.settings` |
-//! | 8 | the tables and columns of [`SCHEMA`]: `sessions.settings` holds the session's own limits and network policy (JSON, [`crate::journal::SessionSettings`]; NULL: the configured ones), which `restore` and a restarted host give its next kernel |
+//! | 7 | `kernels.placement` says where each generation ran (the JSON of a [`KernelPlacement`](cellhost_kernel::KernelPlacement); NULL for a local kernel); no `sessions.settings`, no `checkpoints` |
+//! | 8 | `sessions.settings` holds the session's own limits and network policy (JSON, [`crate::journal::SessionSettings`]; NULL: the configured ones), which `restore` and a restarted host give its next kernel; no `checkpoints` |
+//! | 9 | the tables and columns of [`SCHEMA`]: `checkpoints` holds each session's latest namespace checkpoint (its file, execution_count, time, what was saved and lost) and whether the session is paused |
 //!
 //! Opening a journal runs every migration from its version to
 //! [`SCHEMA_VERSION`] in one transaction, so a journal is either fully
@@ -28,7 +29,7 @@
 use rusqlite::{Connection, params};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The current layout (`CREATE ... IF NOT EXISTS`, so it also fills in
 /// tables an older journal lacks).
@@ -66,6 +67,13 @@ CREATE TABLE IF NOT EXISTS network_denials (
   PRIMARY KEY (cell_id, seq));
 CREATE TABLE IF NOT EXISTS credential_nonces (
   nonce TEXT PRIMARY KEY, used_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+  owner TEXT NOT NULL, session TEXT NOT NULL, mode TEXT NOT NULL,
+  generation INTEGER NOT NULL, execution_count INTEGER NOT NULL,
+  taken_ms INTEGER NOT NULL, path TEXT NOT NULL, bytes INTEGER NOT NULL,
+  saved TEXT NOT NULL DEFAULT '[]', lost TEXT NOT NULL DEFAULT '[]',
+  paused_ms INTEGER,
+  PRIMARY KEY (owner, session));
 ";
 
 /// Every column of [`SCHEMA`] as `(table, column, declaration for ALTER
@@ -128,6 +136,17 @@ pub const COLUMNS: &[(&str, &str, &str)] = &[
     ("network_denials", "port", "INTEGER NOT NULL DEFAULT 0"),
     ("network_denials", "reason", "TEXT NOT NULL DEFAULT ''"),
     ("network_denials", "sni", "TEXT"),
+    ("checkpoints", "owner", "TEXT NOT NULL DEFAULT ''"),
+    ("checkpoints", "session", "TEXT NOT NULL DEFAULT ''"),
+    ("checkpoints", "mode", "TEXT NOT NULL DEFAULT 'namespace'"),
+    ("checkpoints", "generation", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "execution_count", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "taken_ms", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "path", "TEXT NOT NULL DEFAULT ''"),
+    ("checkpoints", "bytes", "INTEGER NOT NULL DEFAULT 0"),
+    ("checkpoints", "saved", "TEXT NOT NULL DEFAULT '[]'"),
+    ("checkpoints", "lost", "TEXT NOT NULL DEFAULT '[]'"),
+    ("checkpoints", "paused_ms", "INTEGER"),
 ];
 
 /// Why a journal's schema cannot be used.
@@ -186,10 +205,17 @@ pub fn migrate(conn: &mut Connection) -> Result<i64, SchemaError> {
         // `credential_nonces`, version 2 the two tables, version 3
         // `credential_nonces`, version 4 the kernels' lineage and placement
         // and `sessions.settings`, version 5 `kernels.placement` and
-        // `sessions.settings`, version 7 `sessions.settings`); `SCHEMA`
-        // creates missing tables.
+        // `sessions.settings`, version 7 `sessions.settings`, every version
+        // before 9 `checkpoints`); `SCHEMA` creates missing tables.
         tx.execute_batch(SCHEMA)?;
-        for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
+        for table in [
+            "sessions",
+            "kernels",
+            "cells",
+            "tool_calls",
+            "network_denials",
+            "checkpoints",
+        ] {
             let have = columns_of(&tx, table)?;
             for (_, column, decl) in COLUMNS.iter().filter(|(t, _, _)| *t == table) {
                 if !have.iter().any(|h| h == column) {
@@ -235,7 +261,7 @@ mod tests {
             .expect("version 2 schema");
     }
 
-    /// Version 4: every table, kernels without their lineage and the
+    /// Version 4: every table but `checkpoints`, kernels without their lineage and the
     /// sessions table without `settings`, with a row in each.
     fn version_4(conn: &Connection) {
         let schema = SCHEMA
@@ -244,7 +270,10 @@ mod tests {
                 "parent_session TEXT, parent_generation INTEGER, fork_point INTEGER,",
                 "",
             )
-            .replace("\n  placement TEXT,", "");
+            .replace("\n  placement TEXT,", "")
+            .split_inclusive(';')
+            .filter(|stmt| !stmt.contains("checkpoints"))
+            .collect::<String>();
         assert!(
             !schema.contains("settings TEXT"),
             "version 4 lacks sessions.settings"
@@ -252,7 +281,7 @@ mod tests {
         assert!(!schema.contains("fork_point"), "version 4 lacks the lineage");
         assert!(!schema.contains("placement"), "version 4 lacks kernels.placement");
         conn.execute_batch(&format!(
-            "{schema}\nINSERT INTO sessions (owner, session, created_ms, last_used_ms) VALUES ('o', 's', 1, 2);\nINSERT INTO kernels (owner, session, generation, pid, started_ms) VALUES ('o', 's', 1, 7, 5);\nPRAGMA user_version = 4;"
+            "{schema}\nINSERT INTO sessions (owner, session, created_ms, last_used_ms) VALUES ('o', 's', 1, 2);\nINSERT INTO kernels (owner, session, generation, pid, started_ms) VALUES ('o', 's', 1, 7, 5);\nINSERT INTO cells (id, owner, session, generation, code, status, started_ms) VALUES ('c4', 'o', 's', 1, 'x = 1', 'ok', 5);\nPRAGMA user_version = 4;"
         ))
         .expect("version 4 schema");
     }
@@ -344,6 +373,15 @@ mod tests {
                     })
                     .expect("old kernel row");
                 assert_eq!(placement, None);
+                // Its cells are kept, and sessions start without checkpoints.
+                let (cells, ckpts): (i64, i64) = conn
+                    .query_row(
+                        "SELECT (SELECT COUNT(*) FROM cells), (SELECT COUNT(*) FROM checkpoints)",
+                        [],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .expect("counts");
+                assert_eq!((cells, ckpts), (1, 0));
             }
             // A second open has nothing left to do.
             assert_eq!(migrate(&mut conn).expect("again"), SCHEMA_VERSION, "{name}");
@@ -354,7 +392,14 @@ mod tests {
     fn columns_list_matches_the_schema() {
         let conn = Connection::open_in_memory().expect("db");
         conn.execute_batch(SCHEMA).expect("schema");
-        for table in ["sessions", "kernels", "cells", "tool_calls", "network_denials"] {
+        for table in [
+            "sessions",
+            "kernels",
+            "cells",
+            "tool_calls",
+            "network_denials",
+            "checkpoints",
+        ] {
             let mut have = columns_of(&conn, table).expect("columns");
             let mut listed: Vec<String> = COLUMNS
                 .iter()

@@ -7,6 +7,7 @@
 
 pub mod cell;
 pub mod cell_index;
+pub mod checkpoint;
 pub mod config;
 pub mod config_egress;
 pub mod detached;
@@ -30,13 +31,15 @@ pub mod workdir_copy;
 /// that depend on this crate only.
 pub use cellhost_kernel::egress;
 pub use cellhost_notebook as notebook;
+pub use checkpoint::{CheckpointMode, CheckpointSettings};
 pub use config::{Config, ConfigError, Source};
 pub use floor::{BelowFloor, sandbox_for_request};
 pub use journal::{CellRow, CellStart, Durability, Journal, JournalError, JournalReader, KernelRow};
 pub use limits::{LimitsPolicy, SessionLimits};
 pub use network::NetworkSettings;
 pub use registry::{
-    Key, Origin, Registry, RegistryConfig, RegistryError, RegistryStats, RestoreReport, RestoreSkip,
+    CheckpointSummary, Key, Origin, PauseReport, Registry, RegistryConfig, RegistryError, RegistryStats,
+    RestoreReport, RestoreSkip,
 };
 pub use requests::{Deadline, RequestError, SessionSpec, Surface};
 pub use session_env::{EnvApplied, SessionEnv};

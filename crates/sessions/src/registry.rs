@@ -26,9 +26,16 @@ use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use crate::checkpoint::{Checkpoint, CheckpointMode, CheckpointStore};
 use crate::journal::{CellStart, Journal};
+use cellhost_kernel::RestoredState;
+
+#[path = "registry_checkpoint.rs"]
+mod checkpoints;
 use crate::pool::{Pool, SessionTools};
 use crate::templates::Templates;
+use checkpoints::merge_background;
+pub use checkpoints::{CheckpointSummary, PauseReport};
 
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +54,18 @@ pub enum RegistryError {
     /// A restore could not be done.
     #[error("restore: {0}")]
     Restore(String),
+    /// A checkpoint or a pause could not be taken: `code` is
+    /// `checkpoint_unavailable` (the mode cannot work for this session or
+    /// host: `process` without a working CRIU, a language without
+    /// namespace checkpoints, a remote kernel) or `checkpoint_failed` (the
+    /// kernel could not write one; the session keeps its kernel).
+    #[error("{message}")]
+    Checkpoint {
+        /// `checkpoint_unavailable` or `checkpoint_failed`.
+        code: &'static str,
+        /// Why.
+        message: String,
+    },
     /// The registry was shut down.
     #[error("the session registry is shut down")]
     ShutDown,
@@ -70,6 +89,7 @@ impl RegistryError {
             RegistryError::Kernel(_) => "kernel",
             RegistryError::Full { .. } => "registry_full",
             RegistryError::Restore(_) => "restore",
+            RegistryError::Checkpoint { code, .. } => code,
             RegistryError::ShutDown => "shut_down",
         }
     }
@@ -171,6 +191,9 @@ pub struct RegistryConfig {
     /// `[placement.NAME]`): a key's placement other than the default gets
     /// that placement's starter; the default's is the template's own.
     pub placements: crate::placement::Placements,
+    /// Checkpoints: the mode per session pattern, the size cap and time
+    /// bound ([`crate::checkpoint`]; config `[checkpoint]`).
+    pub checkpoint: crate::checkpoint::CheckpointSettings,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -203,6 +226,7 @@ impl RegistryConfig {
             packages: crate::packages::PackageSettings::default(),
             limits: crate::limits::LimitsPolicy::default(),
             placements: crate::placement::Placements::local(),
+            checkpoint: crate::checkpoint::CheckpointSettings::default(),
         }
     }
 
@@ -296,11 +320,36 @@ struct SlotInner {
     cwd_alias: Option<(PathBuf, PathBuf)>,
     /// A fork's own working directory, in place of the key's cwd.
     fork_dir: Option<PathBuf>,
+    /// The session's checkpoint mode as a request (or the journal) set it
+    /// (`None`: the configured one for its name).
+    ckpt_mode: Option<CheckpointMode>,
+    /// The session's latest checkpoint.
+    ckpt: Option<Checkpoint>,
+    /// The journal's checkpoint row was read (once per slot).
+    ckpt_loaded: bool,
+    /// When the session was paused (its kernel stopped after a checkpoint).
+    paused: Option<i64>,
+    /// The generation the checkpoint was last restored into.
+    restored_into: u64,
+    /// What the restore of a generation brought back, for that
+    /// generation's next result: (generation, note).
+    restored_note: Option<(u64, RestoredState)>,
+    /// Background output a checkpoint cell saw, for the next result.
+    carry_background: Option<cellhost_kernel::BackgroundOutput>,
+    /// The execution_count of the session's latest cell.
+    last_count: u64,
+    /// A directory the live kernel writes and the host reads for
+    /// checkpoints when `workdir` is not known (a pooled kernel of a
+    /// session without a workdir): (the host's path, the kernel's path).
+    ckpt_dir: Option<(PathBuf, PathBuf)>,
 }
 
 struct Slot {
     key: Key,
     spawn_lock: tokio::sync::Mutex<()>,
+    /// Held while a checkpoint of the session is written: the session's
+    /// next cell (and a pause) waits for it.
+    ckpt_busy: Arc<tokio::sync::Mutex<()>>,
     inner: Mutex<SlotInner>,
     attached: AtomicUsize,
     pinned: AtomicBool,
@@ -352,6 +401,8 @@ pub struct Registry {
     detached: crate::detached::DetachedCells,
     /// The built-in package installer's settings and outcomes.
     packages: Arc<crate::pool::PackageHost>,
+    /// Where sessions' checkpoint files are kept.
+    ckpt_store: CheckpointStore,
 }
 
 impl std::fmt::Debug for Registry {
@@ -436,6 +487,7 @@ impl Registry {
     /// I/O errors creating the staging directory.
     pub async fn start(cfg: RegistryConfig, journal: Option<Arc<Journal>>) -> std::io::Result<Arc<Registry>> {
         let staging_root = cfg.root.join("staging");
+        let cfg_root = cfg.root.clone();
         let stamp = crate::journal::now_ms();
         // Named with a random nonce, not the host's pid: kernels see the
         // path of their session directory below it.
@@ -487,6 +539,7 @@ impl Registry {
             cells: Mutex::new(crate::cell_index::CellIndex::default()),
             detached: crate::detached::DetachedCells::default(),
             packages,
+            ckpt_store: CheckpointStore::new(&cfg_root),
         });
         let mut tasks = Vec::new();
         if let Some(pool) = &reg.pool {
@@ -804,6 +857,7 @@ impl Registry {
                 Arc::new(Slot {
                     key: key.clone(),
                     spawn_lock: tokio::sync::Mutex::new(()),
+                    ckpt_busy: Arc::new(tokio::sync::Mutex::new(())),
                     inner: Mutex::new(SlotInner::default()),
                     attached: AtomicUsize::new(0),
                     pinned: AtomicBool::new(false),
@@ -811,6 +865,10 @@ impl Registry {
                 })
             })
             .clone()
+    }
+
+    fn slot_if_any(&self, key: &Key) -> Option<Arc<Slot>> {
+        self.slots.lock().ok()?.get(key).cloned()
     }
 
     fn all_slots(&self) -> Vec<Arc<Slot>> {
@@ -1140,6 +1198,13 @@ impl Registry {
         if self.closed.load(Ordering::SeqCst) {
             return Err(RegistryError::ShutDown);
         }
+        {
+            let g = slot.lock();
+            if let Some(k) = g.lineage.live() {
+                return Ok((k.clone(), g.lineage.generation()));
+            }
+        }
+        self.load_checkpoint(slot).await;
         let generation = {
             let mut g = slot.lock();
             if let Some(k) = g.lineage.live() {
@@ -1171,33 +1236,41 @@ impl Registry {
             (_, g) => g,
         };
         let result = self.start_kernel(slot, generation).await;
-        let mut g = slot.lock();
-        g.spawning = false;
-        let k = result?;
-        g.lineage.install(k.clone(), generation);
-        g.last_used = Some(Instant::now());
-        if let Some(j) = &self.journal {
-            let key = &slot.key;
-            j.session_used(
-                &key.owner,
-                &key.session,
-                &key.python.display().to_string(),
-                &key.cwd
-                    .as_ref()
-                    .map(|c| c.display().to_string())
-                    .unwrap_or_default(),
-                &key.tools_label(),
-                key.sandbox.as_str(),
-                &key.language,
-                &own_settings(&g),
-            );
-            j.kernel_started(
-                &key.owner,
-                &key.session,
-                generation,
-                k.info().pid,
-                k.info().placement.as_ref(),
-            );
+        let k = {
+            let mut g = slot.lock();
+            g.spawning = false;
+            let k = result?;
+            g.lineage.install(k.clone(), generation);
+            g.last_used = Some(Instant::now());
+            if let Some(j) = &self.journal {
+                let key = &slot.key;
+                j.session_used(
+                    &key.owner,
+                    &key.session,
+                    &key.python.display().to_string(),
+                    &key.cwd
+                        .as_ref()
+                        .map(|c| c.display().to_string())
+                        .unwrap_or_default(),
+                    &key.tools_label(),
+                    key.sandbox.as_str(),
+                    &key.language,
+                    &own_settings(&g),
+                );
+                j.kernel_started(
+                    &key.owner,
+                    &key.session,
+                    generation,
+                    k.info().pid,
+                    k.info().placement.as_ref(),
+                );
+            }
+            k
+        };
+        // Before any cell of the new generation: the session's state back
+        // from its latest checkpoint, when it keeps checkpoints or was paused.
+        if let Some(note) = self.restore_into(slot, &k, generation).await {
+            slot.lock().restored_note = Some((generation, note));
         }
         Ok((k, generation))
     }
@@ -1212,7 +1285,11 @@ impl Registry {
         // A pooled kernel's own directory becomes a new session's workdir;
         // a session that has one already gets a kernel started in it.
         let overlay = self.overlay_dir(&slot.key);
+        // A session that keeps checkpoints (or resumes from one) gets a
+        // kernel started for it, whose writable directory the host knows.
+        let checkpointed = self.effective_mode(slot) != CheckpointMode::Off || slot.lock().paused.is_some();
         if self.poolable(slot)
+            && !(checkpointed && workdir.is_none())
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && crate::pool::overlay_is_empty(&overlay)
             && let Some(pool) = &self.pool
@@ -1251,6 +1328,14 @@ impl Registry {
                     });
                 }
                 let mut g = slot.lock();
+                // Where a checkpoint is written and read: the kernel's own
+                // directory when the session has no workdir of its own.
+                g.ckpt_dir = match (&workdir, &own, &seen) {
+                    (None, Some(own), Some(seen)) if slot.key.cwd.is_none() => {
+                        Some((own.clone(), seen.clone()))
+                    }
+                    _ => None,
+                };
                 match (&workdir, seen) {
                     (Some(w), Some(seen)) => {
                         g.workdir = Some(w.clone());
@@ -1287,6 +1372,7 @@ impl Registry {
             let mut g = slot.lock();
             g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));
             g.cwd_alias = None;
+            g.ckpt_dir = None;
         }
         let k = self.templates.spawn(cfg).await?;
         self.spawned.fetch_add(1, Ordering::Relaxed);
@@ -1423,8 +1509,11 @@ impl Registry {
         }
         let slot = self.slot(key, None);
         let _attach = Attach::new(&slot);
+        // A checkpoint of the previous cell ends first (bounded by its timeout).
+        drop(slot.ckpt_busy.lock().await);
         let (mut kernel, mut generation) = self.ensure(&slot).await?;
         let cancel = options.cancel.clone();
+        let silent = options.silent;
         let handle = match kernel.submit(code, options.clone()) {
             // The kernel died between the check and the submit (an idle
             // worker killed from outside): one fresh generation, once.
@@ -1494,6 +1583,33 @@ impl Registry {
             }
             g.last_used = Some(Instant::now());
             g.lineage.settle(generation, kernel.is_alive(), &mut r);
+            if g.restored_note
+                .as_ref()
+                .is_some_and(|(gen_, _)| *gen_ == generation)
+                && let Some((_, mut note)) = g.restored_note.take()
+            {
+                if !note.resumed {
+                    note.reason = r
+                        .kernel
+                        .reset_reason
+                        .clone()
+                        .or_else(|| Some("the host that ran the previous kernel ended".to_string()));
+                }
+                r.restored = Some(note);
+            }
+            if let Some(b) = g.carry_background.take() {
+                merge_background(&mut r, b);
+            }
+            if r.execution_count > 0 {
+                g.last_count = r.execution_count;
+            }
+        }
+        if !silent
+            && r.status == cellhost_kernel::CellStatus::Ok
+            && kernel.is_alive()
+            && self.effective_mode(&slot) == CheckpointMode::Namespace
+        {
+            self.schedule_checkpoint(&slot, &kernel, generation, r.execution_count);
         }
         if let Ok(mut ix) = self.cells.lock() {
             ix.record(&key.owner, &key.session, &r);

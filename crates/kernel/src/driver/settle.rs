@@ -272,6 +272,7 @@ impl<L: WorkerLink> Driver<L> {
             hint: None,
             files,
             network: self.config.egress.as_ref().and_then(|e| e.log.take()),
+            restored: None,
         };
         res.hint = hints::hint_for(&res, &self.config, truncated_any);
         // The one place a result leaves the kernel crate: every text field

@@ -3,6 +3,7 @@
 //! over the request layer.
 
 pub mod cells;
+pub mod checkpoints;
 pub mod displays;
 pub mod files;
 pub mod fork;

@@ -34,8 +34,24 @@ impl KillRequest {
     /// kernel in the scope's directories.
     pub async fn execute(&self, reg: &Registry) -> Result<KillReport, RequestError> {
         validate_session(&self.session)?;
-        let keys = live_keys(reg, &self.owner, &self.session, &self.cwd)?;
+        let keys = match live_keys(reg, &self.owner, &self.session, &self.cwd) {
+            Ok(keys) => keys,
+            // A paused session has no live kernel: killing it drops its
+            // checkpoint.
+            Err(e) => match reg.paused_key(&self.owner, &self.session).await {
+                Some(k) if self.cwd.admits(&k.cwd) => {
+                    reg.drop_checkpoint(&k).await;
+                    return Ok(KillReport {
+                        session: self.session.clone(),
+                        killed: 0,
+                    });
+                }
+                _ => return Err(e),
+            },
+        };
         for k in &keys {
+            // The session's state is dropped on purpose: no restore.
+            reg.drop_checkpoint(k).await;
             reg.dispose(k).await;
         }
         Ok(KillReport {

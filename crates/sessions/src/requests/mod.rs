@@ -17,6 +17,7 @@
 //!   its own run only, and its `queued_ms` says how long it waited.
 //! - Every failure is a [`RequestError`] with a stable [`RequestError::code`].
 
+mod checkpoint;
 mod execute;
 pub mod files;
 mod fork;
@@ -25,6 +26,7 @@ mod install;
 mod interrupt;
 mod kill;
 mod list;
+mod pause;
 mod read_display;
 mod read_output;
 mod restart;
@@ -39,6 +41,7 @@ use std::time::Duration;
 use cellhost_kernel::KernelError;
 use cellhost_sandbox::profile::SandboxMode;
 
+pub use checkpoint::CheckpointRequest;
 pub use execute::{ExecuteRequest, Executed};
 pub use files::{
     DeleteFileRequest, FileDeleted, FileEntry, FileKind, FileListing, FileWritten, ListFilesRequest,
@@ -50,6 +53,7 @@ pub use install::{InstallRequest, Installed};
 pub use interrupt::{InterruptRequest, Interrupted};
 pub use kill::{KillReport, KillRequest};
 pub use list::{ListRequest, SessionSummary};
+pub use pause::PauseRequest;
 pub use read_display::ReadDisplayRequest;
 pub use read_output::{OutputPage, ReadOutputRequest};
 pub use restart::{RestartReport, RestartRequest};
@@ -385,7 +389,10 @@ impl RequestError {
     /// `install_failed`, `installer_unavailable`),
     /// `limit_over_max`, `disk_full`, `session_exists`, `threads_running`,
     /// `fork_failed`, `placement_mismatch`, `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
-    /// named a replaced kernel generation), `restore_failed`, or the
+    /// named a replaced kernel generation), `restore_failed`,
+    /// `checkpoint_unavailable` (a checkpoint mode this host or session
+    /// cannot have: `process` without a working CRIU, with CRIU's error),
+    /// `checkpoint_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
     /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
     /// mapping of errors to codes: the daemon and MCP send it as is, HTTP
@@ -558,6 +565,18 @@ impl RequestError {
     }
 }
 
+/// A registry error as a request's: a busy kernel is `session_busy` of
+/// `session`.
+pub(crate) fn busy_as_session_busy(session: &str) -> impl FnOnce(RegistryError) -> RequestError + '_ {
+    move |e| match e {
+        RegistryError::Kernel(KernelError::KernelBusy { cell, .. }) => RequestError::SessionBusy {
+            session: session.to_string(),
+            cell,
+        },
+        e => e.into(),
+    }
+}
+
 /// Checks a session name: 1-128 bytes, no control characters.
 ///
 /// # Errors
@@ -616,6 +635,10 @@ pub struct SessionSpec {
     /// kernels start: a session that already runs keeps its limits unless
     /// the request restarts it.
     pub limits: crate::limits::SessionLimits,
+    /// The session's checkpoint mode (`None`: what it has, else the
+    /// configured one for its name); set from this request on
+    /// ([`Registry::set_checkpoint_mode`]).
+    pub checkpoint: Option<crate::checkpoint::CheckpointMode>,
 }
 
 impl SessionSpec {
@@ -631,6 +654,7 @@ impl SessionSpec {
             cwd: None,
             env: crate::SessionEnv::new(),
             limits: crate::limits::SessionLimits::default(),
+            checkpoint: None,
         }
     }
 
@@ -738,6 +762,9 @@ impl SessionSpec {
                 })
                 .unwrap_or_else(|| key.placement.clone()),
         };
+        if let Some(mode) = self.checkpoint {
+            reg.set_checkpoint_mode(&key, mode)?;
+        }
         Ok(key)
     }
 }

@@ -34,6 +34,8 @@ impl RestartRequest {
     pub async fn execute(&self, reg: &Registry) -> Result<RestartReport, RequestError> {
         let key = self.session.key(reg)?;
         self.session.apply_limits(reg, &key, true)?;
+        // A restart drops the session's state on purpose: no restore.
+        reg.drop_checkpoint(&key).await;
         let killed_previous = match reg.kernel(&key) {
             Some(k) => {
                 k.kill().await;

@@ -1,0 +1,624 @@
+//! The registry's side of checkpoints, pauses and automatic restores (see
+//! [`crate::checkpoint`] for the files and the trust rules).
+//!
+//! - After a successful cell of a session in `namespace` mode, a silent
+//!   checkpoint cell is queued on its kernel before the result is returned;
+//!   a task collects the file while the session is idle. The session's next
+//!   cell (and a pause) waits for it.
+//! - When a session that keeps checkpoints (or was paused) gets a new
+//!   kernel, the kernel is given the latest checkpoint before any cell of
+//!   its generation runs, and that generation's next result carries
+//!   `restored` (what came back, from when, what was lost).
+//! - A pause takes a checkpoint, stops the kernel (its memory freed) and
+//!   journals the pause; the next cell resumes the session.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cellhost_kernel::{
+    CellResult, CellStatus, ExecOptions, Kernel, KernelError, LostCell, LostName, RestoredState,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{Attach, Key, Registry, RegistryError, Slot, path_name};
+use crate::checkpoint::{self, Checkpoint, CheckpointMode};
+use crate::journal::{Journal, now_ms};
+
+/// What a pause did.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseReport {
+    /// The session.
+    pub session: String,
+    /// The generation that was stopped.
+    pub generation: u64,
+    /// The stopped worker's pid (gone now).
+    pub pid: u32,
+    /// The checkpoint the session resumes from.
+    pub checkpoint: CheckpointSummary,
+    /// Resident memory of the stopped worker just before the stop, bytes
+    /// (`/proc/<pid>/status` VmRSS; 0 when unreadable).
+    pub memory_freed_bytes: u64,
+    /// When it was paused, milliseconds since the Unix epoch.
+    pub paused_ms: i64,
+    /// Wall time of the pause (checkpoint and stop), milliseconds.
+    pub pause_ms: u64,
+}
+
+/// A checkpoint as a request's answer shows it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSummary {
+    /// Taken after the cell of this execution_count.
+    pub execution_count: u64,
+    /// When, milliseconds since the Unix epoch.
+    pub taken_ms: i64,
+    /// Size of the checkpoint file, bytes.
+    pub bytes: u64,
+    /// Names saved.
+    pub saved: Vec<String>,
+    /// Names left out, and why.
+    pub lost: Vec<LostName>,
+    /// Time the kernel took to write it, milliseconds.
+    pub write_ms: u64,
+}
+
+impl From<&Checkpoint> for CheckpointSummary {
+    fn from(c: &Checkpoint) -> Self {
+        CheckpointSummary {
+            execution_count: c.execution_count,
+            taken_ms: c.taken_ms,
+            bytes: c.bytes,
+            saved: c.saved.clone(),
+            lost: c.lost.clone(),
+            write_ms: c.write_ms,
+        }
+    }
+}
+
+/// One checkpoint to write: where the kernel writes it, where the host
+/// keeps it.
+struct Job {
+    host_tmp: PathBuf,
+    stored: PathBuf,
+    code: String,
+    max_bytes: u64,
+    mode: CheckpointMode,
+    generation: u64,
+    execution_count: u64,
+    started: Instant,
+}
+
+impl Job {
+    /// The checkpoint from the silent cell's result (the kernel's file
+    /// taken into the store), or why there is none.
+    fn finish(
+        self,
+        waited: Result<CellResult, KernelError>,
+    ) -> (
+        Result<Checkpoint, String>,
+        Option<cellhost_kernel::BackgroundOutput>,
+    ) {
+        let r = match waited {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&self.host_tmp);
+                return (Err(e.to_string()), None);
+            }
+        };
+        let background = r.background_output.clone();
+        let out = (|| {
+            if r.status != CellStatus::Ok {
+                let why = r
+                    .error
+                    .as_ref()
+                    .map(|e| format!("{}: {}", e.ename, e.evalue))
+                    .unwrap_or_default();
+                return Err(format!("the checkpoint cell ended {} {why}", r.status.as_str()));
+            }
+            let report = checkpoint::parse_report(&r.stdout)?;
+            if !report.ok {
+                return Err(report
+                    .error
+                    .unwrap_or_else(|| "the kernel wrote no checkpoint".into()));
+            }
+            let bytes = checkpoint::collect(&self.host_tmp, &self.stored, self.max_bytes)?;
+            let mut saved = report.saved;
+            saved.extend(report.modules);
+            Ok(Checkpoint {
+                mode: self.mode,
+                generation: self.generation,
+                execution_count: self.execution_count,
+                taken_ms: now_ms(),
+                path: self.stored.clone(),
+                bytes,
+                saved,
+                lost: report.lost,
+                write_ms: self.started.elapsed().as_millis() as u64,
+            })
+        })();
+        let _ = std::fs::remove_file(&self.host_tmp);
+        (out, background)
+    }
+}
+
+/// Makes `c` the slot's latest checkpoint (the file of the one before is
+/// removed) and journals it.
+fn keep(slot: &Slot, journal: Option<&Arc<Journal>>, c: Checkpoint) {
+    let old = {
+        let mut g = slot.lock();
+        g.ckpt.replace(c.clone())
+    };
+    if let Some(old) = old
+        && old.path != c.path
+    {
+        let _ = std::fs::remove_file(&old.path);
+    }
+    if let Some(j) = journal {
+        j.checkpoint_saved(&slot.key.owner, &slot.key.session, &c);
+    }
+}
+
+/// Appends background output a checkpoint cell saw to a user cell's result.
+pub(crate) fn merge_background(r: &mut CellResult, b: cellhost_kernel::BackgroundOutput) {
+    match r.background_output.as_mut() {
+        None => r.background_output = Some(b),
+        Some(mine) => {
+            let mut out = b;
+            out.stdout.push_str(&mine.stdout);
+            out.stderr.push_str(&mine.stderr);
+            out.dropped_bytes = out.dropped_bytes.saturating_add(mine.dropped_bytes);
+            *mine = out;
+        }
+    }
+}
+
+/// The live kernel's writable directory: (the host's path, the kernel's).
+fn kernel_dirs(g: &super::SlotInner) -> Option<(PathBuf, PathBuf)> {
+    if let Some(d) = &g.ckpt_dir {
+        return Some(d.clone());
+    }
+    let w = g.workdir.clone()?;
+    let k = match &g.cwd_alias {
+        Some((seen, real)) if *real == w => seen.clone(),
+        _ => w.clone(),
+    };
+    Some((w, k))
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn unavailable(message: impl Into<String>) -> RegistryError {
+    RegistryError::Checkpoint {
+        code: "checkpoint_unavailable",
+        message: message.into(),
+    }
+}
+
+impl Registry {
+    /// The checkpoint mode of `key`'s session: a request's (or the
+    /// journal's, for a session an earlier host ran), else the configured
+    /// one for its name.
+    pub fn checkpoint_mode(&self, key: &Key) -> CheckpointMode {
+        let set = self.slot_if_any(key).and_then(|s| s.lock().ckpt_mode);
+        set.unwrap_or_else(|| self.config().checkpoint.for_session(&key.session))
+    }
+
+    pub(super) fn effective_mode(&self, slot: &Slot) -> CheckpointMode {
+        let set = slot.lock().ckpt_mode;
+        set.unwrap_or_else(|| self.config().checkpoint.for_session(&slot.key.session))
+    }
+
+    /// Checks that `mode` can work for `key`'s session here.
+    ///
+    /// # Errors
+    /// `checkpoint_unavailable`: `process` (CRIU cannot run here, with
+    /// its error), `namespace` for a language other than Python.
+    pub fn check_checkpoint_mode(&self, key: &Key, mode: CheckpointMode) -> Result<(), RegistryError> {
+        match mode {
+            CheckpointMode::Off => Ok(()),
+            CheckpointMode::Process => Err(unavailable(checkpoint::process_unavailable())),
+            CheckpointMode::Namespace if key.language != "python" => Err(unavailable(format!(
+                "namespace checkpoints are taken of Python sessions; session {:?} runs {}",
+                key.session, key.language
+            ))),
+            CheckpointMode::Namespace => Ok(()),
+        }
+    }
+
+    /// Sets the checkpoint mode of `key`'s session (from its next cell on).
+    ///
+    /// # Errors
+    /// As [`Registry::check_checkpoint_mode`].
+    pub fn set_checkpoint_mode(&self, key: &Key, mode: CheckpointMode) -> Result<(), RegistryError> {
+        self.check_checkpoint_mode(key, mode)?;
+        self.slot(key, None).lock().ckpt_mode = Some(mode);
+        Ok(())
+    }
+
+    /// The session's latest checkpoint and whether it is paused.
+    pub async fn checkpoint_of(&self, key: &Key) -> (Option<CheckpointSummary>, bool) {
+        let slot = self.slot(key, None);
+        self.load_checkpoint(&slot).await;
+        let g = slot.lock();
+        (g.ckpt.as_ref().map(CheckpointSummary::from), g.paused.is_some())
+    }
+
+    /// Reads the journal's checkpoint row of the slot's session once (a
+    /// session an earlier host ran, or paused).
+    pub(super) async fn load_checkpoint(&self, slot: &Arc<Slot>) {
+        if std::mem::replace(&mut slot.lock().ckpt_loaded, true) {
+            return;
+        }
+        let Some(j) = self.journal() else { return };
+        match j.checkpoint_of(&slot.key.owner, &slot.key.session).await {
+            Ok(Some((c, paused))) => {
+                let mut g = slot.lock();
+                if g.ckpt.is_none() && c.path.is_file() {
+                    if g.ckpt_mode.is_none() {
+                        g.ckpt_mode = Some(c.mode);
+                    }
+                    g.paused = paused;
+                    g.last_count = g.last_count.max(c.execution_count);
+                    g.ckpt = Some(c);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("checkpoint of {}: {e}", slot.key.session),
+        }
+    }
+
+    /// The paths of a new checkpoint of the slot's live kernel.
+    fn job(&self, slot: &Slot, kernel: &Kernel, generation: u64, count: u64) -> Result<Job, RegistryError> {
+        if kernel.info().placement.is_some() {
+            return Err(unavailable("checkpoints are taken of local kernels only"));
+        }
+        self.check_checkpoint_mode(&slot.key, CheckpointMode::Namespace)?;
+        let (host_dir, kernel_dir, mode) = {
+            let g = slot.lock();
+            let (w, k) = kernel_dirs(&g)
+                .ok_or_else(|| unavailable("the kernel has no working directory to write a checkpoint in"))?;
+            (w, k, g.ckpt_mode)
+        };
+        let name = checkpoint::fresh_name("checkpoint");
+        let kernel_path = kernel_dir.join(&name);
+        let kernel_path = kernel_path
+            .to_str()
+            .ok_or_else(|| unavailable("the kernel's working directory is not UTF-8"))?;
+        let store = self
+            .ckpt_store
+            .session_dir(&path_name(&slot.key.owner), &path_name(&slot.key.session))
+            .map_err(|e| RegistryError::Checkpoint {
+                code: "checkpoint_failed",
+                message: format!("the checkpoint store: {e}"),
+            })?;
+        let max_bytes = self.config().checkpoint.max_bytes;
+        Ok(Job {
+            host_tmp: host_dir.join(&name),
+            stored: store.join(format!("g{generation}-c{count}{name}.ckpt")),
+            code: checkpoint::save_code(kernel_path, max_bytes, count),
+            max_bytes,
+            mode: mode.unwrap_or_else(|| self.config().checkpoint.for_session(&slot.key.session)),
+            generation,
+            execution_count: count,
+            started: Instant::now(),
+        })
+    }
+
+    fn silent(&self) -> ExecOptions {
+        ExecOptions {
+            silent: true,
+            timeout: Some(self.config().checkpoint.timeout),
+            ..Default::default()
+        }
+    }
+
+    /// Queues a checkpoint after a successful cell; a task collects it.
+    pub(super) fn schedule_checkpoint(&self, slot: &Arc<Slot>, kernel: &Kernel, generation: u64, count: u64) {
+        let Ok(guard) = slot.ckpt_busy.clone().try_lock_owned() else {
+            return;
+        };
+        let job = match self.job(slot, kernel, generation, count) {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::debug!("no checkpoint of {}: {e}", slot.key.session);
+                return;
+            }
+        };
+        let handle = match kernel.submit(job.code.clone(), self.silent()) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::debug!("no checkpoint of {}: {e}", slot.key.session);
+                return;
+            }
+        };
+        let slot = slot.clone();
+        let journal = self.journal().cloned();
+        tokio::spawn(async move {
+            let _busy = guard;
+            let (out, background) = job.finish(handle.wait().await);
+            if let Some(b) = background.filter(|b| !b.is_empty()) {
+                slot.lock().carry_background = Some(b);
+            }
+            match out {
+                Ok(c) => keep(&slot, journal.as_ref(), c),
+                Err(e) => tracing::warn!("checkpoint of session {} failed: {e}", slot.key.session),
+            }
+        });
+    }
+
+    /// Takes a checkpoint of the live kernel now (after one in flight).
+    ///
+    /// # Errors
+    /// `checkpoint_unavailable` (no live kernel, a remote kernel, not
+    /// Python), `checkpoint_failed`, a busy kernel.
+    pub async fn checkpoint_now(&self, key: &Key) -> Result<CheckpointSummary, RegistryError> {
+        let slot = self.slot(key, None);
+        let _attach = Attach::new(&slot);
+        let _busy = slot.ckpt_busy.lock().await;
+        let c = self.checkpoint_locked(&slot).await?;
+        Ok(CheckpointSummary::from(&c))
+    }
+
+    async fn checkpoint_locked(&self, slot: &Arc<Slot>) -> Result<Checkpoint, RegistryError> {
+        let (kernel, generation, count) = {
+            let g = slot.lock();
+            let k =
+                g.lineage.live().cloned().ok_or_else(|| {
+                    unavailable(format!("session {:?} has no live kernel", slot.key.session))
+                })?;
+            (k, g.lineage.generation(), g.last_count)
+        };
+        if kernel.is_busy() {
+            return Err(RegistryError::Kernel(KernelError::KernelBusy {
+                kernel: kernel.label().to_string(),
+                cell: "running".into(),
+            }));
+        }
+        let job = self.job(slot, &kernel, generation, count)?;
+        let handle = kernel.submit(job.code.clone(), self.silent())?;
+        let (out, background) = job.finish(handle.wait().await);
+        if let Some(b) = background.filter(|b| !b.is_empty()) {
+            slot.lock().carry_background = Some(b);
+        }
+        let c = out.map_err(|message| RegistryError::Checkpoint {
+            code: "checkpoint_failed",
+            message,
+        })?;
+        keep(slot, self.journal(), c.clone());
+        Ok(c)
+    }
+
+    /// Pauses `key`'s session: a checkpoint, then its kernel stopped; the
+    /// journal records both (committed before this returns). The next cell
+    /// resumes it.
+    ///
+    /// # Errors
+    /// As [`Registry::checkpoint_now`] (the kernel is kept when the
+    /// checkpoint fails); `checkpoint_failed` when the pause cannot be
+    /// journaled.
+    pub async fn pause(&self, key: &Key) -> Result<PauseReport, RegistryError> {
+        let started = Instant::now();
+        let slot = self.slot(key, None);
+        let _attach = Attach::new(&slot);
+        let _busy = slot.ckpt_busy.lock().await;
+        let _spawn = slot.spawn_lock.lock().await;
+        let c = self.checkpoint_locked(&slot).await?;
+        let (kernel, generation) = {
+            let mut g = slot.lock();
+            let gen_ = g.lineage.generation();
+            (g.lineage.take(), gen_)
+        };
+        let Some(kernel) = kernel else {
+            return Err(unavailable("the kernel ended during the pause"));
+        };
+        let pid = kernel.info().pid;
+        let memory_freed_bytes = rss_bytes(pid);
+        let paused_ms = now_ms();
+        slot.lock().paused = Some(paused_ms);
+        if let Some(j) = self.journal() {
+            j.kernel_ended(&key.owner, &key.session, generation, "paused");
+            j.checkpoint_paused(&key.owner, &key.session, Some(paused_ms))
+                .await
+                .map_err(|e| RegistryError::Checkpoint {
+                    code: "checkpoint_failed",
+                    message: format!("the pause could not be journaled: {e}"),
+                })?;
+        }
+        kernel.kill().await;
+        Ok(PauseReport {
+            session: key.session.clone(),
+            generation,
+            pid,
+            checkpoint: CheckpointSummary::from(&c),
+            memory_freed_bytes,
+            paused_ms,
+            pause_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Forgets the session's checkpoint and pause (a restart or kill: its
+    /// state is dropped on purpose). `true` when there was one.
+    pub async fn drop_checkpoint(&self, key: &Key) -> bool {
+        let slot = self.slot(key, None);
+        self.load_checkpoint(&slot).await;
+        let had = {
+            let mut g = slot.lock();
+            g.paused = None;
+            g.restored_note = None;
+            g.ckpt.take()
+        };
+        if let Some(j) = self.journal() {
+            j.checkpoint_dropped(&key.owner, &key.session);
+        }
+        match had {
+            Some(c) => {
+                let _ = std::fs::remove_file(&c.path);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The key of `owner`'s paused session `session`: one this host paused,
+    /// else one the journal records as paused (with the default key).
+    pub async fn paused_key(&self, owner: &str, session: &str) -> Option<Key> {
+        let here = self
+            .all_slots()
+            .into_iter()
+            .find(|s| s.key.owner == owner && s.key.session == session && s.lock().paused.is_some());
+        if let Some(s) = here {
+            return Some(s.key.clone());
+        }
+        let j = self.journal()?;
+        match j.checkpoint_of(owner, session).await {
+            Ok(Some((_, Some(_)))) => Some(self.key(owner, session)),
+            _ => None,
+        }
+    }
+
+    /// The session's state from its latest checkpoint into `kernel`, the
+    /// first kernel of `generation`, when the session keeps checkpoints or
+    /// is paused and the checkpoint is of an earlier generation (each
+    /// generation once).
+    pub(super) async fn restore_into(
+        &self,
+        slot: &Arc<Slot>,
+        kernel: &Kernel,
+        generation: u64,
+    ) -> Option<RestoredState> {
+        let mode = self.effective_mode(slot);
+        let (c, resumed, host_dir, kernel_dir) = {
+            let mut g = slot.lock();
+            let c = g.ckpt.clone()?;
+            let resumed = g.paused.is_some();
+            if !(resumed || mode == CheckpointMode::Namespace)
+                || c.generation >= generation
+                || g.restored_into == generation
+            {
+                return None;
+            }
+            g.restored_into = generation;
+            let (w, k) = kernel_dirs(&g)?;
+            (c, resumed, w, k)
+        };
+        let started = Instant::now();
+        let mut note = RestoredState {
+            source: "checkpoint".into(),
+            resumed,
+            reason: None,
+            from_generation: c.generation,
+            execution_count: c.execution_count,
+            checkpoint_ms: c.taken_ms,
+            restored: Vec::new(),
+            lost: c.lost.clone(),
+            lost_cells: self.cells_after(&slot.key, &c).await,
+            restore_ms: 0,
+            error: None,
+        };
+        let outcome = self.run_restore(kernel, &c, &host_dir, &kernel_dir).await;
+        match outcome {
+            Ok(report) => {
+                note.restored = report.restored;
+                note.lost.extend(report.lost);
+            }
+            Err(e) => note.error = Some(e),
+        }
+        let redactor = self.config().template.redactor.clone();
+        for l in &mut note.lost {
+            l.reason = redactor.redact(&l.reason).into_owned();
+            l.name = redactor.redact(&l.name).into_owned();
+        }
+        for n in &mut note.restored {
+            *n = redactor.redact(n).into_owned();
+        }
+        note.restore_ms = started.elapsed().as_millis() as u64;
+        if resumed {
+            slot.lock().paused = None;
+            if let Some(j) = self.journal()
+                && let Err(e) = j
+                    .checkpoint_paused(&slot.key.owner, &slot.key.session, None)
+                    .await
+            {
+                tracing::warn!("resume of {} not journaled: {e}", slot.key.session);
+            }
+        }
+        Some(note)
+    }
+
+    async fn run_restore(
+        &self,
+        kernel: &Kernel,
+        c: &Checkpoint,
+        host_dir: &std::path::Path,
+        kernel_dir: &std::path::Path,
+    ) -> Result<checkpoint::Report, String> {
+        if kernel.info().placement.is_some() {
+            return Err("checkpoints are restored into local kernels only".into());
+        }
+        let name = checkpoint::fresh_name("restore");
+        let host_path = host_dir.join(&name);
+        let kernel_path = kernel_dir.join(&name);
+        let kernel_path = kernel_path
+            .to_str()
+            .ok_or_else(|| "the kernel's working directory is not UTF-8".to_string())?
+            .to_string();
+        checkpoint::stage(&c.path, &host_path)
+            .map_err(|e| format!("the checkpoint file could not be staged: {e}"))?;
+        let opts = ExecOptions {
+            resume_count: Some(c.execution_count),
+            ..self.silent()
+        };
+        let waited = match kernel.submit(checkpoint::restore_code(&kernel_path), opts) {
+            Ok(h) => h.wait().await,
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&host_path);
+        let r = waited.map_err(|e| e.to_string())?;
+        if r.status != CellStatus::Ok {
+            return Err(format!(
+                "the restore cell ended {}{}",
+                r.status.as_str(),
+                r.error
+                    .map(|e| format!(": {}: {}", e.ename, e.evalue))
+                    .unwrap_or_default()
+            ));
+        }
+        let report = checkpoint::parse_report(&r.stdout)?;
+        if !report.ok {
+            return Err(report.error.unwrap_or_else(|| "the restore failed".into()));
+        }
+        Ok(report)
+    }
+
+    /// Cells of the session journaled after checkpoint `c` was taken (at
+    /// most 100): their effects are not in it.
+    async fn cells_after(&self, key: &Key, c: &Checkpoint) -> Vec<LostCell> {
+        let Some(j) = self.journal() else {
+            return Vec::new();
+        };
+        let Ok(cells) = j.history(&key.owner, &key.session).await else {
+            return Vec::new();
+        };
+        cells
+            .into_iter()
+            .filter(|row| row.started_ms >= c.taken_ms)
+            .take(100)
+            .map(|row| LostCell {
+                cell: row.id,
+                execution_count: row.execution_count,
+                status: row.status,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,43 @@
+//! `checkpoint`: take a session's checkpoint now.
+
+use super::{CwdScope, RequestError, live_keys, validate_session};
+use crate::checkpoint::CheckpointMode;
+use crate::registry::{CheckpointSummary, Registry};
+
+/// Take a checkpoint of an owner's live, idle session now, in its mode
+/// (`namespace` for a session whose mode is `off`; `process` is refused
+/// with the reason CRIU cannot run here). Waits for a checkpoint in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRequest {
+    /// The owner.
+    pub owner: String,
+    /// The session.
+    pub session: String,
+    /// Which of its directories (the daemon's sessions are keyed by one).
+    pub cwd: CwdScope,
+}
+
+impl CheckpointRequest {
+    /// Runs the request.
+    ///
+    /// # Errors
+    /// `bad_request`; `session_not_found` (no live kernel);
+    /// `session_busy`; `checkpoint_unavailable` (`process` mode, a remote
+    /// kernel, not Python); `checkpoint_failed`.
+    pub async fn execute(&self, reg: &Registry) -> Result<CheckpointSummary, RequestError> {
+        validate_session(&self.session)?;
+        let keys = live_keys(reg, &self.owner, &self.session, &self.cwd)?;
+        let Some(key) = keys.first() else {
+            return Err(RequestError::SessionNotFound {
+                session: self.session.clone(),
+                live: true,
+            });
+        };
+        if reg.checkpoint_mode(key) == CheckpointMode::Process {
+            reg.check_checkpoint_mode(key, CheckpointMode::Process)?;
+        }
+        reg.checkpoint_now(key)
+            .await
+            .map_err(super::busy_as_session_busy(&self.session))
+    }
+}

@@ -1,0 +1,42 @@
+//! `pause`: checkpoint a session and stop its kernel; the next cell resumes it.
+
+use super::{CwdScope, RequestError, live_keys, validate_session};
+use crate::registry::{PauseReport, Registry};
+
+/// Pause an owner's live, idle session: a namespace checkpoint, then its
+/// kernel stopped (its memory freed). The journal records the pause and
+/// the checkpoint, so the session survives a restart of the host; its next
+/// cell (on any surface) resumes it, and that cell's result says
+/// `restored.resumed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PauseRequest {
+    /// The owner.
+    pub owner: String,
+    /// The session.
+    pub session: String,
+    /// Which of its directories (the daemon's sessions are keyed by one).
+    pub cwd: CwdScope,
+}
+
+impl PauseRequest {
+    /// Runs the request.
+    ///
+    /// # Errors
+    /// `bad_request`; `session_not_found` (no live kernel: never started,
+    /// killed, or paused already); `session_busy` (a cell runs);
+    /// `checkpoint_unavailable` (a remote kernel, not Python);
+    /// `checkpoint_failed` (the kernel keeps running).
+    pub async fn execute(&self, reg: &Registry) -> Result<PauseReport, RequestError> {
+        validate_session(&self.session)?;
+        let keys = live_keys(reg, &self.owner, &self.session, &self.cwd)?;
+        let Some(key) = keys.first() else {
+            return Err(RequestError::SessionNotFound {
+                session: self.session.clone(),
+                live: true,
+            });
+        };
+        reg.pause(key)
+            .await
+            .map_err(super::busy_as_session_busy(&self.session))
+    }
+}
