@@ -150,6 +150,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{name}/checkpoint": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Take the session's checkpoint now (namespace checkpoints: the picklable part of its namespace; `process` mode is refused with `checkpoint_unavailable` naming why CRIU cannot run here). */
+        post: operations["checkpointSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{name}/displays/{id}": {
         parameters: {
             query?: never;
@@ -295,6 +312,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{name}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Pause the session: its namespace checkpointed, then its kernel stopped (memory freed). The journal records both; the next `execute` resumes it (its result says `restored.resumed`), also after the server restarted (create the session again first: a paused session is not restarted). */
+        post: operations["pauseSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{name}/restart": {
         parameters: {
             query?: never;
@@ -418,6 +452,7 @@ export interface components {
              *     before it started running (absent when it did not wait).
              */
             queued_ms?: number;
+            restored?: null | components["schemas"]["RestoredState"];
             /** @description The last expression's value (Jupyter `execute_result`). */
             result?: Record<string, never> | null;
             /**
@@ -472,6 +507,38 @@ export interface components {
          * @enum {string}
          */
         CellStatus: "ok" | "error" | "timeout" | "interrupted" | "crashed";
+        /**
+         * @description What a session keeps of its kernels between deaths.
+         * @enum {string}
+         */
+        CheckpointMode: "off" | "namespace" | "process";
+        /** @description A checkpoint as a request's answer shows it. */
+        CheckpointSummary: {
+            /**
+             * Format: int64
+             * @description Size of the checkpoint file, bytes.
+             */
+            bytes: number;
+            /**
+             * Format: int64
+             * @description Taken after the cell of this execution_count.
+             */
+            execution_count: number;
+            /** @description Names left out, and why. */
+            lost: components["schemas"]["LostName"][];
+            /** @description Names saved. */
+            saved: string[];
+            /**
+             * Format: int64
+             * @description When, milliseconds since the Unix epoch.
+             */
+            taken_ms: number;
+            /**
+             * Format: int64
+             * @description Time the kernel took to write it, milliseconds.
+             */
+            write_ms: number;
+        };
         /** @description How the worker process died (status `crashed`). */
         CrashReport: {
             /**
@@ -497,6 +564,7 @@ export interface components {
         };
         /** @description Body of `POST /v1/sessions`. */
         CreateSession: {
+            checkpoint?: null | components["schemas"]["CheckpointMode"];
             /**
              * @description The language of the session's kernels: `python` (default) or `r`;
              *     another is refused with `bad_request`. The session keeps it.
@@ -506,6 +574,13 @@ export interface components {
             /** @description The session's name (default: a random `s-…` name). */
             name?: string | null;
             network?: null | components["schemas"]["NetworkField"];
+            /**
+             * @description Where the session's kernels run: `local` or the name of a
+             *     `[placement.NAME]` table of the server's config (default: the
+             *     config's `placement`); an unknown name is refused with
+             *     `bad_request`. The session keeps it.
+             */
+            placement?: string | null;
             sandbox?: null | components["schemas"]["SandboxMode"];
         };
         /** @description One refused connection. */
@@ -576,7 +651,7 @@ export interface components {
          *     is [`ErrorCode::status`].
          * @enum {string}
          */
-        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "threads_running" | "fork_failed" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "internal";
+        ErrorCode: "bad_request" | "invalid_request" | "unsupported_media_type" | "payload_too_large" | "not_found" | "method_not_allowed" | "unauthorized" | "forbidden" | "session_not_found" | "session_exists" | "session_busy" | "threads_running" | "fork_failed" | "too_many_sessions" | "output_not_found" | "range_not_satisfiable" | "path_refused" | "file_not_found" | "file_too_large" | "file_io_failed" | "display_not_found" | "cell_not_found" | "sandbox_below_floor" | "sandbox_unavailable" | "registry_full" | "shut_down" | "stale_generation" | "kernel_failed" | "unsupported_language" | "limit_over_max" | "disk_full" | "restore_failed" | "checkpoint_unavailable" | "checkpoint_failed" | "journal_failed" | "invalid_package_spec" | "shared_venv_refused" | "install_failed" | "installer_unavailable" | "placement_mismatch" | "placement_rejected" | "placement_unschedulable" | "placement_unavailable" | "placement_config" | "dial_back_timeout" | "dial_back_failed" | "admission_refused" | "remote_failed" | "internal";
         /**
          * @description The error itself: a code, a message for a reader, and fields a caller
          *     can act on (e.g. `session` and `cell` for `session_busy`, `limit` for
@@ -924,6 +999,7 @@ export interface components {
             name: string;
             /** @description The node the agent runs on (its host name as the agent reports it). */
             node: string;
+            start?: null | components["schemas"]["PlacementStart"];
         };
         /** @description Which kernel ran the cell. */
         KernelRef: {
@@ -948,6 +1024,30 @@ export interface components {
             session: string;
             /** @description The session's namespace was lost before this cell (a new kernel). */
             state_reset: boolean;
+        };
+        /** @description A cell whose effects a restore could not bring back. */
+        LostCell: {
+            /** @description Cell id. */
+            cell: string;
+            /**
+             * Format: int64
+             * @description Its execution_count (0 when it never started).
+             */
+            execution_count: number;
+            /** @description How it ended (`ok`, `error`, `crashed`, `lost`, …). */
+            status: string;
+        };
+        /** @description A name of the namespace a checkpoint does not bring back. */
+        LostName: {
+            /** @description The variable's name. */
+            name: string;
+            /**
+             * @description Why (not picklable, over the size cap, defined in a cell without
+             *     cloudpickle or dill, failed to load).
+             */
+            reason: string;
+            /** @description Its type (`module.Qualname`; `?` when unknown). */
+            type?: string;
         };
         /**
          * @description A session's network policy: `"off"` (default: a private loopback
@@ -999,6 +1099,39 @@ export interface components {
              */
             total_bytes: number;
         };
+        /** @description What a pause did. */
+        PauseReport: {
+            /** @description The checkpoint the session resumes from. */
+            checkpoint: components["schemas"]["CheckpointSummary"];
+            /**
+             * Format: int64
+             * @description The generation that was stopped.
+             */
+            generation: number;
+            /**
+             * Format: int64
+             * @description Resident memory of the stopped worker just before the stop, bytes
+             *     (`/proc/<pid>/status` VmRSS; 0 when unreadable).
+             */
+            memory_freed_bytes: number;
+            /**
+             * Format: int64
+             * @description Wall time of the pause (checkpoint and stop), milliseconds.
+             */
+            pause_ms: number;
+            /**
+             * Format: int64
+             * @description When it was paused, milliseconds since the Unix epoch.
+             */
+            paused_ms: number;
+            /**
+             * Format: int32
+             * @description The stopped worker's pid (gone now).
+             */
+            pid: number;
+            /** @description The session. */
+            session: string;
+        };
         /** @description A queued or running submitted cell. */
         PendingCell: {
             /** @description Its id. */
@@ -1010,6 +1143,77 @@ export interface components {
         PendingCells: {
             /** @description In submission order (the running one first). */
             cells: components["schemas"]["PendingCell"][];
+        };
+        /**
+         * @description The start of a remote kernel, from the request to the kernel's `ready`,
+         *     split by phase. Milliseconds; the phases add up to `total_ms`.
+         *     `agent_start_ms` is measured by the agent on its node, the rest on the
+         *     host (so `queue_wait_ms` also holds the one-way latency of the host's
+         *     welcome).
+         */
+        PlacementStart: {
+            /**
+             * Format: int64
+             * @description From the agent's start to its admission by the host: the dial back,
+             *     TLS and the credential check.
+             */
+            agent_start_ms: number;
+            /**
+             * Format: int64
+             * @description From the admission to the kernel's `ready`: the worker started in
+             *     the node's sandbox and the kernel's own handshake.
+             */
+            handshake_ms: number;
+            /**
+             * Format: int64
+             * @description From the request to the agent's start on the node: the submission
+             *     (`sbatch`, the Pod's creation, `ssh`), the scheduler's queue and
+             *     the job's launch.
+             */
+            queue_wait_ms: number;
+            /**
+             * Format: int64
+             * @description From the request to the kernel's `ready`.
+             */
+            total_ms: number;
+        };
+        /** @description The state a new kernel of the session was given before this cell ran. */
+        RestoredState: {
+            /**
+             * Format: int64
+             * @description When the checkpoint was taken, milliseconds since the Unix epoch.
+             */
+            checkpoint_ms: number;
+            /** @description The restore failed (the namespace is empty): why. */
+            error?: string | null;
+            /**
+             * Format: int64
+             * @description The checkpoint was taken after the cell of this execution_count;
+             *     the new kernel's next cell continues the count from it.
+             */
+            execution_count: number;
+            /**
+             * Format: int64
+             * @description The generation the checkpoint was taken in.
+             */
+            from_generation: number;
+            /** @description Names that were not saved or could not be loaded, and why. */
+            lost?: components["schemas"]["LostName"][];
+            /** @description Cells that ran after the checkpoint: their effects are lost. */
+            lost_cells?: components["schemas"]["LostCell"][];
+            /** @description Why the previous kernel is gone (`None` for a resume). */
+            reason?: string | null;
+            /**
+             * Format: int64
+             * @description Wall time of the restore in the new kernel, milliseconds.
+             */
+            restore_ms: number;
+            /** @description Names bound again in the namespace (variables and modules). */
+            restored?: string[];
+            /** @description The session was paused and is resumed now (not lost). */
+            resumed?: boolean;
+            /** @description Where the state came from: `checkpoint` (a namespace checkpoint). */
+            source: string;
         };
         /** @description Answer of `POST /v1/notebooks/run`. */
         RunNotebookAnswer: {
@@ -1138,6 +1342,7 @@ export interface components {
              * @description The worker's host pid.
              */
             pid?: number | null;
+            placement?: null | components["schemas"]["KernelPlacement"];
             /** @description The interpreter. */
             python?: string | null;
             /** @description The sandbox mode of the session's kernels. */
@@ -1770,7 +1975,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionInfo"];
                 };
             };
-            /** @description `bad_request`: a network allowlist with sandbox mode `off`, or a limit out of its range */
+            /** @description `bad_request`: a network allowlist with sandbox mode `off`, a limit out of its range, or an unknown placement */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1842,7 +2047,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `internal`: a fault of the server */
+            /** @description `placement_config`: the placement's table or the listener for node agents is not usable */
             500: {
                 headers: {
                     [name: string]: unknown;
@@ -1851,7 +2056,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `kernel_failed`: the kernel could not start */
+            /** @description `kernel_failed`: the kernel could not start; `placement_rejected`, `dial_back_failed`, `admission_refused`, `remote_failed`: a remote kernel could not be placed or admitted (the scheduler's message) */
             502: {
                 headers: {
                     [name: string]: unknown;
@@ -1860,8 +2065,17 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description `sandbox_unavailable`, `registry_full` or `shut_down` */
+            /** @description `sandbox_unavailable`, `registry_full`, `shut_down`, `placement_unschedulable` or `placement_unavailable` */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `dial_back_timeout`: the node agent did not dial back in time */
+            504: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2086,6 +2300,92 @@ export interface operations {
             };
             /** @description `internal`: a fault of the server */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    checkpointSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the checkpoint */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CheckpointSummary"];
+                };
+            };
+            /** @description `unauthorized`: missing or unknown bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `forbidden`: a read-only token on a route that is not GET */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_not_found` */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_busy` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `invalid_request`: a parameter the document does not allow */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `checkpoint_failed` */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `checkpoint_unavailable` */
+            501: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3048,6 +3348,92 @@ export interface operations {
             };
             /** @description `installer_unavailable` */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pauseSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description paused */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PauseReport"];
+                };
+            };
+            /** @description `unauthorized`: missing or unknown bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `forbidden`: a read-only token on a route that is not GET */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_not_found` (no live kernel: paused already, never started) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `session_busy` */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `invalid_request`: a parameter the document does not allow */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `checkpoint_failed` (the kernel keeps running) */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description `checkpoint_unavailable` */
+            501: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -338,3 +338,22 @@ def test_a_placement_is_the_sessions_own(tmp_path, monkeypatch):
         mine = [x for x in listed["sessions"] if x["name"] == "default"]
         assert mine and mine[0]["placement"]["name"] == "lo", listed
         assert mine[0]["placement"]["kind"] == "loopback", listed
+
+
+def test_a_session_with_checkpoints_comes_back_after_its_kernel_is_killed():
+    import signal
+
+    with Session(python=PY, checkpoint="namespace") as s:
+        assert s.run("data = list(range(1000))\nlabel = 'kept'").ok
+        # The checkpoint is written after the result; the next cell waits for it.
+        assert s.run("len(data)").value == "1000"
+        # The worker's pid as the host sees it (in the sandbox it is 2).
+        pid = s.run("1").kernel["pid"]
+        os.kill(int(pid), signal.SIGKILL)
+        r = s.run("label, sum(data)")
+        assert r.ok, r.text
+        assert r.value == "('kept', 499500)", r.text
+        assert r.restored is not None and r.restored["source"] == "checkpoint", r.raw
+        assert "data" in r.restored["restored"] and "label" in r.restored["restored"], r.restored
+    with pytest.raises(cellhost.CellhostError):
+        Session(python=PY, checkpoint="sometimes")

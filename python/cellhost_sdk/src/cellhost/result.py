@@ -62,6 +62,16 @@ class Result:
         return self.status == "ok"
 
     @property
+    def restored(self) -> Optional[Dict[str, Any]]:
+        """What a restore brought back before this cell (the session keeps
+        checkpoints and its kernel was lost or paused): ``source``,
+        ``execution_count``, ``restored`` names, ``lost`` names with the
+        reason, ``lost_cells``, ``resumed`` (a paused session);
+        ``None`` when no restore preceded the cell."""
+        r = self.raw.get("restored")
+        return r if isinstance(r, dict) else None
+
+    @property
     def value(self) -> Optional[str]:
         """The ``text/plain`` form of the last expression's value."""
         if self.result and isinstance(self.result.get("text/plain"), str):

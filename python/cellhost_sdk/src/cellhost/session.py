@@ -44,7 +44,11 @@ class Session:
     ``"on"`` or a list of ``"HOST[:PORT]"`` rules reached through the
     host's egress proxy, ``placement`` ``"local"`` or the name of a
     ``[placement.NAME]`` table of the cellhost config file (a Slurm, SSH or
-    Kubernetes node), ``tools`` host tools as callables, called from cells
+    Kubernetes node), ``checkpoint`` ``"off"``, ``"namespace"`` (after
+    each successful cell the picklable part of the namespace is saved; a
+    lost kernel is restored from it before the next cell, whose
+    :attr:`~cellhost.result.Result.restored` says what came back) or
+    ``"process"`` (refused where CRIU cannot run), ``tools`` host tools as callables, called from cells
     as ``cellhost.tools.NAME(**kwargs)``. Use it as a context manager; the
     kernel and its host end at :meth:`close`.
     """
@@ -59,6 +63,7 @@ class Session:
         tools: Optional[Mapping[str, Callable[..., Any]]] = None,
         name: str = "default",
         network: Optional[Union[str, Sequence[str]]] = None,
+        checkpoint: Optional[str] = None,
     ):
         if language not in ("python", "r"):
             raise InvalidRequest("invalid_request", f"language {language!r}: this host runs python or r")
@@ -85,6 +90,8 @@ class Session:
                 body["limits"] = session_limits
             if network is not None:
                 body["network"] = network if isinstance(network, str) else list(network)
+            if checkpoint is not None:
+                body["checkpoint"] = checkpoint
             if placement != "local":
                 # The session's own property: every kernel of it runs there.
                 body["placement"] = placement
