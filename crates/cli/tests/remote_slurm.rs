@@ -310,3 +310,151 @@ fn exec_with_a_slurm_placement_through_the_cli() {
     );
     assert!(wait_job_gone(&job), "job {job} outlived the command");
 }
+
+/// The parent of `pid` (from /proc).
+fn ppid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The `cellhost agent` process above `pid` (walking up its parents).
+fn agent_of(pid: i32) -> Option<i32> {
+    let mut p = ppid(pid)?;
+    for _ in 0..8 {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        if args.iter().any(|a| *a == b"agent") && args.iter().any(|a| *a == b"--credential") {
+            return Some(p);
+        }
+        p = ppid(p)?;
+    }
+    None
+}
+
+/// The config file of a `slurm` placement whose agent is this build, with
+/// the agent's grace `grace_s`.
+fn slurm_config(dir: &Path, grace_s: u32) -> PathBuf {
+    let mut slurm = table(dir);
+    slurm.insert("agent".into(), toml::Value::String(bin().into()));
+    slurm.insert("agent_grace_s".into(), toml::Value::Integer(grace_s.into()));
+    let mut tables = toml::Table::new();
+    tables.insert("slurm".into(), toml::Value::Table(slurm));
+    let mut cfg = toml::Table::new();
+    cfg.insert("placement".into(), toml::Value::Table(tables));
+    let path = dir.join("config.toml");
+    std::fs::write(&path, toml::to_string(&cfg).expect("toml")).expect("config");
+    path
+}
+
+/// Waits until the cell wrote its line (ending in a newline) to `path`.
+fn wait_line(path: &Path) -> String {
+    for _ in 0..1200 {
+        if let Ok(s) = std::fs::read_to_string(path)
+            && s.ends_with('\n')
+        {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{} never written", path.display());
+}
+
+#[test]
+fn slurm_host_sigkill_ends_the_job_and_leaves_no_process() {
+    if !cluster_up() {
+        return;
+    }
+    let dir = scratch();
+    let config = slurm_config(dir.path(), 2);
+    let mark = dir.path().join("worker");
+    // The worker says who it is and which job runs it, then waits.
+    let code = format!(
+        "import os, time\nopen({:?}, 'w').write(f\"{{os.getpid()}} {{os.environ['SLURM_JOB_ID']}}\\n\")\ntime.sleep(300)",
+        mark.display()
+    );
+    let mut host = Command::new(bin())
+        .args([
+            "exec",
+            "--python",
+            &python(),
+            "--sandbox",
+            "off",
+            "--placement",
+            "slurm",
+            &code,
+        ])
+        .current_dir(dir.path())
+        .env("CELLHOST_STATE_DIR", dir.path().join("state"))
+        .env("XDG_RUNTIME_DIR", dir.path().join("run"))
+        .env("CELLHOST_CONFIG", &config)
+        .env_remove("CELLHOST_PLACEMENT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("host");
+    let line = wait_line(&mark);
+    let mut it = line.split_whitespace();
+    let worker: i32 = it.next().and_then(|p| p.parse().ok()).expect("worker pid");
+    let job = it.next().expect("job id").to_string();
+    let agent = agent_of(worker).expect("the worker's agent");
+    assert!(squeue_state(&job).is_some(), "job {job} runs");
+    host.kill().expect("SIGKILL the host");
+    let _ = host.wait();
+    // The agent finds the host gone past its grace: it kills the worker's
+    // tree and exits, which ends the job.
+    assert!(wait_gone(worker), "worker {worker} outlived the host");
+    assert!(wait_gone(agent), "agent {agent} outlived the host");
+    assert!(wait_job_gone(&job), "job {job} outlived the host");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_agent_killed_is_a_lost_connection_and_the_next_kernel_says_state_reset() {
+    if !cluster_up() {
+        return;
+    }
+    let dir = scratch();
+    let mut session = slurm_session(dir.path(), "slurm-agent").await;
+    let r = session.execute("x = 1", ExecOptions::default()).await.expect("x");
+    assert_eq!(r.status, CellStatus::Ok, "{r:?}");
+    let first_job = r.kernel.placement.clone().expect("placement").job;
+    // The worker's host pid: the kernel's info (in its own pid namespace it is 2).
+    let worker = session.kernel().map(|k| k.info().pid as i32).expect("worker");
+    let agent = agent_of(worker).expect("the worker's agent");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let opts = ExecOptions {
+        live: Some(tx),
+        ..ExecOptions::default()
+    };
+    let cell = session
+        .submit("import time\nprint('go', flush=True)\ntime.sleep(300)", opts)
+        .await
+        .expect("submit");
+    while let Some(ev) = rx.recv().await {
+        if matches!(&ev, LiveEvent::Stdout(s) if s.contains("go")) {
+            break;
+        }
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent).expect("pid"),
+        rustix::process::Signal::KILL,
+    )
+    .expect("kill the agent");
+    let r = session.finish(cell).await.expect("the cell settles");
+    assert_eq!(r.status, CellStatus::Crashed, "{r:?}");
+    let crash = r.crash.clone().expect("crash report");
+    assert_eq!(crash.reason.as_deref(), Some("connection lost"), "{crash:?}");
+    // The next cell runs in a new kernel, placed by a new job.
+    let r = session
+        .execute("'x' in dir()", ExecOptions::default())
+        .await
+        .expect("next");
+    assert!(r.kernel.state_reset, "{r:?}");
+    assert_eq!(r.kernel.generation, 2, "{r:?}");
+    assert_eq!(text(&r).as_deref(), Some("False"), "{r:?}");
+    let second_job = r.kernel.placement.clone().expect("placement").job;
+    assert_ne!(first_job, second_job, "a new generation is a new job");
+    session.shutdown().await;
+    assert!(wait_gone(worker), "the first worker {worker} outlived its agent");
+    assert!(wait_job_gone(&first_job), "job {first_job} outlived its agent");
+    assert!(wait_job_gone(&second_job), "job {second_job} outlived its kernel");
+}

@@ -1205,3 +1205,40 @@ async fn r_sessions_over_http() {
     assert_eq!(d.status, 204);
     srv.stop().await;
 }
+
+/// A regression: forking a session without a live kernel (here: paused)
+/// dropped the session's hold while holding its lock, so the request and
+/// every later one on that session hung. It answers at once now, and the
+/// session still serves (resumed by its next cell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_of_a_session_without_a_live_kernel_answers_and_the_session_still_serves() {
+    let srv = start().await;
+    let a = srv.addr;
+    assert_eq!(create(a, ALICE, "idle").await.status, 201);
+    let r = exec(a, ALICE, "idle", "x = 6").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let p = call(a, "POST", "/v1/sessions/idle/pause", Some(ALICE), None).await;
+    assert_eq!(p.status, 200, "{}", p.body);
+    let f = tokio::time::timeout(
+        Duration::from_secs(120),
+        call(
+            a,
+            "POST",
+            "/v1/sessions/idle/fork",
+            Some(ALICE),
+            Some(json!({"name": "copy"})),
+        ),
+    )
+    .await
+    .expect("the fork answers (a hang guard, not a speed check)");
+    assert_eq!(
+        (f.status, code_of(&f).as_str()),
+        (404, "session_not_found"),
+        "{}",
+        f.body
+    );
+    let r = tokio::time::timeout(Duration::from_secs(120), exec(a, ALICE, "idle", "x * 7"))
+        .await
+        .expect("the session still serves");
+    assert_eq!(r.json()["result"]["text/plain"], "42", "{}", r.body);
+}

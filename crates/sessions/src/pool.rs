@@ -133,13 +133,15 @@ async fn install_call(
 }
 
 /// A ready kernel, its tools, its own working directory when the pool
-/// gives each kernel one (to become its session's), and its own package
-/// overlay (to become its session's).
+/// gives each kernel one (to become its session's), its own package
+/// overlay (to become its session's), and its session directory (where it
+/// works without a working directory of its own).
 type Pooled = (
     Kernel,
     Option<Arc<SessionTools>>,
     Option<PathBuf>,
     Option<PathBuf>,
+    PathBuf,
 );
 
 /// Creates a package overlay at `root` (with its `site` directory) and
@@ -274,9 +276,9 @@ impl Pool {
         let got = {
             let mut q = self.ready.lock().ok()?;
             let mut got = None;
-            while let Some((k, t, w, o)) = q.pop_front() {
+            while let Some((k, t, w, o, d)) = q.pop_front() {
                 if k.is_alive() && k.cells_settled() == 0 && !k.is_busy() {
-                    got = Some((k, t, w, o));
+                    got = Some((k, t, w, o, d));
                     break;
                 }
                 // A dead or used kernel is dropped (and so killed).
@@ -344,6 +346,7 @@ impl Pool {
                     continue;
                 }
                 let (cfg, tools, workdir, overlay) = self.config();
+                let session_dir = cfg.session_dir.clone();
                 match self.templates.spawn(cfg).await {
                     Ok(k) => {
                         self.tell_first(|| Ok(k.info().sandbox.clone()));
@@ -353,7 +356,7 @@ impl Pool {
                             break;
                         }
                         if let Ok(mut q) = self.ready.lock() {
-                            q.push_back((k, tools, workdir, overlay));
+                            q.push_back((k, tools, workdir, overlay, session_dir));
                         }
                     }
                     Err(e) => {
@@ -378,7 +381,7 @@ impl Pool {
             .lock()
             .map(|mut q| q.drain(..).collect())
             .unwrap_or_default();
-        for (k, _, _, _) in all {
+        for (k, _, _, _, _) in all {
             k.kill().await;
         }
     }

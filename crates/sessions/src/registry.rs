@@ -1042,10 +1042,13 @@ impl Registry {
     pub fn hold_live(&self, key: &Key) -> Option<(Kernel, u64, Hold)> {
         let slot = self.slots.lock().ok()?.get(key)?.clone();
         let hold = Hold(Attach::new(&slot));
-        let g = slot.lock();
-        g.lineage
-            .live()
-            .map(|k| (k.clone(), g.lineage.generation(), hold))
+        // The slot's lock is let go before `hold` can be dropped: dropping
+        // an attachment takes that lock.
+        let live = {
+            let g = slot.lock();
+            g.lineage.live().map(|k| (k.clone(), g.lineage.generation()))
+        };
+        live.map(|(k, generation)| (k, generation, hold))
     }
 
     /// The live kernel's own name for the host path `host` below its
@@ -1293,7 +1296,7 @@ impl Registry {
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && crate::pool::overlay_is_empty(&overlay)
             && let Some(pool) = &self.pool
-            && let Some((k, tools, own, pool_overlay)) = pool.take()
+            && let Some((k, tools, own, pool_overlay, pooled_dir)) = pool.take()
         {
             // The kernel names its directory by the real path it was
             // started in (taken before the move).
@@ -1333,6 +1336,12 @@ impl Registry {
                 g.ckpt_dir = match (&workdir, &own, &seen) {
                     (None, Some(own), Some(seen)) if slot.key.cwd.is_none() => {
                         Some((own.clone(), seen.clone()))
+                    }
+                    // A pool without working directories of its own: the
+                    // kernel works in its session directory, as a kernel
+                    // started cold without a cwd does.
+                    (None, None, _) if slot.key.cwd.is_none() => {
+                        Some((pooled_dir.clone(), pooled_dir.clone()))
                     }
                     _ => None,
                 };
@@ -1850,6 +1859,8 @@ impl Attach {
     }
 }
 
+/// Dropping an attachment takes the slot's lock: never drop one while
+/// holding it.
 impl Drop for Attach {
     fn drop(&mut self) {
         self.0.attached.fetch_sub(1, Ordering::SeqCst);

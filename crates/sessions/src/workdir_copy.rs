@@ -98,7 +98,15 @@ pub fn copy_tree(
             Mode::empty(),
         )
         .map_err(|e| io(dst, e))?;
-        copy_dir(&s, &d, Path::new(""), exclude, max_bytes, 0, &mut out)
+        // `dst` may lie inside `src` (a workdir holding the host's state
+        // directory): the walk never descends into the copy itself.
+        let own = rustix::fs::fstat(&d).map_err(|e| io(dst, e))?;
+        let walk = Walk {
+            exclude,
+            max_bytes,
+            own: (own.st_dev, own.st_ino),
+        };
+        copy_dir(&s, &d, Path::new(""), &walk, 0, &mut out)
     })();
     match result {
         Ok(()) => Ok(out),
@@ -109,15 +117,25 @@ pub fn copy_tree(
     }
 }
 
+/// What stays the same over one copy's walk.
+struct Walk<'a> {
+    /// Top-level names left out.
+    exclude: &'a [&'a OsStr],
+    /// The cap on file data.
+    max_bytes: Option<u64>,
+    /// The destination's (device, inode): never copied into itself.
+    own: (u64, u64),
+}
+
 fn copy_dir(
     src: &OwnedFd,
     dst: &OwnedFd,
     rel: &Path,
-    exclude: &[&OsStr],
-    max_bytes: Option<u64>,
+    walk: &Walk<'_>,
     depth: usize,
     out: &mut Copied,
 ) -> Result<(), CopyError> {
+    let (exclude, max_bytes) = (walk.exclude, walk.max_bytes);
     let mut names: Vec<OsString> = Vec::new();
     let dir = Dir::read_from(src).map_err(|e| io(rel, e))?;
     for entry in dir {
@@ -139,6 +157,11 @@ fn copy_dir(
         };
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {
+                if (st.st_dev as u64, st.st_ino as u64) == walk.own {
+                    out.skipped
+                        .push((path.display().to_string(), "the copy itself".into()));
+                    continue;
+                }
                 if depth + 1 >= MAX_DEPTH {
                     out.skipped.push((
                         path.display().to_string(),
@@ -162,7 +185,7 @@ fn copy_dir(
                     Mode::empty(),
                 )
                 .map_err(|e| io(&path, e))?;
-                copy_dir(&s, &d, &path, exclude, max_bytes, depth + 1, out)?;
+                copy_dir(&s, &d, &path, walk, depth + 1, out)?;
                 let _ = rustix::fs::fchmod(&d, Mode::from_raw_mode(st.st_mode & 0o7777));
             }
             FileType::Symlink => {
@@ -225,6 +248,21 @@ fn copy_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_destination_inside_the_source_is_never_copied_into_itself() {
+        let t = tempfile::tempdir().expect("tmp");
+        let src = t.path().join("work");
+        std::fs::create_dir_all(src.join("state/forks")).expect("dirs");
+        std::fs::write(src.join("data.txt"), b"d").expect("data");
+        let dst = src.join("state/forks/copy");
+        let c = copy_tree(&src, &dst, &[], None).expect("copy");
+        assert_eq!(c.files, 1, "{c:?}");
+        assert_eq!(std::fs::read(dst.join("data.txt")).expect("data"), b"d");
+        assert!(!dst.join("state/forks/copy").exists(), "copied into itself");
+        assert_eq!(c.skipped.len(), 1, "{c:?}");
+        assert_eq!(c.skipped[0].0, "state/forks/copy", "{c:?}");
+    }
 
     #[test]
     fn copies_files_and_links_never_follows_them_and_skips_the_rest() {
