@@ -139,7 +139,8 @@ cellhost /mnt/cellhost 9p trans=virtio,version=9p2000.L,ro 0 0
 venv /opt/cellhost-venv 9p trans=virtio,version=9p2000.L,ro 0 0
 out /mnt/out 9p trans=virtio,version=9p2000.L,rw 0 0
 EOF
-KEY="$(printf '%s\n' bookworm "$GUEST_PACKAGES" "$GUEST_UNIT" "$GUEST_FSTAB" 1 | sha256sum | cut -c1-12)"
+# The last field is the revision of the customize hooks above: bump it when one changes.
+KEY="$(printf '%s\n' bookworm "$GUEST_PACKAGES" "$GUEST_UNIT" "$GUEST_FSTAB" 2 | sha256sum | cut -c1-12)"
 GUEST="$CACHE/debian12-$KEY"
 T_IMAGE=0
 if [[ ! -f "$GUEST/rootfs.img" ]]; then
@@ -153,6 +154,7 @@ if [[ ! -f "$GUEST/rootfs.img" ]]; then
     mmdebstrap --mode=root --variant=apt --aptopt='APT::Install-Recommends "false"' \
         --include="$GUEST_PACKAGES" \
         --customize-hook='echo cellhost-vm > "$1/etc/hostname"' \
+        --customize-hook='printf "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n127.0.1.1 cellhost-vm\n" > "$1/etc/hosts"' \
         --customize-hook="cp $GUEST.tmp/fstab \"\$1/etc/fstab\"" \
         --customize-hook='mkdir -p "$1/mnt/cellhost" "$1/mnt/out" "$1/opt/cellhost-venv"' \
         --customize-hook="cp $GUEST.tmp/cellhost-vm-test.service \"\$1/etc/systemd/system/\"" \
