@@ -145,6 +145,26 @@ struct Turn {
     /// The holder's call was cancelled and its cell is being stopped: the
     /// next call waits for it instead of being refused as busy.
     stopping: std::sync::atomic::AtomicBool,
+    /// The cancellation token of the call holding the turn. rmcp cancels it
+    /// in its serve loop when the `notifications/cancelled` arrives, before
+    /// it reads the client's next message, so a call that follows a
+    /// cancellation sees it here even when the cancelled handler has not
+    /// run since (`stopping` is set only once it does).
+    holder: Mutex<Option<tokio_util::sync::CancellationToken>>,
+}
+
+impl Turn {
+    /// True when the call holding the turn was cancelled: its cell is
+    /// being (or about to be) interrupted, so the next call waits for it.
+    fn holder_cancelled(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
+            || self
+                .holder
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|ct| ct.is_cancelled())
+    }
 }
 
 /// Who sent an HTTP request, as the HTTP layer's authentication established
@@ -495,21 +515,34 @@ Cancelling the call interrupts the cell. Live output is sent as progress notific
         // it asks to queue. The turn only orders calls that wait — queued
         // ones, and any call after a cancelled one whose cell is being
         // stopped — so a cancellation always names the cell that runs.
-        let stopping = turn.stopping.load(std::sync::atomic::Ordering::SeqCst);
-        let _turn = match turn.lock.clone().try_lock_owned() {
-            Ok(g) => Some(g),
-            Err(_) if !queue && !stopping => None,
-            Err(_) => tokio::select! {
-                g = turn.lock.clone().lock_owned() => Some(g),
-                _ = ctx.ct.cancelled() => {
-                    return Ok(tool_error("cancelled", "status: cancelled before the cell started (another cell of the session was running)"));
+        // A held turn whose call was cancelled is waited for (its cell is
+        // being interrupted); the holder's token is looked at only while it
+        // holds the turn, so a finished call's token means nothing.
+        let (_turn, waited_for_cancelled) = match turn.lock.clone().try_lock_owned() {
+            Ok(g) => (Some(g), false),
+            Err(_) => {
+                let stopping = turn.holder_cancelled();
+                if !queue && !stopping {
+                    // Not waiting: the request layer refuses with `session_busy`.
+                    (None, false)
+                } else {
+                    tokio::select! {
+                        g = turn.lock.clone().lock_owned() => (Some(g), stopping),
+                        _ = ctx.ct.cancelled() => {
+                            return Ok(tool_error("cancelled", "status: cancelled before the cell started (another cell of the session was running)"));
+                        }
+                    }
                 }
-            },
+            }
         };
         // The turn may be free while the kernel still stops the cell of a
         // cancelled call (its handler is dropped at the cancellation): this
         // call then waits behind that cell instead of being refused.
-        let after_cancel = _turn.is_some() && turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst);
+        let after_cancel = _turn.is_some()
+            && (turn.stopping.swap(false, std::sync::atomic::Ordering::SeqCst) || waited_for_cancelled);
+        if _turn.is_some() {
+            *turn.holder.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.ct.clone());
+        }
         let mut spec = SessionSpec {
             language: p.language.clone(),
             ..self.spec(&session)
