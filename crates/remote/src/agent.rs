@@ -336,6 +336,9 @@ async fn relay(
     let mut last_heard = Instant::now();
     let mut ping = tokio::time::interval(heartbeat);
     let mut wire_ok = true;
+    // How many more times a starved wake-up past the silence deadline
+    // re-arms it (reset whenever the host is heard).
+    let mut recheck_left = STARVED_RECHECKS;
     loop {
         if exited && host_gone_at.is_some() {
             return AgentExit::Done;
@@ -399,6 +402,7 @@ async fn relay(
             m = in_rx.recv(), if host_gone_at.is_none() => match m {
                 Some(Ok(Some(msg))) => {
                     last_heard = Instant::now();
+                    recheck_left = STARVED_RECHECKS;
                     match msg {
                         Msg::Send(b) => match serde_json::from_slice::<HostFrame>(&b) {
                             Ok(f) => {
@@ -436,6 +440,22 @@ async fn relay(
                 }
             }
             _ = tokio::time::sleep_until(lost_at.into()), if !exited => {
+                if host_gone_at.is_none() {
+                    // The reader task may hold the host's messages that a
+                    // starved agent has not taken yet: let it run first.
+                    tokio::task::yield_now().await;
+                }
+                match silence_verdict(Instant::now(), lost_at, heartbeat, !in_rx.is_empty(), host_gone_at.is_some(), recheck_left) {
+                    Silence::Heard => continue,
+                    Silence::Starved => {
+                        recheck_left -= 1;
+                        tracing::info!("the agent woke {} ms past the host's silence deadline (starved): listening {} s more",
+                            Instant::now().saturating_duration_since(lost_at).as_millis(), (2 * heartbeat).as_secs_f64());
+                        last_heard = Instant::now().checked_sub(grace).map_or_else(Instant::now, |t| t + 2 * heartbeat);
+                        continue;
+                    }
+                    Silence::Lost => {}
+                }
                 tracing::warn!("the host is gone for longer than {} s: killing the worker", grace.as_secs_f64());
                 local.force_kill();
                 local.terminate();
@@ -446,6 +466,46 @@ async fn relay(
             }
         }
     }
+}
+
+/// How many starved wake-ups in a row may re-arm the silence deadline.
+const STARVED_RECHECKS: u32 = 3;
+
+/// What the silence deadline means when its timer fires.
+#[derive(Debug, PartialEq, Eq)]
+enum Silence {
+    /// A message of the host is waiting: it was not silent, the agent was slow.
+    Heard,
+    /// The timer fired more than a heartbeat late: the agent was not
+    /// scheduled (an overloaded machine), so the silence is not the host's
+    /// alone; listen for two more heartbeats.
+    Starved,
+    /// The host was silent for the whole grace (or its connection is broken).
+    Lost,
+}
+
+/// The verdict on the host's silence when the deadline `lost_at` fires at
+/// `now`: `pending` when the reader has a message of the host waiting,
+/// `broken` when the connection already failed (then only the grace runs),
+/// `recheck_left` starved re-arms left.
+fn silence_verdict(
+    now: Instant,
+    lost_at: Instant,
+    heartbeat: Duration,
+    pending: bool,
+    broken: bool,
+    recheck_left: u32,
+) -> Silence {
+    if broken {
+        return Silence::Lost;
+    }
+    if pending {
+        return Silence::Heard;
+    }
+    if recheck_left > 0 && now.saturating_duration_since(lost_at) > heartbeat {
+        return Silence::Starved;
+    }
+    Silence::Lost
 }
 
 /// Waits for the tree's end after a kill (the link reaps its init).
@@ -463,6 +523,21 @@ async fn wait_exit(local: &mut LocalLink) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_waiting_message_or_a_starved_wake_up_is_not_the_hosts_silence() {
+        let hb = Duration::from_secs(5);
+        let due = Instant::now();
+        // On time, nothing waiting: lost.
+        assert_eq!(silence_verdict(due, due, hb, false, false, 3), Silence::Lost);
+        // A message of the host is waiting: heard, however late.
+        assert_eq!(silence_verdict(due + 60 * hb, due, hb, true, false, 0), Silence::Heard);
+        // Woken long past the deadline: starved, while re-arms are left.
+        assert_eq!(silence_verdict(due + 3 * hb, due, hb, false, false, 1), Silence::Starved);
+        assert_eq!(silence_verdict(due + 3 * hb, due, hb, false, false, 0), Silence::Lost);
+        // A broken connection is lost whatever waits.
+        assert_eq!(silence_verdict(due + 3 * hb, due, hb, true, true, 3), Silence::Lost);
+    }
 
     #[test]
     fn redial_pauses_double_with_jitter_up_to_the_cap() {
