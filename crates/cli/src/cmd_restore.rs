@@ -35,15 +35,9 @@ pub struct RestoreArgs {
 
 /// Runs `restore`.
 pub fn run(args: RestoreArgs) -> u8 {
-    let python = match &args.kernel.python {
-        None => None,
-        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
-            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return EXIT_USAGE;
-            }
-        },
+    let python = match crate::common::daemon_python_arg(&args.kernel) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     crate::common::block_on(async move {
         let mut c = match cmd_daemon::connect(&args.kernel).await {
