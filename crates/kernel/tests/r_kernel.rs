@@ -14,38 +14,7 @@ use tempfile::TempDir;
 
 /// R for the tests, or `None` (printed) when it or jsonlite is missing.
 fn r() -> Option<PathBuf> {
-    let path = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_kernel::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    if !has_package(&path, "jsonlite") {
-        eprintln!(
-            "skipped: R package jsonlite is not installed for {}",
-            path.display()
-        );
-        return None;
-    }
-    Some(path)
-}
-
-fn has_package(r: &std::path::Path, name: &str) -> bool {
-    std::process::Command::new(r)
-        .args([
-            "--no-echo",
-            "-e",
-            &format!("quit(status = !requireNamespace('{name}', quietly = TRUE))"),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    cellhost_testkit::r::r_interpreter(|| cellhost_kernel::resolve_r(None))
 }
 
 struct Fixture {
@@ -220,7 +189,7 @@ async fn r_plots_come_back_as_png_files_one_per_page() {
     let r = f.run("grid::grid.newpage(); grid::grid.rect()").await;
     assert_ok(&r);
     assert_eq!(r.displays.len(), 1);
-    if has_package(&f.r, "lattice") {
+    if cellhost_testkit::r::has_package(&f.r, "lattice") {
         let r = f.run("library(lattice)\nxyplot(1:5 ~ 1:5)").await;
         assert_ok(&r);
         assert_eq!(r.displays.len(), 1, "{r:#?}");
@@ -228,7 +197,7 @@ async fn r_plots_come_back_as_png_files_one_per_page() {
     } else {
         eprintln!("skipped: lattice is not installed");
     }
-    if has_package(&f.r, "ggplot2") {
+    if cellhost_testkit::r::has_package(&f.r, "ggplot2") {
         let r = f
             .run("library(ggplot2)\nggplot(data.frame(a = 1:3, b = 3:1), aes(a, b)) + geom_point()")
             .await;

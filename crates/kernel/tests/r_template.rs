@@ -19,52 +19,7 @@ use tempfile::TempDir;
 /// R for the tests, or `None` (printed) when it, jsonlite or a C compiler
 /// is missing.
 fn r() -> Option<PathBuf> {
-    let path = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_kernel::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    let ok = std::process::Command::new(&path)
-        .args([
-            "--no-echo",
-            "-e",
-            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!(
-            "skipped: R package jsonlite is not installed for {}",
-            path.display()
-        );
-        return None;
-    }
-    let cc = std::process::Command::new(&path)
-        .args(["CMD", "config", "CC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let compiler = cc.split_whitespace().next().unwrap_or("");
-    if compiler.is_empty()
-        || !std::process::Command::new(compiler)
-            .arg("--version")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    {
-        eprintln!("skipped: no C compiler for R CMD SHLIB ({cc:?})");
-        return None;
-    }
-    Some(path)
+    cellhost_testkit::r::r_with_compiler(|| cellhost_kernel::resolve_r(None))
 }
 
 fn config(r: &std::path::Path, dir: &TempDir, session: &str) -> KernelConfig {
