@@ -153,6 +153,33 @@ pub fn daemon_python_arg(args: &KernelArgs) -> Result<Option<PathBuf>, u8> {
     })
 }
 
+/// A daemon's reply, an error reply and a failed call printed and made
+/// the exit code: 2 for an error reply that is the caller's mistake
+/// (`usage`), 1 otherwise. The command matches the reply it wants and
+/// hands any other to [`unexpected_reply`].
+pub fn daemon_reply(
+    reply: std::io::Result<cellhost_server::daemon::Reply>,
+) -> Result<cellhost_server::daemon::Reply, u8> {
+    use cellhost_server::daemon::Reply;
+    match reply {
+        Ok(Reply::Error { message, usage, .. }) => {
+            eprintln!("cellhost: {message}");
+            Err(if usage { EXIT_USAGE } else { 1 })
+        }
+        Ok(r) => Ok(r),
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            Err(1)
+        }
+    }
+}
+
+/// Prints a reply the request does not answer with; exit code 1.
+pub fn unexpected_reply(other: &cellhost_server::daemon::Reply) -> u8 {
+    eprintln!("cellhost: unexpected reply {other:?}");
+    1
+}
+
 /// The interpreter a command names for `language` (other than Python's):
 /// `--r` or config `r` for R.
 pub fn interpreter_arg(
