@@ -5,6 +5,8 @@
 //! installs it with apt when missing); every test is skipped, saying why,
 //! where R or its `jsonlite` package is not installed.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -489,29 +491,6 @@ async fn r_interrupt_the_cell_swallows_escalates_after_the_grace() {
     f.session.shutdown().await;
 }
 
-/// A shared object that sets SIGINT's disposition, as a package's native
-/// code can; `None` (printed) without a C compiler.
-fn sigint_library(dir: &std::path::Path) -> Option<PathBuf> {
-    let src = dir.join("sigint.c");
-    std::fs::write(
-        &src,
-        "#include <signal.h>\nvoid ignore_sigint(void) { signal(SIGINT, SIG_IGN); }\n",
-    )
-    .expect("write C source");
-    let lib = dir.join("sigint.so");
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
-        eprintln!("skipped: no C compiler to build a library that ignores SIGINT");
-        return None;
-    }
-    Some(lib)
-}
-
 /// A package's native code that ignores SIGINT: the worker puts R's
 /// handler back before the next cell, so a cell waiting in R (`Sys.sleep`)
 /// or computing in R is interrupted with the session kept. Only a cell
@@ -527,7 +506,7 @@ async fn r_a_package_that_ignores_sigint_is_rearmed_before_the_next_cell() {
     }) else {
         return;
     };
-    let Some(lib) = sigint_library(f.dir.path()) else {
+    let Some(lib) = common::sigint_library(f.dir.path()) else {
         return;
     };
     let code = format!(
