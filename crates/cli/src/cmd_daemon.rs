@@ -132,20 +132,10 @@ fn stop() -> u8 {
                 return 1;
             }
         };
-        match c.call(&Request::Stop).await {
+        match common::daemon_reply(c.call(&Request::Stop).await) {
             Ok(Reply::Ok { message }) => println!("daemon: {message}"),
-            Ok(Reply::Error { message, usage, .. }) => {
-                eprintln!("cellhost: {message}");
-                return if usage { EXIT_USAGE } else { 1 };
-            }
-            Ok(other) => {
-                eprintln!("cellhost: unexpected reply {other:?}");
-                return 1;
-            }
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return 1;
-            }
+            Ok(other) => return common::unexpected_reply(&other),
+            Err(code) => return code,
         }
         drop(c);
         match daemon::wait_exit(pidfd, STOP_WAIT).await {
@@ -180,23 +170,13 @@ fn client_call(req: Request) -> u8 {
                 return 0;
             }
         };
-        match c.call(&req).await {
+        match common::daemon_reply(c.call(&req).await) {
             Ok(Reply::Ok { message }) => {
                 println!("daemon: {message}");
                 0
             }
-            Ok(Reply::Error { message, usage, .. }) => {
-                eprintln!("cellhost: {message}");
-                if usage { EXIT_USAGE } else { 1 }
-            }
-            Ok(other) => {
-                eprintln!("cellhost: unexpected reply {other:?}");
-                1
-            }
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                1
-            }
+            Ok(other) => common::unexpected_reply(&other),
+            Err(code) => code,
         }
     })
 }

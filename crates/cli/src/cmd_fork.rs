@@ -11,7 +11,6 @@ use cellhost_sessions::requests::ForkThreads;
 
 use crate::KernelArgs;
 use crate::cmd_daemon;
-use crate::common::EXIT_USAGE;
 
 /// Arguments of `fork`.
 #[derive(Debug, clap::Args)]
@@ -46,15 +45,9 @@ fn parse_threads(s: &str) -> Result<ForkThreads, String> {
 /// session, a taken name, running threads, the disk cap), 1 otherwise
 /// (a busy session included, as `exec --session`).
 pub fn run(args: ForkArgs) -> u8 {
-    let python = match &args.kernel.python {
-        None => None,
-        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
-            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return EXIT_USAGE;
-            }
-        },
+    let python = match crate::common::daemon_python_arg(&args.kernel) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     crate::common::block_on(async move {
         let mut c = match cmd_daemon::connect(&args.kernel).await {
@@ -72,20 +65,10 @@ pub fn run(args: ForkArgs) -> u8 {
             sandbox: args.kernel.sandbox.map(|m| m.to_string()),
             cwd: crate::cmd_sessions::caller_cwd(),
         };
-        let rep = match c.call(&req).await {
+        let rep = match crate::common::daemon_reply(c.call(&req).await) {
             Ok(Reply::Forked { report }) => report,
-            Ok(Reply::Error { message, usage, .. }) => {
-                eprintln!("cellhost: {message}");
-                return if usage { EXIT_USAGE } else { 1 };
-            }
-            Ok(other) => {
-                eprintln!("cellhost: unexpected reply {other:?}");
-                return 1;
-            }
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return 1;
-            }
+            Ok(other) => return crate::common::unexpected_reply(&other),
+            Err(code) => return code,
         };
         if args.json {
             println!("{}", serde_json::to_string_pretty(&rep).unwrap_or_default());

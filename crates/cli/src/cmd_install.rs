@@ -45,15 +45,9 @@ pub struct InstallArgs {
 
 /// Runs `install`.
 pub fn run(args: InstallArgs) -> u8 {
-    let python = match &args.kernel.python {
-        None => None,
-        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
-            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return EXIT_USAGE;
-            }
-        },
+    let python = match crate::common::daemon_python_arg(&args.kernel) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     let req = Request::Install {
         session: args.session.clone(),

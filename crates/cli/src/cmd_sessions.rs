@@ -88,8 +88,8 @@ pub fn exec(
             Ok(p) => Some(p),
             Err(e) => return error_code(&e.to_string(), true),
         },
-        (Some(p), _) => match cellhost_kernel::resolve_python(Some(p)) {
-            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
+        (Some(p), _) => match crate::common::daemon_python(Some(p)) {
+            Ok(p) => p,
             Err(e) => return error_code(&e.to_string(), true),
         },
     };

@@ -77,15 +77,9 @@ pub fn submit(
             return EXIT_USAGE;
         }
     };
-    let python = match &kernel.python {
-        None => None,
-        Some(p) => match cellhost_kernel::resolve_python(Some(p)) {
-            Ok(p) => Some(std::path::absolute(&p).unwrap_or(p)),
-            Err(e) => {
-                eprintln!("cellhost: {e}");
-                return EXIT_USAGE;
-            }
-        },
+    let python = match crate::common::daemon_python_arg(kernel) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     let req = Request::Submit {
         session,

@@ -133,6 +133,53 @@ pub fn parse_timeout(secs: Option<f64>) -> Result<cellhost_sessions::Deadline, S
     cellhost_sessions::Deadline::from_secs(secs).map_err(|e| format!("--timeout: {e}"))
 }
 
+/// `--python PATH` as a daemon request carries it: `None` when not given
+/// (the daemon picks its own), else resolved by
+/// [`cellhost_kernel::resolve_python`] and made absolute, since the daemon
+/// does not run in the caller's directory. Errors: the resolver's (no such
+/// interpreter, not executable).
+pub fn daemon_python(python: Option<&Path>) -> Result<Option<PathBuf>, KernelError> {
+    let Some(p) = python else { return Ok(None) };
+    let p = resolve_python(Some(p))?;
+    Ok(Some(std::path::absolute(&p).unwrap_or(p)))
+}
+
+/// [`daemon_python`] of a command's `--python`, its error printed:
+/// `Err` holds the exit code ([`EXIT_USAGE`]).
+pub fn daemon_python_arg(args: &KernelArgs) -> Result<Option<PathBuf>, u8> {
+    daemon_python(args.python.as_deref()).map_err(|e| {
+        eprintln!("cellhost: {e}");
+        EXIT_USAGE
+    })
+}
+
+/// A daemon's reply, an error reply and a failed call printed and made
+/// the exit code: 2 for an error reply that is the caller's mistake
+/// (`usage`), 1 otherwise. The command matches the reply it wants and
+/// hands any other to [`unexpected_reply`].
+pub fn daemon_reply(
+    reply: std::io::Result<cellhost_server::daemon::Reply>,
+) -> Result<cellhost_server::daemon::Reply, u8> {
+    use cellhost_server::daemon::Reply;
+    match reply {
+        Ok(Reply::Error { message, usage, .. }) => {
+            eprintln!("cellhost: {message}");
+            Err(if usage { EXIT_USAGE } else { 1 })
+        }
+        Ok(r) => Ok(r),
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            Err(1)
+        }
+    }
+}
+
+/// Prints a reply the request does not answer with; exit code 1.
+pub fn unexpected_reply(other: &cellhost_server::daemon::Reply) -> u8 {
+    eprintln!("cellhost: unexpected reply {other:?}");
+    1
+}
+
 /// The interpreter a command names for `language` (other than Python's):
 /// `--r` or config `r` for R.
 pub fn interpreter_arg(
@@ -452,6 +499,16 @@ mod tests {
             sweep_old_sessions(&root.path().join("missing"), Duration::ZERO),
             0
         );
+    }
+
+    #[test]
+    fn daemon_python_is_absolute_and_absent_stays_absent() {
+        assert!(matches!(daemon_python(None), Ok(None)));
+        let cwd = std::env::current_dir().expect("cwd");
+        let got = daemon_python(Some(Path::new("venv/bin/python"))).expect("relative path");
+        assert_eq!(got, Some(cwd.join("venv/bin/python")));
+        let got = daemon_python(Some(Path::new("/opt/py/bin/python3"))).expect("absolute path");
+        assert_eq!(got, Some(PathBuf::from("/opt/py/bin/python3")));
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //! The interpreter is `CELLHOST_TEST_PYTHON` (numpy and pandas needed) or
 //! `python3` on PATH.
 
-use std::io::{BufRead, BufReader};
+mod serve_address;
+use serve_address::serve_address;
+
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -45,22 +47,7 @@ impl Serve {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let mut addr = None;
-        let until = Instant::now() + Duration::from_secs(120);
-        while addr.is_none() && Instant::now() < until {
-            if let Ok(line) = rx.recv_timeout(Duration::from_secs(1))
-                && let Some(rest) = line.split("serving http://").nth(1)
-            {
-                addr = rest.split('/').next().map(str::to_string);
-            }
-        }
+        let (addr, _rx) = serve_address(&mut child, Duration::from_secs(120));
         let Some(addr) = addr else {
             let _ = child.kill();
             let _ = child.wait();

@@ -11,6 +11,9 @@
 //! the daemon it started (a Drop guard). The interpreter is
 //! `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
+mod serve_address;
+use serve_address::serve_address;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -843,22 +846,7 @@ fn start_serve(env: &Env) -> Serve {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut addr = None;
-    let until = Instant::now() + Duration::from_secs(60);
-    while addr.is_none() && Instant::now() < until {
-        if let Ok(line) = rx.recv_timeout(Duration::from_secs(1))
-            && let Some(rest) = line.split("serving http://").nth(1)
-        {
-            addr = rest.split('/').next().map(str::to_string);
-        }
-    }
+    let (addr, rx) = serve_address(&mut child, Duration::from_secs(60));
     std::thread::spawn(move || for _ in rx {});
     let tokens = std::fs::read_to_string(env.dir.path().join("state/server/tokens")).unwrap_or_default();
     let token = tokens

@@ -19,8 +19,7 @@ use cellhost_remote::{
 use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 
-mod procs;
-use procs::{pid_gone, wait_gone};
+use cellhost_testkit::procs::{pid_gone, ppid, wait_gone, wait_line};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cellhost")
@@ -59,28 +58,6 @@ impl Env {
     fn path(&self) -> &Path {
         self.dir.path()
     }
-}
-
-/// Polls until `path` holds a line (at most 60 s).
-fn wait_file(path: &Path) -> String {
-    for _ in 0..1200 {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{} never written", path.display());
-}
-
-fn ppid(pid: i32) -> i32 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    s.rsplit(')')
-        .next()
-        .and_then(|r| r.split_whitespace().nth(1))
-        .and_then(|p| p.parse().ok())
-        .expect("ppid")
 }
 
 #[test]
@@ -150,10 +127,10 @@ fn host_sigkill_makes_the_agent_kill_its_worker_after_the_grace() {
         .stderr(Stdio::null())
         .spawn()
         .expect("host");
-    let line = wait_file(&pids);
+    let line = wait_line(&pids);
     let mut it = line.split_whitespace().map(|p| p.parse::<i32>().expect("pid"));
     let (worker, init) = (it.next().expect("worker"), it.next().expect("init"));
-    let agent = ppid(init);
+    let agent = ppid(init).expect("ppid");
     assert!(!pid_gone(worker) && !pid_gone(agent));
     host.kill().expect("SIGKILL the host");
     let _ = host.wait();

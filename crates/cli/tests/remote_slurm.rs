@@ -15,8 +15,7 @@ use cellhost_kernel::{CellStatus, ExecOptions, KernelConfig, LiveEvent, Session}
 use cellhost_remote::{AnyPlacement, HostIdentity, HostOptions, MemoryNonces, RemoteHost, RemoteStarter};
 use serde_json::Value;
 
-mod procs;
-use procs::wait_gone;
+use cellhost_testkit::procs::{ppid, wait_gone, wait_line};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cellhost")
@@ -311,12 +310,6 @@ fn exec_with_a_slurm_placement_through_the_cli() {
     assert!(wait_job_gone(&job), "job {job} outlived the command");
 }
 
-/// The parent of `pid` (from /proc).
-fn ppid(pid: i32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The `cellhost agent` process above `pid` (walking up its parents).
 fn agent_of(pid: i32) -> Option<i32> {
     let mut p = ppid(pid)?;
@@ -344,19 +337,6 @@ fn slurm_config(dir: &Path, grace_s: u32) -> PathBuf {
     let path = dir.join("config.toml");
     std::fs::write(&path, toml::to_string(&cfg).expect("toml")).expect("config");
     path
-}
-
-/// Waits until the cell wrote its line (ending in a newline) to `path`.
-fn wait_line(path: &Path) -> String {
-    for _ in 0..1200 {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{} never written", path.display());
 }
 
 #[test]

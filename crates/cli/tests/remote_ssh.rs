@@ -19,10 +19,8 @@ use cellhost_remote::{AnyPlacement, HostIdentity, HostOptions, MemoryNonces, Rem
 use cellhost_sandbox::profile::SandboxMode;
 use serde_json::Value;
 
-mod procs;
-mod sshd;
-use procs::{pid_gone, wait_gone};
-use sshd::Sshd;
+use cellhost_testkit::procs::{pid_gone, wait_gone};
+use cellhost_testkit::sshd::Sshd;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cellhost")

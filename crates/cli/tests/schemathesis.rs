@@ -9,7 +9,10 @@
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3`; schemathesis is
 //! looked up beside it. Without it the test says so and passes.
 
-use std::io::{BufRead, BufReader, Read};
+mod serve_address;
+use serve_address::serve_address;
+
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -63,22 +66,7 @@ fn schemathesis_finds_no_server_error_and_no_answer_off_the_document() {
             .spawn()
             .expect("spawn serve"),
     );
-    let stderr = serve.0.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut addr = None;
-    let until = Instant::now() + Duration::from_secs(60);
-    while addr.is_none() && Instant::now() < until {
-        if let Ok(line) = rx.recv_timeout(Duration::from_secs(1))
-            && let Some(rest) = line.split("serving http://").nth(1)
-        {
-            addr = rest.split('/').next().map(str::to_string);
-        }
-    }
+    let (addr, _rx) = serve_address(&mut serve.0, Duration::from_secs(60));
     let addr = addr.expect("serve says where it listens");
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     let mut run = Guard(

@@ -4,6 +4,9 @@
 //!
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
+mod serve_address;
+use serve_address::serve_address;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
@@ -35,22 +38,7 @@ fn serve_with_token_file_curl_mcp_auth_and_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut addr = None;
-    let until = Instant::now() + Duration::from_secs(60);
-    while addr.is_none() && Instant::now() < until {
-        if let Ok(line) = rx.recv_timeout(Duration::from_secs(1))
-            && let Some(rest) = line.split("serving http://").nth(1)
-        {
-            addr = rest.split('/').next().map(str::to_string);
-        }
-    }
+    let (addr, _rx) = serve_address(&mut child, Duration::from_secs(60));
     let Some(addr) = addr else {
         let _ = child.kill();
         panic!("serve did not say where it listens");

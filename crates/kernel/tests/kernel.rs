@@ -13,6 +13,8 @@ use cellhost_kernel::{
 };
 use tempfile::TempDir;
 
+mod common;
+
 #[path = "kernel_tests/bulk_output.rs"]
 mod bulk_output;
 #[path = "kernel_tests/hostile_code.rs"]
@@ -1386,23 +1388,7 @@ async fn sandbox_default_profile_reports_its_layers() {
             l.detail
         );
     }
-    for name in [
-        "env",
-        "rlimits",
-        "userns",
-        "pidns",
-        "netns",
-        "ipcns",
-        "utsns",
-        "mountns",
-        "cgroupns",
-        "rootfs",
-        "uid",
-        "landlock",
-        "capabilities",
-        "seccomp",
-        "cgroup",
-    ] {
+    for name in common::SANDBOX_LAYERS {
         assert!(s.layer(name).is_some(), "{name} missing from {s:?}");
     }
     // The worker really is a low pid below the ns-init (pid 1; the ns-init's
@@ -1833,46 +1819,8 @@ async fn template_forks_a_sandboxed_kernel_with_the_stack_loaded() {
     // exactly as far as a cold kernel of that user gets them.
     let root = rustix::process::geteuid().is_root();
     let cold = sandboxed(&dir, SandboxProfile::default()).await;
-    let mut names = vec![
-        "env",
-        "rlimits",
-        "pidns",
-        "netns",
-        "ipcns",
-        "utsns",
-        "mountns",
-        "cgroupns",
-        "rootfs",
-        "uid",
-        "landlock",
-        "capabilities",
-        "seccomp",
-        "cgroup",
-    ];
-    if !root {
-        names.push("userns");
-    }
-    for name in names {
-        let l = k
-            .info()
-            .sandbox
-            .layer(name)
-            .unwrap_or_else(|| panic!("{name} not reported"));
-        if name == "cgroup" && !root {
-            let c = cold
-                .info()
-                .sandbox
-                .layer(name)
-                .expect("cold kernel's cgroup layer");
-            assert_eq!(
-                l.enforced, c.enforced,
-                "{name}: forked {} / cold {}",
-                l.detail, c.detail
-            );
-        } else {
-            assert!(l.enforced, "{name}: {}", l.detail);
-        }
-    }
+    let as_cold: &[&str] = if root { &[] } else { &["cgroup"] };
+    common::assert_fork_layers_as_cold(&k, &cold, as_cold);
     let cgroup = k.info().sandbox.layer("cgroup").is_some_and(|l| l.enforced);
     cold.kill().await;
     if !root {

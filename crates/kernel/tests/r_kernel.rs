@@ -5,6 +5,8 @@
 //! installs it with apt when missing); every test is skipped, saying why,
 //! where R or its `jsonlite` package is not installed.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,38 +16,7 @@ use tempfile::TempDir;
 
 /// R for the tests, or `None` (printed) when it or jsonlite is missing.
 fn r() -> Option<PathBuf> {
-    let path = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_kernel::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    if !has_package(&path, "jsonlite") {
-        eprintln!(
-            "skipped: R package jsonlite is not installed for {}",
-            path.display()
-        );
-        return None;
-    }
-    Some(path)
-}
-
-fn has_package(r: &std::path::Path, name: &str) -> bool {
-    std::process::Command::new(r)
-        .args([
-            "--no-echo",
-            "-e",
-            &format!("quit(status = !requireNamespace('{name}', quietly = TRUE))"),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    cellhost_testkit::r::r_interpreter(|| cellhost_kernel::resolve_r(None))
 }
 
 struct Fixture {
@@ -220,7 +191,7 @@ async fn r_plots_come_back_as_png_files_one_per_page() {
     let r = f.run("grid::grid.newpage(); grid::grid.rect()").await;
     assert_ok(&r);
     assert_eq!(r.displays.len(), 1);
-    if has_package(&f.r, "lattice") {
+    if cellhost_testkit::r::has_package(&f.r, "lattice") {
         let r = f.run("library(lattice)\nxyplot(1:5 ~ 1:5)").await;
         assert_ok(&r);
         assert_eq!(r.displays.len(), 1, "{r:#?}");
@@ -228,7 +199,7 @@ async fn r_plots_come_back_as_png_files_one_per_page() {
     } else {
         eprintln!("skipped: lattice is not installed");
     }
-    if has_package(&f.r, "ggplot2") {
+    if cellhost_testkit::r::has_package(&f.r, "ggplot2") {
         let r = f
             .run("library(ggplot2)\nggplot(data.frame(a = 1:3, b = 3:1), aes(a, b)) + geom_point()")
             .await;
@@ -520,29 +491,6 @@ async fn r_interrupt_the_cell_swallows_escalates_after_the_grace() {
     f.session.shutdown().await;
 }
 
-/// A shared object that sets SIGINT's disposition, as a package's native
-/// code can; `None` (printed) without a C compiler.
-fn sigint_library(dir: &std::path::Path) -> Option<PathBuf> {
-    let src = dir.join("sigint.c");
-    std::fs::write(
-        &src,
-        "#include <signal.h>\nvoid ignore_sigint(void) { signal(SIGINT, SIG_IGN); }\n",
-    )
-    .expect("write C source");
-    let lib = dir.join("sigint.so");
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
-        eprintln!("skipped: no C compiler to build a library that ignores SIGINT");
-        return None;
-    }
-    Some(lib)
-}
-
 /// A package's native code that ignores SIGINT: the worker puts R's
 /// handler back before the next cell, so a cell waiting in R (`Sys.sleep`)
 /// or computing in R is interrupted with the session kept. Only a cell
@@ -558,7 +506,7 @@ async fn r_a_package_that_ignores_sigint_is_rearmed_before_the_next_cell() {
     }) else {
         return;
     };
-    let Some(lib) = sigint_library(f.dir.path()) else {
+    let Some(lib) = common::sigint_library(f.dir.path()) else {
         return;
     };
     let code = format!(

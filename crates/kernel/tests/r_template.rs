@@ -6,6 +6,8 @@
 //! skipped, saying why, where R, its `jsonlite` package or a C compiler
 //! (the template's native part is built with `R CMD SHLIB`) is missing.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,52 +21,7 @@ use tempfile::TempDir;
 /// R for the tests, or `None` (printed) when it, jsonlite or a C compiler
 /// is missing.
 fn r() -> Option<PathBuf> {
-    let path = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_kernel::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    let ok = std::process::Command::new(&path)
-        .args([
-            "--no-echo",
-            "-e",
-            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!(
-            "skipped: R package jsonlite is not installed for {}",
-            path.display()
-        );
-        return None;
-    }
-    let cc = std::process::Command::new(&path)
-        .args(["CMD", "config", "CC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let compiler = cc.split_whitespace().next().unwrap_or("");
-    if compiler.is_empty()
-        || !std::process::Command::new(compiler)
-            .arg("--version")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    {
-        eprintln!("skipped: no C compiler for R CMD SHLIB ({cc:?})");
-        return None;
-    }
-    Some(path)
+    cellhost_testkit::r::r_with_compiler(|| cellhost_kernel::resolve_r(None))
 }
 
 fn config(r: &std::path::Path, dir: &TempDir, session: &str) -> KernelConfig {
@@ -294,45 +251,9 @@ async fn r_template_forks_a_sandboxed_kernel_with_every_layer() {
     let cold = Kernel::spawn(cold_cfg).await.expect("cold sandboxed R kernel");
     let ks = Kernels(vec![k.clone(), cold.clone()]);
     assert_eq!(k.info().template, Some(t.info().pid));
-    let mut names = vec![
-        "env",
-        "rlimits",
-        "pidns",
-        "netns",
-        "ipcns",
-        "utsns",
-        "mountns",
-        "cgroupns",
-        "rootfs",
-        "uid",
-        "landlock",
-        "capabilities",
-        "seccomp",
-        "cgroup",
-    ];
-    if !root {
-        names.push("userns");
-    }
-    for name in names {
-        let l = k
-            .info()
-            .sandbox
-            .layer(name)
-            .unwrap_or_else(|| panic!("{name} not reported: {:?}", k.info().sandbox));
-        let c = cold.info().sandbox.layer(name);
-        if name == "cgroup" || name == "landlock" {
-            // As far as a cold kernel gets it here (no Landlock in the
-            // running kernel, no delegated cgroup for this user).
-            let c = c.unwrap_or_else(|| panic!("cold kernel's {name} layer"));
-            assert_eq!(
-                l.enforced, c.enforced,
-                "{name}: forked {} / cold {}",
-                l.detail, c.detail
-            );
-        } else {
-            assert!(l.enforced, "{name}: {}", l.detail);
-        }
-    }
+    // Landlock and the cgroup as far as a cold kernel gets them here (no
+    // Landlock in the running kernel, no delegated cgroup for this user).
+    common::assert_fork_layers_as_cold(&k, &cold, &["cgroup", "landlock"]);
     let r = run(&k, "cat(Sys.getpid(), 'package:tools' %in% search())").await;
     assert_eq!(r.stdout, "2 TRUE", "{r:#?}");
     let ns = cellhost_sandbox::procfs::ns_pids(k.info().pid as i32);
@@ -457,7 +378,7 @@ cat(out, paste0("caps[", paste(caps, collapse = ","), "]"))"#
 async fn r_template_sandboxed_interrupt_keeps_state_and_kill_reaps_the_tree() {
     let Some(r) = r() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(lib) = sigint_library(dir.path()) else {
+    let Some(lib) = common::sigint_library(dir.path()) else {
         return;
     };
     let t = sandboxed_template(&r, &dir, &[]).await;
@@ -500,28 +421,4 @@ async fn r_template_sandboxed_interrupt_keeps_state_and_kill_reaps_the_tree() {
     }
     assert!(!k.is_alive());
     drop(ks);
-}
-
-/// A shared object that sets SIGINT's disposition, as a package's native
-/// code can (built in `dir`, which a sandboxed kernel can read); `None`
-/// (printed) without a C compiler.
-fn sigint_library(dir: &std::path::Path) -> Option<PathBuf> {
-    let src = dir.join("sigint.c");
-    std::fs::write(
-        &src,
-        "#include <signal.h>\nvoid ignore_sigint(void) { signal(SIGINT, SIG_IGN); }\n",
-    )
-    .expect("write C source");
-    let lib = dir.join("sigint.so");
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !built {
-        eprintln!("skipped: no C compiler to build a library that ignores SIGINT");
-        return None;
-    }
-    Some(lib)
 }

@@ -5,146 +5,32 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cellhost_placement::ssh::{SshOptions, SshPlacement};
 use cellhost_placement::{PlacedState, Placement, PlacementError};
+use cellhost_testkit::sshd::Sshd;
 
 const WAIT: Duration = Duration::from_secs(60);
-const SSHD: &str = "/usr/sbin/sshd";
 
-/// A loopback sshd; killed and reaped on drop.
-struct Sshd {
-    dir: tempfile::TempDir,
-    child: Child,
-    port: u16,
-    user: String,
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// Whether `cmd` ran and succeeded (its output discarded).
 fn run(cmd: &mut Command) -> bool {
     matches!(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status(), Ok(s) if s.success())
 }
 
-impl Sshd {
-    fn start() -> Option<Sshd> {
-        if !Path::new(SSHD).exists() || Command::new("ssh-keygen").arg("-?").output().is_err() {
-            eprintln!(
-                "skipped: {SSHD} or ssh-keygen is missing (apt-get install openssh-server openssh-client)"
-            );
-            return None;
-        }
-        let dir = match tempfile::Builder::new().prefix("cellhost-sshd-").tempdir() {
-            Ok(d) => d,
-            Err(e) => panic!("temp dir: {e}"),
-        };
-        let d = dir.path();
-        for key in ["host_key", "client_key"] {
-            assert!(
-                run(Command::new("ssh-keygen")
-                    .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                    .arg(d.join(key))),
-                "ssh-keygen {key}"
-            );
-        }
-        let copy = std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys"));
-        assert!(copy.is_ok(), "authorized_keys: {copy:?}");
-        let user = match Command::new("id").arg("-un").output() {
-            Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-            Err(e) => panic!("id -un: {e}"),
-        };
-        // A free port: bound, then released for sshd.
-        let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-            Ok(a) => a.port(),
-            Err(e) => panic!("free port: {e}"),
-        };
-        let config = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {hk}\nPidFile none\n\
-             AuthorizedKeysFile {ak}\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
-             KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n\
-             PermitRootLogin prohibit-password\nAllowUsers {user}\nLogLevel INFO\n",
-            hk = d.join("host_key").display(),
-            ak = d.join("authorized_keys").display(),
-        );
-        assert!(std::fs::write(d.join("sshd_config"), config).is_ok());
-        if rustix::process::geteuid().is_root() {
-            // sshd's privilege separation directory (Debian's default path).
-            let _ = std::fs::create_dir_all("/run/sshd");
-        }
-        let mut child = match Command::new(SSHD)
-            .args(["-D", "-e", "-f"])
-            .arg(d.join("sshd_config"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => panic!("sshd: {e}"),
-        };
-        // Ready once it says so; its later log lines are drained by a thread.
-        let Some(stderr) = child.stderr.take() else {
-            panic!("sshd stderr")
-        };
-        let mut lines = BufReader::new(stderr).lines();
-        let mut said = Vec::new();
-        let ready = loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    let listening = line.contains("Server listening");
-                    said.push(line);
-                    if listening {
-                        break true;
-                    }
-                }
-                _ => break false,
-            }
-        };
-        let mut sshd = Sshd {
-            dir,
-            child,
-            port,
-            user,
-        };
-        if !ready {
-            let _ = sshd.child.kill();
-            let _ = sshd.child.wait();
-            panic!("sshd did not start: {said:?}");
-        }
-        std::thread::spawn(move || for _ in lines.by_ref() {});
-        let host_pub = match std::fs::read_to_string(sshd.dir.path().join("host_key.pub")) {
-            Ok(s) => s,
-            Err(e) => panic!("host key: {e}"),
-        };
-        let known = format!("[127.0.0.1]:{} {}", sshd.port, host_pub.trim());
-        assert!(std::fs::write(sshd.path("known_hosts"), known + "\n").is_ok());
-        Some(sshd)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn options(&self) -> SshOptions {
-        SshOptions {
-            host: "127.0.0.1".to_owned(),
-            port: Some(self.port),
-            user: Some(self.user.clone()),
-            identity: Some(self.path("client_key")),
-            known_hosts: Some(self.path("known_hosts")),
-            remote_dir: Some(self.path("remote").display().to_string()),
-            kill_grace_secs: Some(2),
-            ..SshOptions::default()
-        }
+/// The SSH placement's options for `sshd`.
+fn options(sshd: &Sshd) -> SshOptions {
+    SshOptions {
+        host: "127.0.0.1".to_owned(),
+        port: Some(sshd.port),
+        user: Some(sshd.user.clone()),
+        identity: Some(sshd.path("client_key")),
+        known_hosts: Some(sshd.path("known_hosts")),
+        remote_dir: Some(sshd.path("remote").display().to_string()),
+        kill_grace_secs: Some(2),
+        ..SshOptions::default()
     }
 }
 
@@ -178,7 +64,7 @@ impl Drop for Reap {
 #[tokio::test]
 async fn ssh_agent_gets_its_credential_through_stdin_as_a_0600_file_never_in_argv_or_env() {
     let Some(sshd) = Sshd::start() else { return };
-    let p = placement(sshd.options());
+    let p = placement(options(&sshd));
     let m = markers();
     let request = common::stand_in_request(m.path(), b"ssh-credential-7f3a");
     let placed = match p.place(&request).await {
@@ -226,7 +112,7 @@ async fn ssh_agent_gets_its_credential_through_stdin_as_a_0600_file_never_in_arg
 #[tokio::test]
 async fn ssh_cancel_kills_the_agents_process_group_and_removes_the_credential() {
     let Some(sshd) = Sshd::start() else { return };
-    let p = placement(sshd.options());
+    let p = placement(options(&sshd));
     let m = markers();
     let request = common::stand_in_request(m.path(), b"c");
     let placed = match p.place(&request).await {
@@ -260,7 +146,7 @@ async fn ssh_cancel_kills_the_agents_process_group_and_removes_the_credential() 
 #[tokio::test]
 async fn ssh_place_twice_with_one_token_starts_one_agent() {
     let Some(sshd) = Sshd::start() else { return };
-    let p = placement(sshd.options());
+    let p = placement(options(&sshd));
     let m = markers();
     let request = common::stand_in_request(m.path(), b"c");
     let first = p.place(&request).await;
@@ -294,7 +180,7 @@ async fn ssh_refuses_a_host_whose_key_is_not_the_known_one() {
     let other_pub = std::fs::read_to_string(other.with_extension("pub")).unwrap_or_default();
     let line = format!("[127.0.0.1]:{} {}\n", sshd.port, other_pub.trim());
     assert!(std::fs::write(sshd.path("known_hosts"), line).is_ok());
-    let p = placement(sshd.options());
+    let p = placement(options(&sshd));
     let m = markers();
     let request = common::stand_in_request(m.path(), b"c");
     match p.place(&request).await {
@@ -310,7 +196,7 @@ async fn ssh_refuses_a_host_whose_key_is_not_the_known_one() {
 #[tokio::test]
 async fn ssh_agent_that_exits_reports_its_exit_status_and_leaves_no_credential() {
     let Some(sshd) = Sshd::start() else { return };
-    let p = placement(sshd.options());
+    let p = placement(options(&sshd));
     let m = markers();
     let mut request = common::stand_in_request(m.path(), b"c");
     request.agent_argv = vec![

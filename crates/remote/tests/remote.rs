@@ -16,6 +16,7 @@ use cellhost_remote::{
     MemoryNonces, RemoteHost, RemoteStarter, run_agent,
 };
 use cellhost_sandbox::profile::SandboxMode;
+use cellhost_testkit::procs::pid_gone;
 use tempfile::TempDir;
 
 fn python() -> PathBuf {
@@ -104,17 +105,6 @@ async fn until_printed(rx: &mut tokio::sync::mpsc::UnboundedReceiver<LiveEvent>,
         }
     }
     panic!("the cell ended without printing {needle:?}: {seen:?}");
-}
-
-fn pid_gone(pid: i32) -> bool {
-    // A zombie counts as gone: it runs nothing.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .is_some_and(|r| r.trim_start().starts_with('Z')),
-    }
 }
 
 /// Waits (by polling /proc, at most 20 s) until `pid` is gone.

@@ -50,31 +50,7 @@ async fn start() -> Server {
 /// R for the tests (`CELLHOST_TEST_R` or `R` on PATH) with jsonlite, or
 /// `None` (printed).
 fn r_interpreter() -> Option<PathBuf> {
-    let r = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_sessions::cell::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    let ok = std::process::Command::new(&r)
-        .args([
-            "--no-echo",
-            "-e",
-            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: R package jsonlite is not installed for {}", r.display());
-        return None;
-    }
-    Some(r)
+    cellhost_testkit::r::r_interpreter(|| cellhost_sessions::cell::resolve_r(None))
 }
 
 /// A server whose kernels' default cell deadline is `cell_timeout` (the

@@ -15,6 +15,7 @@ pub mod floor;
 pub mod install_egress;
 pub mod journal;
 pub mod journal_schema;
+mod last_used;
 pub mod limits;
 pub mod network;
 pub mod packages;

@@ -132,17 +132,24 @@ async fn install_call(
     }
 }
 
-/// A ready kernel, its tools, its own working directory when the pool
-/// gives each kernel one (to become its session's), its own package
-/// overlay (to become its session's), and its session directory (where it
-/// works without a working directory of its own).
-type Pooled = (
-    Kernel,
-    Option<Arc<SessionTools>>,
-    Option<PathBuf>,
-    Option<PathBuf>,
-    PathBuf,
-);
+/// A ready kernel of the warm pool, with what becomes its session's when
+/// a session takes it ([`Pool::take`]).
+pub struct Pooled {
+    /// The kernel: alive, idle, no cell run yet.
+    pub kernel: Kernel,
+    /// Its tool host, to be renamed to the session and pointed at the
+    /// session's package overlay.
+    pub tools: Option<Arc<SessionTools>>,
+    /// Its own working directory, when the pool gives each kernel one (to
+    /// be moved to the session's).
+    pub workdir: Option<PathBuf>,
+    /// Its own package overlay (to be moved to the session's); `None` for
+    /// a runtime without overlays (R) or when it could not be made.
+    pub overlay: Option<PathBuf>,
+    /// Its session directory: where it works without a working directory
+    /// of its own.
+    pub session_dir: PathBuf,
+}
 
 /// Creates a package overlay at `root` (with its `site` directory) and
 /// returns its canonical path; `None` when it cannot be made (the kernel
@@ -276,9 +283,10 @@ impl Pool {
         let got = {
             let mut q = self.ready.lock().ok()?;
             let mut got = None;
-            while let Some((k, t, w, o, d)) = q.pop_front() {
+            while let Some(p) = q.pop_front() {
+                let k = &p.kernel;
                 if k.is_alive() && k.cells_settled() == 0 && !k.is_busy() {
-                    got = Some((k, t, w, o, d));
+                    got = Some(p);
                     break;
                 }
                 // A dead or used kernel is dropped (and so killed).
@@ -356,7 +364,13 @@ impl Pool {
                             break;
                         }
                         if let Ok(mut q) = self.ready.lock() {
-                            q.push_back((k, tools, workdir, overlay, session_dir));
+                            q.push_back(Pooled {
+                                kernel: k,
+                                tools,
+                                workdir,
+                                overlay,
+                                session_dir,
+                            });
                         }
                     }
                     Err(e) => {
@@ -381,8 +395,8 @@ impl Pool {
             .lock()
             .map(|mut q| q.drain(..).collect())
             .unwrap_or_default();
-        for (k, _, _, _, _) in all {
-            k.kill().await;
+        for p in all {
+            p.kernel.kill().await;
         }
     }
 }

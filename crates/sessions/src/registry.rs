@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::checkpoint::{Checkpoint, CheckpointMode, CheckpointStore};
 use crate::journal::{CellStart, Journal};
+use crate::last_used::LastUsed;
 use cellhost_kernel::RestoredState;
 
 #[path = "registry_checkpoint.rs"]
@@ -302,7 +303,6 @@ struct SlotInner {
     /// The session's kernels and their generations (the one lifecycle
     /// rule, shared with [`cellhost_kernel::Session`]).
     lineage: Lineage,
-    last_used: Option<Instant>,
     spawning: bool,
     /// The session's own environment, applied to each of its kernels.
     env: crate::SessionEnv,
@@ -352,11 +352,28 @@ struct Slot {
     ckpt_busy: Arc<tokio::sync::Mutex<()>>,
     inner: Mutex<SlotInner>,
     attached: AtomicUsize,
+    /// When the session was last used; outside `inner`, so an
+    /// [`Attach`]'s drop takes no lock.
+    last_used: LastUsed,
     pinned: AtomicBool,
     parent: Option<Key>,
 }
 
 impl Slot {
+    /// A slot of `key`, never used, without a kernel.
+    fn new(key: Key, parent: Option<Key>) -> Self {
+        Slot {
+            key,
+            spawn_lock: tokio::sync::Mutex::new(()),
+            ckpt_busy: Arc::new(tokio::sync::Mutex::new(())),
+            inner: Mutex::new(SlotInner::default()),
+            attached: AtomicUsize::new(0),
+            last_used: LastUsed::new(),
+            pinned: AtomicBool::new(false),
+            parent,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, SlotInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -853,17 +870,7 @@ impl Registry {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots
             .entry(key.clone())
-            .or_insert_with(|| {
-                Arc::new(Slot {
-                    key: key.clone(),
-                    spawn_lock: tokio::sync::Mutex::new(()),
-                    ckpt_busy: Arc::new(tokio::sync::Mutex::new(())),
-                    inner: Mutex::new(SlotInner::default()),
-                    attached: AtomicUsize::new(0),
-                    pinned: AtomicBool::new(false),
-                    parent,
-                })
-            })
+            .or_insert_with(|| Arc::new(Slot::new(key.clone(), parent)))
             .clone()
     }
 
@@ -1244,7 +1251,7 @@ impl Registry {
             g.spawning = false;
             let k = result?;
             g.lineage.install(k.clone(), generation);
-            g.last_used = Some(Instant::now());
+            slot.last_used.touch();
             if let Some(j) = &self.journal {
                 let key = &slot.key;
                 j.session_used(
@@ -1296,7 +1303,13 @@ impl Registry {
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && crate::pool::overlay_is_empty(&overlay)
             && let Some(pool) = &self.pool
-            && let Some((k, tools, own, pool_overlay, pooled_dir)) = pool.take()
+            && let Some(crate::pool::Pooled {
+                kernel: k,
+                tools,
+                workdir: own,
+                overlay: pool_overlay,
+                session_dir: pooled_dir,
+            }) = pool.take()
         {
             // The kernel names its directory by the real path it was
             // started in (taken before the move).
@@ -1409,7 +1422,7 @@ impl Registry {
                 && !s.pinned.load(Ordering::SeqCst)
                 && !g.lineage.live().is_some_and(Kernel::is_busy);
             if evictable {
-                let t = g.last_used.unwrap_or_else(Instant::now);
+                let t = s.last_used.get().unwrap_or_else(Instant::now);
                 if best.as_ref().is_none_or(|(bt, _)| t < *bt) {
                     best = Some((t, s.clone()));
                 }
@@ -1454,8 +1467,9 @@ impl Registry {
                 continue;
             }
             let mut g = s.lock();
-            let idle = g
+            let idle = s
                 .last_used
+                .get()
                 .is_some_and(|t| now.duration_since(t) >= self.cfg.idle_timeout);
             if !idle || g.lineage.held().is_none_or(Kernel::is_busy) {
                 continue;
@@ -1590,7 +1604,7 @@ impl Registry {
                     }
                 }
             }
-            g.last_used = Some(Instant::now());
+            slot.last_used.touch();
             g.lineage.settle(generation, kernel.is_alive(), &mut r);
             if g.restored_note
                 .as_ref()
@@ -1859,12 +1873,12 @@ impl Attach {
     }
 }
 
-/// Dropping an attachment takes the slot's lock: never drop one while
-/// holding it.
+/// Dropping an attachment takes no lock (it may be dropped while the
+/// slot's is held): the count and the use stamp are atomics.
 impl Drop for Attach {
     fn drop(&mut self) {
         self.0.attached.fetch_sub(1, Ordering::SeqCst);
-        self.0.lock().last_used = Some(Instant::now());
+        self.0.last_used.touch();
     }
 }
 
@@ -1874,5 +1888,49 @@ fn own_settings(g: &SlotInner) -> crate::journal::SessionSettings {
     crate::journal::SessionSettings {
         limits: g.limits.map(|l| l.asked),
         network: g.network.as_ref().map(|n| n.to_text()),
+    }
+}
+
+#[cfg(test)]
+mod attach_tests {
+    use super::*;
+
+    fn slot() -> Arc<Slot> {
+        let key = Key {
+            owner: "o".into(),
+            session: "s".into(),
+            python: PathBuf::from("python3"),
+            language: "python".into(),
+            cwd: None,
+            tools: None,
+            sandbox: SandboxMode::Off,
+            placement: "local".into(),
+        };
+        Arc::new(Slot::new(key, None))
+    }
+
+    /// An attachment dropped while its slot's lock is held ends: its drop
+    /// once took that lock and hung.
+    #[test]
+    fn an_attach_dropped_under_the_slot_lock_does_not_hang() {
+        let slot = slot();
+        let attach = Attach::new(&slot);
+        assert_eq!(slot.attached.load(Ordering::SeqCst), 1);
+        assert_eq!(slot.last_used.get(), None);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = slot.clone();
+        let dropper = std::thread::spawn(move || {
+            let g = s.lock();
+            drop(attach);
+            drop(g);
+            let _ = tx.send(());
+        });
+        // A hang guard, not a timing assertion: only a hang reaches it.
+        if let Err(e) = rx.recv_timeout(Duration::from_secs(60)) {
+            panic!("dropping an Attach while its slot's lock is held hung ({e})");
+        }
+        dropper.join().expect("the dropping thread");
+        assert_eq!(slot.attached.load(Ordering::SeqCst), 0);
+        assert!(slot.last_used.get().is_some(), "the drop marks the session used");
     }
 }

@@ -13,46 +13,10 @@ use cellhost_kernel::{ExecOptions, KernelConfig, RRuntime};
 use cellhost_sandbox::profile::SandboxProfile;
 use cellhost_sessions::{Origin, Registry, RegistryConfig};
 
+/// R for the tests, or `None` (printed) when it, jsonlite or a C compiler
+/// is missing.
 fn r() -> Option<PathBuf> {
-    let path = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_kernel::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    let jsonlite = std::process::Command::new(&path)
-        .args([
-            "--no-echo",
-            "-e",
-            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    let cc = std::process::Command::new(&path)
-        .args(["CMD", "config", "CC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let compiler = cc.split_whitespace().next().is_some_and(|c| {
-        std::process::Command::new(c)
-            .arg("--version")
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if !jsonlite || !compiler {
-        eprintln!(
-            "skipped: R {} lacks jsonlite or a C compiler ({cc:?})",
-            path.display()
-        );
-        return None;
-    }
-    Some(path)
+    cellhost_testkit::r::r_with_compiler(|| cellhost_kernel::resolve_r(None))
 }
 
 fn reg_config(r: &Path, dir: &Path, sandbox: SandboxProfile) -> RegistryConfig {

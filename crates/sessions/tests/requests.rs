@@ -302,31 +302,7 @@ async fn a_session_keeps_its_language_and_a_mismatch_is_a_clear_error() {
 /// R for the tests (`CELLHOST_TEST_R` or `R` on PATH), `None` (printed)
 /// without one.
 fn r_interpreter() -> Option<PathBuf> {
-    let r = match std::env::var_os("CELLHOST_TEST_R") {
-        Some(p) => PathBuf::from(p),
-        None => match cellhost_kernel::resolve_r(None) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("skipped: no R to test with: {e}");
-                return None;
-            }
-        },
-    };
-    let ok = std::process::Command::new(&r)
-        .args([
-            "--no-echo",
-            "-e",
-            "quit(status = !requireNamespace('jsonlite', quietly = TRUE))",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipped: R package jsonlite is not installed for {}", r.display());
-        return None;
-    }
-    Some(r)
+    cellhost_testkit::r::r_interpreter(|| cellhost_kernel::resolve_r(None))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

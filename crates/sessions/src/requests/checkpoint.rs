@@ -1,6 +1,6 @@
 //! `checkpoint`: take a session's checkpoint now.
 
-use super::{CwdScope, RequestError, live_keys, validate_session};
+use super::{CwdScope, RequestError, live_key};
 use crate::checkpoint::CheckpointMode;
 use crate::registry::{CheckpointSummary, Registry};
 
@@ -25,14 +25,7 @@ impl CheckpointRequest {
     /// `session_busy`; `checkpoint_unavailable` (`process` mode, a remote
     /// kernel, not Python); `checkpoint_failed`.
     pub async fn execute(&self, reg: &Registry) -> Result<CheckpointSummary, RequestError> {
-        validate_session(&self.session)?;
-        let keys = live_keys(reg, &self.owner, &self.session, &self.cwd)?;
-        let Some(key) = keys.first() else {
-            return Err(RequestError::SessionNotFound {
-                session: self.session.clone(),
-                live: true,
-            });
-        };
+        let key = &live_key(reg, &self.owner, &self.session, &self.cwd)?;
         if reg.checkpoint_mode(key) == CheckpointMode::Process {
             reg.check_checkpoint_mode(key, CheckpointMode::Process)?;
         }

@@ -819,6 +819,29 @@ impl CwdScope {
     }
 }
 
+/// The key a request on one live kernel of the owner's session `name`
+/// acts on (a checkpoint, a pause): the name checked, then the first of
+/// [`live_keys`] within `scope`.
+///
+/// # Errors
+/// `bad_request` for the name ([`validate_session`]); `session_not_found`
+/// as [`live_keys`].
+pub(crate) fn live_key(
+    reg: &Registry,
+    owner: &str,
+    name: &str,
+    scope: &CwdScope,
+) -> Result<Key, RequestError> {
+    validate_session(name)?;
+    live_keys(reg, owner, name, scope)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| RequestError::SessionNotFound {
+            session: name.to_string(),
+            live: true,
+        })
+}
+
 /// The owner's keys of session `name` with a live kernel (any interpreter
 /// or mode) within `scope`.
 ///

@@ -1,6 +1,6 @@
 //! `pause`: checkpoint a session and stop its kernel; the next cell resumes it.
 
-use super::{CwdScope, RequestError, live_keys, validate_session};
+use super::{CwdScope, RequestError, live_key};
 use crate::registry::{PauseReport, Registry};
 
 /// Pause an owner's live, idle session: a namespace checkpoint, then its
@@ -27,14 +27,7 @@ impl PauseRequest {
     /// `checkpoint_unavailable` (a remote kernel, not Python);
     /// `checkpoint_failed` (the kernel keeps running).
     pub async fn execute(&self, reg: &Registry) -> Result<PauseReport, RequestError> {
-        validate_session(&self.session)?;
-        let keys = live_keys(reg, &self.owner, &self.session, &self.cwd)?;
-        let Some(key) = keys.first() else {
-            return Err(RequestError::SessionNotFound {
-                session: self.session.clone(),
-                live: true,
-            });
-        };
+        let key = &live_key(reg, &self.owner, &self.session, &self.cwd)?;
         reg.pause(key)
             .await
             .map_err(super::busy_as_session_busy(&self.session))
