@@ -2,7 +2,10 @@
 //! are invisible to the other (numpy arrays, pandas frames, module globals,
 //! files), the execution count is carried, a busy parent or a taken name is
 //! refused with its code, threads refuse a fork unless dropped, the disk cap
-//! bounds the copy, and `history` shows the lineage.
+//! bounds the copy, and `history` shows the lineage. Each for a confined
+//! parent (forked by pickle) and a sandbox-off one (forked copy-on-write),
+//! whose fork and parent end without stray processes in either order, and
+//! survive each other's death.
 //!
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH; the
 //! numpy/pandas checks run where the interpreter has them and say so when
@@ -12,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cellhost_kernel::{CellStatus, KernelConfig, LiveEvent};
+use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::requests::{
-    CwdScope, ExecuteRequest, ForkRequest, ForkThreads, HistoryRequest, KillRequest,
+    CwdScope, ExecuteRequest, ForkMethod, ForkRequest, ForkThreads, HistoryRequest, KillRequest,
 };
 use cellhost_sessions::{Durability, Journal, Origin, Registry, RegistryConfig, SessionSpec, Surface};
 
@@ -25,7 +29,16 @@ fn python() -> PathBuf {
 }
 
 async fn start(dir: &Path) -> Arc<Registry> {
+    start_with(dir, None).await
+}
+
+/// A registry whose kernels (and floor) have sandbox mode `mode` (`None`:
+/// the default, `auto`).
+async fn start_with(dir: &Path, mode: Option<SandboxMode>) -> Arc<Registry> {
     let mut t = KernelConfig::new(python(), dir.join("unused"));
+    if let Some(m) = mode {
+        t.sandbox.mode = m;
+    }
     let work = dir.join("work");
     std::fs::create_dir_all(&work).expect("workdir");
     t.cwd = Some(work);
@@ -84,8 +97,30 @@ fn fork(parent: &str, name: &str) -> ForkRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fork_has_the_parents_state_and_its_own_and_counts_on() {
+    let report = state_and_isolation(None).await;
+    assert_eq!(report.method, ForkMethod::Pickle);
+    assert!(
+        report
+            .pickle_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("confined")),
+        "{report:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_off_fork_is_copy_on_write_with_the_parents_state_and_its_own() {
+    let report = state_and_isolation(Some(SandboxMode::Off)).await;
+    assert_eq!(report.method, ForkMethod::Cow, "{report:?}");
+    assert_eq!(report.pickle_reason, None);
+    assert_eq!(report.snapshot_bytes, 0);
+}
+
+/// The state test for a registry of sandbox mode `mode`: returns the
+/// fork's report.
+async fn state_and_isolation(mode: Option<SandboxMode>) -> cellhost_sessions::requests::ForkReport {
     let dir = tempfile::tempdir().expect("tempdir");
-    let reg = start(dir.path()).await;
+    let reg = start_with(dir.path(), mode).await;
     let _guard = Shutdown(reg.clone());
     let has_np = run(
         &reg,
@@ -195,6 +230,7 @@ async fn a_fork_has_the_parents_state_and_its_own_and_counts_on() {
     .await
     .expect("kill parent");
     assert_eq!(text(&run(&reg, "c", "len(x)").await), "4");
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -294,4 +330,123 @@ async fn a_workdir_past_the_disk_cap_is_refused_and_leaves_no_session() {
         .filter(|e| e.file_name().to_string_lossy().starts_with(".cellhost-fork-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+async fn kill_session(reg: &Registry, session: &str) {
+    KillRequest {
+        owner: owner(),
+        session: session.into(),
+        cwd: CwdScope::Any,
+    }
+    .execute(reg)
+    .await
+    .expect("kill");
+}
+
+/// The worker and init pids of `session`'s live kernel.
+fn pids_of(reg: &Registry, session: &str) -> Vec<u32> {
+    let info = reg
+        .kernel(&reg.key(&owner(), session))
+        .expect("live")
+        .info()
+        .clone();
+    vec![info.pid, info.init_pid]
+}
+
+fn gone(pids: &[u32]) -> Vec<(u32, String)> {
+    pids.iter()
+        .filter_map(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .map(|s| (*p, s))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_write_fork_and_its_parent_end_without_strays_in_either_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    for parent_first in [true, false] {
+        let (p, c) = if parent_first { ("p1", "c1") } else { ("p2", "c2") };
+        run(&reg, p, "import subprocess\nv = list(range(1000))").await;
+        let report = fork(p, c).execute(&reg).await.expect("fork");
+        assert_eq!(report.method, ForkMethod::Cow, "{report:?}");
+        // Each runs a child process of its own, which must go with it.
+        run(&reg, p, "sp = subprocess.Popen(['sleep', '1000'])").await;
+        run(&reg, c, "sp = subprocess.Popen(['sleep', '1000'])").await;
+        let mut pids = pids_of(&reg, p);
+        pids.push(text(&run(&reg, p, "sp.pid").await).parse().expect("pid"));
+        let mut child = pids_of(&reg, c);
+        child.push(text(&run(&reg, c, "sp.pid").await).parse().expect("pid"));
+        let (first, second) = if parent_first { (p, c) } else { (c, p) };
+        kill_session(&reg, first).await;
+        // The other lives on.
+        assert_eq!(text(&run(&reg, second, "len(v)").await), "1000");
+        kill_session(&reg, second).await;
+        pids.extend(child);
+        assert!(gone(&pids).is_empty(), "left: {:?}", gone(&pids));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_parent_killed_by_sigkill_leaves_its_copy_on_write_fork_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    run(&reg, "p", "state = {'k': 41}").await;
+    let report = fork("p", "c").execute(&reg).await.expect("fork");
+    assert_eq!(report.method, ForkMethod::Cow);
+    let parent = pids_of(&reg, "p");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &parent[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    assert_eq!(text(&run(&reg, "c", "state['k'] + 1").await), "42");
+    // The parent's next cell finds its kernel gone (`crashed` when it was
+    // sent before the host saw the death), then a new kernel runs it.
+    let next = || async {
+        ExecuteRequest::new(SessionSpec::new(owner(), "p"), "1", Origin::new("test"))
+            .execute(&reg)
+            .await
+            .expect("execute")
+            .result
+    };
+    let mut r = next().await;
+    if r.status == CellStatus::Crashed {
+        r = next().await;
+    }
+    assert_eq!(r.status, CellStatus::Ok, "{:?}", r.error);
+    assert!(r.kernel.state_reset && r.kernel.generation == 2, "{:?}", r.kernel);
+    // The fork is untouched by all of it.
+    assert_eq!(text(&run(&reg, "c", "state['k']").await), "41");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_write_fork_is_refused_for_threads_unless_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    run(
+        &reg,
+        "p",
+        "import threading\ny = 1\nstop = threading.Event()\nt = threading.Thread(target=stop.wait, name='waiter', daemon=True)\nt.start()",
+    )
+    .await;
+    let e = fork("p", "t").execute(&reg).await.expect_err("threads");
+    assert_eq!(e.code(), "threads_running", "{e}");
+    assert!(e.to_string().contains("waiter"), "{e}");
+    let mut drop_req = fork("p", "t");
+    drop_req.threads = ForkThreads::Drop;
+    let r = drop_req.execute(&reg).await.expect("fork dropping threads");
+    assert_eq!(r.method, ForkMethod::Cow);
+    assert!(
+        r.threads_dropped.iter().any(|t| t.starts_with("waiter")),
+        "{:?}",
+        r.threads_dropped
+    );
+    assert_eq!(text(&run(&reg, "t", "y").await), "1");
+    run(&reg, "p", "stop.set(); t.join()").await;
 }
