@@ -334,7 +334,10 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
         err = 2
         # A copy of the template holds whatever the template held: nothing
         # but the protocol's descriptors reaches the kernel.
-        _close_others()
+        if req.get("resume"):
+            _occupy_others()
+        else:
+            _close_others()
         os.environ.clear()
         os.environ.update(req.get("env") or {})
         if go.get("mplconfigdir"):
@@ -368,6 +371,28 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
     except BaseException as exc:  # noqa: B902
         _die(err, "worker: %s: %s" % (type(exc).__name__, exc))
     os._exit(0)
+
+
+def _occupy_others():
+    """A copy-on-write fork of a live worker: every descriptor above the
+    control socket is the parent's (its channel, pipes and rings, the
+    cells' files and sockets). Each is replaced by an ``O_PATH`` descriptor
+    of ``/``, on which reads and writes fail (EBADF): the file objects of
+    the cells that named them fail as on a closed file, and their numbers
+    stay taken, so closing such an object later never closes a descriptor
+    this kernel opens."""
+    hole = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = []
+    for fd in fds:
+        if fd > CONTROL_FD and fd != hole:
+            try:
+                os.dup2(hole, fd, inheritable=False)
+            except OSError:
+                pass
+    os.close(hole)
 
 
 def _close_others():

@@ -7,7 +7,9 @@
 
 use std::time::Instant;
 
-use cellhost_sessions::requests::{CwdScope, ExecuteRequest, ForkMethod, ForkRequest, ForkThreads, KillRequest};
+use cellhost_sessions::requests::{
+    CwdScope, ExecuteRequest, ForkMethod, ForkRequest, ForkThreads, KillRequest,
+};
 use cellhost_sessions::{Origin, Registry, RegistryConfig, SessionSpec};
 
 use super::stats::row;
@@ -168,7 +170,9 @@ async fn measure(ctx: &mut Ctx<'_>, reg: &Registry, method: ForkMethod) -> R {
             med(&after_fork, uss),
             med(&after_mutate, pss),
             med(&after_mutate, uss),
-            why_pickle.map(|w| format!("; pickle because {w}")).unwrap_or_default()
+            why_pickle
+                .map(|w| format!("; pickle because {w}"))
+                .unwrap_or_default()
         );
         let fork_p50 = mine.p50;
         ctx.rows.push(mine);
@@ -185,7 +189,11 @@ async fn measure(ctx: &mut Ctx<'_>, reg: &Registry, method: ForkMethod) -> R {
                 rerun_ms.push(t.elapsed().as_secs_f64() * 1000.0);
                 kill(reg, &name).await;
             }
-            let mut base = row(&label, "cellhost, the cells re-run in a new session (sandbox off)", &rerun_ms);
+            let mut base = row(
+                &label,
+                "cellhost, the cells re-run in a new session (sandbox off)",
+                &rerun_ms,
+            );
             base.ratio = Some(base.p50 / fork_p50);
             base.note = "ratio = re-run p50 / copy-on-write fork p50 (kernel start included in both)".into();
             ctx.rows.push(base);

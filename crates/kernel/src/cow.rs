@@ -25,6 +25,11 @@
 //!    new kernel, reseeds `random` and numpy, and goes on as a worker on the
 //!    new channel with the parent's namespace.
 //!
+//! Memory accounting: the pages C shares with its parent stay charged to
+//! the parent's cgroup (a page is charged to the cgroup that first touched
+//! it); the pages C writes are copied and charged to C's own. A fork's
+//! memory limit bounds what it adds, not what it shares.
+//!
 //! Supervision: C's init is a descendant of the parent kernel's init until
 //! the parent ends. That init spares subtrees of adopted kernel inits when
 //! it kills its tree (`LaunchSpec::spare_forks`, set for sandbox-off

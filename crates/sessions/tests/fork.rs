@@ -395,9 +395,21 @@ async fn a_parent_killed_by_sigkill_leaves_its_copy_on_write_fork_running() {
     let dir = tempfile::tempdir().expect("tempdir");
     let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
     let _guard = Shutdown(reg.clone());
-    run(&reg, "p", "state = {'k': 41}").await;
+    run(&reg, "p", "state = {'k': 41}\nfh = open('log.txt', 'w')").await;
     let report = fork("p", "c").execute(&reg).await.expect("fork");
     assert_eq!(report.method, ForkMethod::Cow);
+    // The parent's open file is not the fork's: using it fails there as on
+    // a closed file, and closing it closes nothing the fork's kernel uses.
+    let r = run(
+        &reg,
+        "c",
+        "import errno\ntry:\n    fh.write('c'); fh.flush(); r = 'written'\nexcept OSError as e:\n    r = errno.errorcode[e.errno]\nr",
+    )
+    .await;
+    assert_eq!(text(&r), "'EBADF'");
+    run(&reg, "c", "try:\n    fh.close()\nexcept OSError:\n    pass\nopen('own.txt', 'w').write('c')").await;
+    assert_eq!(text(&run(&reg, "c", "print('still here'); 2").await), "2");
+    run(&reg, "p", "fh.write('p'); fh.flush()").await;
     let parent = pids_of(&reg, "p");
     let status = std::process::Command::new("kill")
         .args(["-KILL", &parent[0].to_string()])
