@@ -407,7 +407,12 @@ async fn a_parent_killed_by_sigkill_leaves_its_copy_on_write_fork_running() {
     )
     .await;
     assert_eq!(text(&r), "'EBADF'");
-    run(&reg, "c", "try:\n    fh.close()\nexcept OSError:\n    pass\nopen('own.txt', 'w').write('c')").await;
+    run(
+        &reg,
+        "c",
+        "try:\n    fh.close()\nexcept OSError:\n    pass\nopen('own.txt', 'w').write('c')",
+    )
+    .await;
     assert_eq!(text(&run(&reg, "c", "print('still here'); 2").await), "2");
     run(&reg, "p", "fh.write('p'); fh.flush()").await;
     let parent = pids_of(&reg, "p");
@@ -461,4 +466,86 @@ async fn a_copy_on_write_fork_is_refused_for_threads_unless_dropped() {
     );
     assert_eq!(text(&run(&reg, "t", "y").await), "1");
     run(&reg, "p", "stop.set(); t.join()").await;
+}
+
+fn pid_alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.is_empty() && !stat.contains(") Z")
+}
+
+/// The child half of `a_sigkilled_host_leaves_no_copy_on_write_fork`: a
+/// host with two copy-on-write forks, one whose parent it killed (the
+/// fork's init is then the host's child) and one whose parent lives, each
+/// kernel with a child process. Does nothing unless the parent set
+/// `CELLHOST_COW_CHILD`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cow_host_child_helper() {
+    let Some(dir) = std::env::var_os("CELLHOST_COW_CHILD") else {
+        return;
+    };
+    let reg = start_with(Path::new(&dir), Some(SandboxMode::Off)).await;
+    for (p, c) in [("p1", "c1"), ("p2", "c2")] {
+        run(
+            &reg,
+            p,
+            "import subprocess\nsp = subprocess.Popen(['sleep', '1000'])",
+        )
+        .await;
+        let report = fork(p, c).execute(&reg).await.expect("fork");
+        assert_eq!(report.method, ForkMethod::Cow);
+        run(&reg, c, "sp2 = subprocess.Popen(['sleep', '1000'])").await;
+        let mut pids = pids_of(&reg, c);
+        pids.push(text(&run(&reg, c, "sp2.pid").await).parse().expect("pid"));
+        if p == "p1" {
+            kill_session(&reg, p).await;
+        } else {
+            pids.extend(pids_of(&reg, p));
+            pids.push(text(&run(&reg, p, "sp.pid").await).parse().expect("pid"));
+        }
+        println!(
+            "PID {}",
+            pids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+        );
+    }
+    println!("READY");
+    let _ = run(&reg, "c2", "import time; time.sleep(60)").await;
+}
+
+#[test]
+fn a_sigkilled_host_leaves_no_copy_on_write_fork() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "cow_host_child_helper",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CELLHOST_COW_CHILD", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("child host");
+    let out = child.stdout.take().expect("stdout");
+    let mut pids: Vec<u32> = Vec::new();
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.expect("line");
+        if let Some(at) = line.find("PID ") {
+            pids.extend(line[at + 4..].split(' ').filter_map(|p| p.parse::<u32>().ok()));
+        }
+        if line.contains("READY") {
+            break;
+        }
+    }
+    // c1: worker, init, its child; c2 the same, and its parent p2's.
+    assert_eq!(pids.len(), 9, "{pids:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let t0 = std::time::Instant::now();
+    while pids.iter().any(|p| pid_alive(*p)) && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<u32> = pids.into_iter().filter(|p| pid_alive(*p)).collect();
+    assert!(left.is_empty(), "survived the host: {left:?}");
 }
