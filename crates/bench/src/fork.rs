@@ -156,7 +156,8 @@ async fn measure(ctx: &mut Ctx<'_>, reg: &Registry, method: ForkMethod) -> R {
         let med = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
             super::stats::percentile(&v.iter().map(f).collect::<Vec<_>>(), 50.0)
         };
-        let (pss, uss): (fn(&(f64, f64)) -> f64, fn(&(f64, f64)) -> f64) = (|m| m.0, |m| m.1);
+        type Pick = fn(&(f64, f64)) -> f64;
+        let (pss, uss): (Pick, Pick) = (|m| m.0, |m| m.1);
         let what = match method {
             ForkMethod::Cow => "cellhost fork, copy-on-write (sandbox off)",
             ForkMethod::Pickle => "cellhost fork, pickle (default sandbox)",
