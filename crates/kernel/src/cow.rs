@@ -38,7 +38,6 @@
 //! a copy-on-write fork) becomes its parent and reaps it when its kernel
 //! ends ([`crate::link`]'s adopted init).
 
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -153,9 +152,7 @@ impl CowInvite {
             drop(fds);
             sock.set_read_timeout(Some(FORK_REPLY))?;
             let line = read_line(&sock)?;
-            let v: Value = serde_json::from_str(&line).map_err(std::io::Error::other)?;
-            let _ = (&sock).flush();
-            Ok(v)
+            serde_json::from_str(&line).map_err(std::io::Error::other)
         };
         fork_kernel(config, worker_pid, 1, extra, exchange).await
     }

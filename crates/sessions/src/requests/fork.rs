@@ -227,8 +227,11 @@ impl ForkRequest {
     /// (the new name is taken: a live kernel, journaled cells, or a
     /// working directory with files), `threads_running`, `disk_full` (the
     /// working directory and snapshot pass the session's `disk_mb`),
-    /// `fork_failed` (the snapshot or restore failed, with why),
-    /// `kernel_failed`, `registry_full`, `shut_down`.
+    /// `fork_failed` (the snapshot or restore failed, with why; for a
+    /// copy-on-write fork, the fork's socket could not be made),
+    /// `kernel_failed` (also a copy-on-write fork the parent's worker did
+    /// not make: it never connected, or the forked kernel failed to start),
+    /// `registry_full`, `shut_down`.
     pub async fn execute(&self, reg: &Registry) -> Result<ForkReport, RequestError> {
         let started = Instant::now();
         validate_session(&self.name)?;
