@@ -549,3 +549,35 @@ fn a_sigkilled_host_leaves_no_copy_on_write_fork() {
     let left: Vec<u32> = pids.into_iter().filter(|p| pid_alive(*p)).collect();
     assert!(left.is_empty(), "survived the host: {left:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_write_fork_of_a_fork_outlives_both_and_leaves_no_strays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    run(&reg, "p", "v = [1]").await;
+    assert_eq!(
+        fork("p", "c").execute(&reg).await.expect("fork").method,
+        ForkMethod::Cow
+    );
+    run(&reg, "c", "v.append(2)").await;
+    assert_eq!(
+        fork("c", "g")
+            .execute(&reg)
+            .await
+            .expect("fork of the fork")
+            .method,
+        ForkMethod::Cow
+    );
+    let mut pids = pids_of(&reg, "p");
+    pids.extend(pids_of(&reg, "c"));
+    pids.extend(pids_of(&reg, "g"));
+    // Ending the middle one leaves its parent and its fork.
+    kill_session(&reg, "c").await;
+    assert_eq!(text(&run(&reg, "g", "v").await), "[1, 2]");
+    assert_eq!(text(&run(&reg, "p", "v").await), "[1]");
+    kill_session(&reg, "p").await;
+    assert_eq!(text(&run(&reg, "g", "v + [3]").await), "[1, 2, 3]");
+    kill_session(&reg, "g").await;
+    assert!(gone(&pids).is_empty(), "left: {:?}", gone(&pids));
+}
