@@ -24,6 +24,24 @@ line: ``{"ok": true, "names", "lost": {name: why}, "modules",
 * Open files, sockets, threads and locks do not travel (a pickle refuses
   them; they are in ``lost``).
 
+Copy-on-write fork (a worker whose sandbox is off: nothing confines it to
+namespaces, mounts or a Landlock domain of its own, so a ``fork(2)`` of it
+is a kernel no weaker than a cold one of that mode):
+
+* ``cow_arm(path, token, threads)`` runs as a silent cell of the parent. It
+  refuses for threads as ``snapshot`` does, else prints ``{"ok": true,
+  "execution_count", "threads", "pid"}`` and leaves the fork to the worker's
+  main loop, which calls ``cow_fork`` once the cell's response is sent (no
+  cell running, the namespace quiescent).
+* ``cow_fork()`` connects to the host's Unix socket at ``path``, says
+  ``{"type": "cow_hello", "token", "pid"}``, receives the host's ``fork``
+  request with its four descriptors (the template's protocol, see
+  :mod:`cellhost_worker.template`) and forks the new kernel exactly as a
+  template does; the copy of the worker (``template._worker`` with
+  ``resume``) closes the parent's channel and every other inherited
+  descriptor, enters the new kernel's working directory and goes on as a
+  worker (``main.resume_forked``) with the parent's namespace.
+
 ``restore(path, execution_count)`` runs as a silent cell of the new kernel:
 imports the modules, loads the values into the namespace, sets the
 execution count, reseeds ``random`` and numpy's global generator (a fork
@@ -175,7 +193,9 @@ def snapshot(path, threads="refuse"):
                        "execution_count": state.execution_count, "threads": running, "bytes": size}))
 
 
-def _reseed():
+def reseed():
+    """Fresh seeds for ``random`` and numpy's global generator: a fork
+    must not repeat its parent's random draws."""
     seed = os.urandom(16)
     r = prims.MODULES.get("random")
     if r is not None:
@@ -219,5 +239,90 @@ def restore(path, execution_count, modules=()):
         except OSError:
             pass
     state.execution_count = int(execution_count)
-    _reseed()
+    reseed()
     print(prims.dumps({"ok": True, "names": names, "lost": lost, "modules_failed": failed}))
+
+
+# (path, token) of the copy-on-write fork the host asked for, done by the
+# worker's main loop once the arming cell has ended.
+pending = None
+
+_COW_TIMEOUT = 30.0
+
+
+def cow_arm(path, token, threads="refuse"):
+    global pending
+    running = _user_threads()
+    if running and threads != "drop":
+        print(prims.dumps({"ok": False, "code": "threads_running", "threads": running}))
+        return
+    pending = (str(path), str(token))
+    print(prims.dumps({"ok": True, "execution_count": state.execution_count, "threads": running,
+                       "names": _user_names(prims.MODULES["__main__"].__dict__), "pid": os.getpid()}))
+
+
+def _read_request(sock, max_fds):
+    import socket
+    buf, fds = b"", []
+    recv_fds = socket.recv_fds
+    while b"\n" not in buf:
+        data, got, _flags, _addr = recv_fds(sock, 1 << 20, max_fds)
+        fds.extend(got)
+        if not data:
+            break
+        buf += data
+        if len(buf) > 1 << 20:
+            break
+    return prims.loads_line(buf.split(b"\n", 1)[0]), fds
+
+
+def _reap(pid):
+    try:
+        os.waitpid(pid, 0)
+    except BaseException:  # noqa: B902 - a cell reaped it (os.wait), or the worker ends
+        pass
+
+
+def cow_fork():
+    """The fork ``cow_arm`` asked for (see the module's documentation)."""
+    global pending
+    path, token = pending
+    pending = None
+    import socket
+    import warnings
+    from . import template
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fds = []
+    try:
+        sock.settimeout(_COW_TIMEOUT)
+        sock.connect(path)
+        sock.sendall((prims.dumps({"type": "cow_hello", "token": token, "pid": os.getpid()}) + "\n").encode())
+        req, fds = _read_request(sock, template.MAX_FDS)
+        if req is None or req.get("type") != "fork":
+            for fd in fds:
+                os.close(fd)
+            return
+        req["resume"] = True
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of a fork with threads: the worker's control
+            # reader is one, and the copy starts its own.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            reply = template._fork(sock, req, fds, check_threads=False)
+        fds = []
+        if reply.get("type") == "forked":
+            # The new kernel's init is this worker's child until this worker
+            # ends: reap it when it ends first, so no zombie stays behind.
+            prims.start_new_thread(_reap, (reply["pid"],))
+        sock.sendall((prims.dumps(reply) + "\n").encode())
+    finally:
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        sock.close()
+
+
+def cow_resumed():
+    """The first (silent) cell of a copy-on-write fork: names what it has."""
+    print(prims.dumps({"ok": True, "names": _user_names(prims.MODULES["__main__"].__dict__)}))

@@ -334,9 +334,10 @@ def _read_config(fd):
     return prims.loads_line(data) or {}
 
 
-def run():
-    global _channel, _namespace
-    config = _read_config(CONTROL_FD)
+def _connect(config):
+    """The channel on fd 3 and what hangs on it (a new kernel's, or a
+    copy-on-write fork's: its parent's channel is closed by then)."""
+    global _channel
     _channel = channel_mod.Channel(CONTROL_FD)
     os.close(CONTROL_FD)
     streams.channel = _channel
@@ -347,8 +348,65 @@ def run():
     pip.add_overlay(config.get("packages"))
     streams.save_original_fds()
     streams.install(sys, force=True)
-    streams.line_buffer_c_stdout()
     faulthandler.enable(file=os.fdopen(os.dup(2), "w", closefd=True), all_threads=False)
+
+
+def _announce():
+    signal.signal(signal.SIGINT, _on_sigint)
+    prims.start_new_thread(_reader, ())
+    _channel.send({"type": "ready", "pid": os.getpid(), "python": sys.version,
+                   "executable": sys.executable, "protocol": PROTOCOL,
+                   "rings": streams.create_rings()})
+
+
+def _loop():
+    while True:
+        frame = None
+        try:
+            frame = _queue.get()
+            _serve(frame)
+        except BaseException as exc:  # noqa: B902 - nothing a cell does may end the worker
+            _recover(frame, exc)
+        frame = None
+        if forkstate.pending is not None:
+            # Between cells (a quiescent point): the copy-on-write fork a
+            # silent cell asked for (``forkstate.cow_arm``).
+            try:
+                forkstate.cow_fork()
+            except BaseException as exc:  # noqa: B902 - the host sees the fork fail
+                try:
+                    _log("worker: copy-on-write fork failed: %s: %s" % (prims.type_name(exc), prims.exc_text(exc)))
+                except BaseException:  # noqa: B902
+                    pass
+
+
+def resume_forked():
+    """In a copy-on-write fork of a live worker (``template._worker`` with
+    ``resume``), after the fork's descriptors are in place: the namespace,
+    modules and count are the parent's; the channel, queue, streams and
+    random state are this kernel's own. Never returns."""
+    global _queue
+    config = _read_config(CONTROL_FD)
+    _queue = prims.SimpleQueue()
+    state.lock = prims.allocate_lock()
+    state.queued = set()
+    state.cancelled = set()
+    state.current = None
+    state.running = False
+    state.sigint_pending = False
+    state.background_idents = frozenset()
+    _connect(config)
+    forkstate.reseed()
+    _announce()
+    _loop()
+    os._exit(0)
+
+
+def run():
+    global _namespace
+    config = _read_config(CONTROL_FD)
+    _connect(config)
+    streams.line_buffer_c_stdout()
     os.register_at_fork(after_in_child=_after_fork_child)
     builtins.input = _no_input
     fileaudit.install()
@@ -358,19 +416,8 @@ def run():
     _namespace = sys.modules["__main__"].__dict__
     history.install(_namespace)
     magics.install(_namespace)
-    signal.signal(signal.SIGINT, _on_sigint)
-    prims.start_new_thread(_reader, ())
-    _channel.send({"type": "ready", "pid": os.getpid(), "python": sys.version,
-                   "executable": sys.executable, "protocol": PROTOCOL,
-                   "rings": streams.create_rings()})
-    while True:
-        frame = None
-        try:
-            frame = _queue.get()
-            _serve(frame)
-        except BaseException as exc:  # noqa: B902 - nothing a cell does may end the worker
-            _recover(frame, exc)
-        frame = None
+    _announce()
+    _loop()
 
 
 def _serve(frame):

@@ -142,6 +142,12 @@ def _kernel_init(req, fds):
         # The worker joins its cgroups while B builds the kernel's new root,
         # where /sys/fs/cgroup does not exist: open the files now.
         cg_fds = [os.open(f, os.O_WRONLY | os.O_CLOEXEC) for f in req.get("cgroup_procs") or ()]
+        if req.get("resume"):
+            # Forked from a live kernel's worker: this process (and so the
+            # ns-init and the worker after it) leaves the parent kernel's
+            # cgroups for the new kernel's before anything else starts.
+            for fd in cg_fds:
+                os.write(fd, b"0")
         # The kernel's uid: one per kernel, from this process's host pid
         # (it becomes the kernel init), as cellhost_sandbox::profile::kernel_id.
         base = plan.get("uid_base")
@@ -178,9 +184,14 @@ def _kernel_init(req, fds):
             os.close(fd)
         for fd in (report, barrier_w):
             os.set_inheritable(fd, True)
-        os.execv(launcher, ["cellhost", "__cellhost-kernel-init", "--host-pid", str(os.getppid()),
-                            "--adopt", str(c), "--adopt-ns-init", str(b),
-                            "--report-status", str(report), "--release-fd", str(barrier_w)])
+        argv = ["cellhost", "__cellhost-kernel-init", "--host-pid", str(os.getppid()),
+                "--adopt", str(c), "--adopt-ns-init", str(b),
+                "--report-status", str(report), "--release-fd", str(barrier_w)]
+        if req.get("watch_host"):
+            # Not under a template's init: the init itself ends the tree
+            # when the host is gone.
+            argv += ["--watch-host", str(int(req["watch_host"]))]
+        os.execv(launcher, argv)
     except BaseException as exc:  # noqa: B902
         _die(err, "kernel init: %s: %s" % (type(exc).__name__, exc))
 
@@ -323,7 +334,10 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
         err = 2
         # A copy of the template holds whatever the template held: nothing
         # but the protocol's descriptors reaches the kernel.
-        _close_others()
+        if req.get("resume"):
+            _occupy_others()
+        else:
+            _close_others()
         os.environ.clear()
         os.environ.update(req.get("env") or {})
         if go.get("mplconfigdir"):
@@ -342,10 +356,14 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
                 os._exit(72)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _reseed()
         from . import main, state
         state.WORKER_PID = os.getpid()
         state.main_ident = prims.get_ident()
+        if req.get("resume"):
+            # A copy-on-write fork of a live worker: its namespace is here
+            # already; it goes on as a worker on the new channel.
+            main.resume_forked()
+        _reseed()
         sys.stdout.flush()
         main.run()
     except SystemExit:
@@ -353,6 +371,28 @@ def _worker(req, fds, old_mask, go_r, kid, cg_fds):
     except BaseException as exc:  # noqa: B902
         _die(err, "worker: %s: %s" % (type(exc).__name__, exc))
     os._exit(0)
+
+
+def _occupy_others():
+    """A copy-on-write fork of a live worker: every descriptor above the
+    control socket is the parent's (its channel, pipes and rings, the
+    cells' files and sockets). Each is replaced by an ``O_PATH`` descriptor
+    of ``/``, on which reads and writes fail (EBADF): the file objects of
+    the cells that named them fail as on a closed file, and their numbers
+    stay taken, so closing such an object later never closes a descriptor
+    this kernel opens."""
+    hole = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = []
+    for fd in fds:
+        if fd > CONTROL_FD and fd != hole:
+            try:
+                os.dup2(hole, fd, inheritable=False)
+            except OSError:
+                pass
+    os.close(hole)
 
 
 def _close_others():
@@ -364,13 +404,16 @@ def _close_others():
     os.closerange(CONTROL_FD + 1, max(CONTROL_FD + 1, min(top, 1 << 16)))
 
 
-def _fork(sock, req, fds):
+def _fork(sock, req, fds, check_threads=True):
+    """Forks the kernel init of one kernel (process A) from this process.
+    ``check_threads`` false: the caller has accounted for the threads
+    (a live worker's fork, ``cellhost_worker.forkstate.cow_fork``)."""
     if len(fds) != MAX_FDS:
         for fd in fds:
             os.close(fd)
         return {"type": "fork_failed", "id": req.get("id"),
                 "error": "expected %d descriptors, got %d" % (MAX_FDS, len(fds))}
-    if _active_count() != 1:
+    if check_threads and _active_count() != 1:
         for fd in fds:
             os.close(fd)
         return {"type": "fork_failed", "id": req.get("id"),

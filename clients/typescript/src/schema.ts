@@ -791,6 +791,11 @@ export interface components {
              */
             threads?: components["schemas"]["ForkThreads"];
         };
+        /**
+         * @description How a fork carried the parent's state.
+         * @enum {string}
+         */
+        ForkMethod: "cow" | "pickle";
         /** @description What a fork made. */
         ForkReport: {
             /**
@@ -825,6 +830,11 @@ export interface components {
             lost: {
                 [key: string]: string;
             };
+            /**
+             * @description How the state was carried: `cow` (a `fork(2)` of the parent's
+             *     worker) or `pickle`.
+             */
+            method?: components["schemas"]["ForkMethod"];
             /** @description Modules the parent had imported that the fork could not import. */
             modules_failed: {
                 [key: string]: string;
@@ -838,6 +848,11 @@ export interface components {
              * @description The parent's kernel generation the fork was taken from.
              */
             parent_generation: number;
+            /**
+             * @description Why `pickle` was used (`None` for `cow`): the parent's kernel is
+             *     confined, remote, has an egress allowlist, or is not Python.
+             */
+            pickle_reason?: string | null;
             /**
              * Format: int32
              * @description The new kernel's worker pid.

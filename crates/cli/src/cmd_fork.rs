@@ -88,6 +88,15 @@ pub fn run(args: ForkArgs) -> u8 {
             rep.duration_ms,
             rep.cwd.display()
         );
+        match rep.method {
+            cellhost_sessions::requests::ForkMethod::Cow => {
+                println!("  method: cow (copy-on-write fork of the worker)")
+            }
+            cellhost_sessions::requests::ForkMethod::Pickle => println!(
+                "  method: pickle ({})",
+                rep.pickle_reason.as_deref().unwrap_or("no reason given")
+            ),
+        }
         for (name, why) in &rep.lost {
             println!("  not carried: {name} ({why})");
         }

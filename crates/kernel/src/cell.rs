@@ -116,8 +116,9 @@ pub struct KernelInfo {
     /// (`stdout`, `stderr`), not the pipe alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub output_rings: Vec<String>,
-    /// Host pid of the template this kernel was forked from (`None`: a
-    /// cold start).
+    /// Host pid of the process this kernel was forked from: its template,
+    /// or the parent session's worker for a copy-on-write fork
+    /// ([`crate::cow`]); `None`: a cold start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<u32>,
     /// Where the kernel runs when a placement started it on another node

@@ -33,6 +33,7 @@
 
 mod cell;
 pub mod config;
+pub mod cow;
 mod driver;
 pub mod error;
 pub mod fault;
@@ -56,6 +57,7 @@ pub use cellhost_capture::hostfs;
 pub use cellhost_capture::{RedactionConfig, Redactor, SpillChunk, StreamLimits, read_spill};
 pub use cellhost_egress as egress;
 pub use config::{DisplayLimits, KernelConfig, KernelStarter};
+pub use cow::CowInvite;
 pub use error::KernelError;
 pub use fault::Fault;
 pub use kernel::{

@@ -163,6 +163,7 @@ impl Template {
             program,
             env: spawn::env_strings(&env),
             keep_tree: true,
+            spare_forks: false,
         };
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);
@@ -313,111 +314,142 @@ impl Template {
                 config.python.display()
             )));
         }
-        let mut prep = Prepared::new(&config)?;
-        prep.template = Some(self.inner.info.pid);
-        let label = prep.label.clone();
-        // The forked processes exec the launcher from the template's view:
-        // `/proc/self/exe` would name the interpreter there.
-        let launcher = config.launcher_path()?;
-        let launcher = std::fs::read_link(&launcher).unwrap_or(launcher);
-        let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
-        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from);
-        let (out_r, out_w) = pipe().map_err(|e| io_err(&label, "stdout pipe", e))?;
-        let (err_r, err_w) = pipe().map_err(|e| io_err(&label, "stderr pipe", e))?;
-        let (st_r, st_w) = pipe().map_err(|e| io_err(&label, "status pipe", e))?;
-        let plan = fork_plan(prep.spec.as_ref());
-        let cwd = prep
-            .spec
-            .as_ref()
-            .and_then(|s| s.workdir.clone())
-            .or_else(|| config.cwd.clone());
-        let env: BTreeMap<String, String> = worker_env(&config, prep.spec.is_some())
-            .into_iter()
-            .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
-            .collect();
-        let cgroup_procs: Vec<PathBuf> = prep
-            .cgroup
-            .iter()
-            .flat_map(cellhost_sandbox::cgroup::KernelCgroup::procs_files)
-            .collect();
-        let id = self.inner.seq.fetch_add(1, Ordering::Relaxed);
-        let req = serde_json::json!({
-            "type": "fork",
-            "id": id,
-            "launcher": launcher,
-            "plan": plan,
-            "spec": prep.spec,
-            "cgroup_procs": cgroup_procs,
-            "env": env,
-            "cwd": cwd,
-        });
-        // The worker reads its configuration from its control socket before
-        // anything else (never from its environment).
-        spawn::write_launch_config(&host_end, &config.worker_message())
-            .map_err(|e| io_err(&label, "worker configuration", e))?;
         let inner = self.inner.clone();
-        let started = Instant::now();
-        let reply = tokio::task::spawn_blocking(move || -> Result<Value, std::io::Error> {
+        let exchange = move |req: Value, fds: [OwnedFd; 4]| -> std::io::Result<Value> {
+            let id = req.get("id").and_then(Value::as_u64);
             let sock = inner
                 .sock
                 .lock()
                 .map_err(|_| std::io::Error::other("template socket lock poisoned"))?;
+            let [a, b, c, d] = &fds;
             send_with_fds(
                 &sock,
                 format!("{req}\n").as_bytes(),
-                &[worker_end.as_fd(), out_w.as_fd(), err_w.as_fd(), st_w.as_fd()],
+                &[a.as_fd(), b.as_fd(), c.as_fd(), d.as_fd()],
             )?;
             // Our copies of the child's ends go now: EOF must mean the child.
-            drop((worker_end, out_w, err_w, st_w));
+            drop(fds);
             sock.set_read_timeout(Some(FORK_REPLY))?;
             // A reply that came too late for an earlier request is skipped.
             loop {
                 let line = read_line(&sock)?;
                 let v: Value = serde_json::from_str(&line).map_err(std::io::Error::other)?;
-                if v.get("id").and_then(Value::as_u64) == Some(id) {
+                if v.get("id").and_then(Value::as_u64) == id {
                     return Ok(v);
                 }
                 tracing::debug!("template: skipping a stale reply: {line}");
             }
-        })
+        };
+        let id = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+        fork_kernel(config, self.inner.info.pid, id, serde_json::Map::new(), exchange).await
+    }
+}
+
+/// Forks a kernel for `config` through a process that runs the template's
+/// fork code (`cellhost_worker.template`): a template, or a live worker
+/// asked for a copy-on-write fork ([`crate::cow`]). `forker` is that
+/// process's host pid; `extra` goes into the fork request beside the
+/// plan, spec, cgroups, environment and cwd; `exchange` sends the request
+/// with its four descriptors (the worker's control socket, its stdout and
+/// stderr pipes, the init's status pipe) and returns the forker's reply.
+///
+/// # Errors
+/// [`KernelError::Spawn`] when the exchange fails or the forker refused
+/// (with its reason); the errors of `Prepared::new` and of the handshake.
+pub(crate) async fn fork_kernel<F>(
+    config: KernelConfig,
+    forker: u32,
+    id: u64,
+    extra: serde_json::Map<String, Value>,
+    exchange: F,
+) -> Result<Kernel, KernelError>
+where
+    F: FnOnce(Value, [OwnedFd; 4]) -> std::io::Result<Value> + Send + 'static,
+{
+    let mut prep = Prepared::new(&config)?;
+    prep.template = Some(forker);
+    let label = prep.label.clone();
+    // The forked processes exec the launcher from the template's view:
+    // `/proc/self/exe` would name the interpreter there.
+    let launcher = config.launcher_path()?;
+    let launcher = std::fs::read_link(&launcher).unwrap_or(launcher);
+    let (host_end, worker_end) = UnixStream::pair().map_err(|e| io_err(&label, "socketpair", e))?;
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from);
+    let (out_r, out_w) = pipe().map_err(|e| io_err(&label, "stdout pipe", e))?;
+    let (err_r, err_w) = pipe().map_err(|e| io_err(&label, "stderr pipe", e))?;
+    let (st_r, st_w) = pipe().map_err(|e| io_err(&label, "status pipe", e))?;
+    let plan = fork_plan(prep.spec.as_ref());
+    let cwd = prep
+        .spec
+        .as_ref()
+        .and_then(|s| s.workdir.clone())
+        .or_else(|| config.cwd.clone());
+    let env: BTreeMap<String, String> = worker_env(&config, prep.spec.is_some())
+        .into_iter()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .collect();
+    let cgroup_procs: Vec<PathBuf> = prep
+        .cgroup
+        .iter()
+        .flat_map(cellhost_sandbox::cgroup::KernelCgroup::procs_files)
+        .collect();
+    let mut req = serde_json::json!({
+        "type": "fork",
+        "id": id,
+        "launcher": launcher,
+        "plan": plan,
+        "spec": prep.spec,
+        "cgroup_procs": cgroup_procs,
+        "env": env,
+        "cwd": cwd,
+    });
+    if let Some(obj) = req.as_object_mut() {
+        obj.extend(extra);
+    }
+    // The worker reads its configuration from its control socket before
+    // anything else (never from its environment).
+    spawn::write_launch_config(&host_end, &config.worker_message())
+        .map_err(|e| io_err(&label, "worker configuration", e))?;
+    let started = Instant::now();
+    let fds = [OwnedFd::from(worker_end), out_w, err_w, st_w];
+    let reply = tokio::task::spawn_blocking(move || exchange(req, fds))
         .await
         .map_err(|e| io_err(&label, "fork request", std::io::Error::other(e)))?
         .map_err(|e| KernelError::Spawn {
             python: config.python.display().to_string(),
-            reason: format!("the template did not answer the fork request: {e}"),
+            reason: format!("the forking process did not answer the fork request: {e}"),
         })?;
-        let pid = match reply.get("type").and_then(Value::as_str) {
-            Some("forked") => reply.get("pid").and_then(Value::as_u64).unwrap_or(0) as i32,
-            _ => {
-                return Err(KernelError::Spawn {
-                    python: config.python.display().to_string(),
-                    reason: format!(
-                        "the template refused to fork: {}",
-                        reply
-                            .get("error")
-                            .and_then(Value::as_str)
-                            .unwrap_or("no reason given")
-                    ),
-                });
-            }
-        };
-        tracing::debug!(kernel = %label, pid, ms = started.elapsed().as_secs_f64() * 1e3, "forked");
-        let pidfd = pidfd_of(pid as u32).map_err(|e| io_err(&label, "pidfd of the forked init", e))?;
-        rustix::io::ioctl_fionbio(&st_r, true).map_err(|e| io_err(&label, "status pipe", e.into()))?;
-        let init = InitProc::Adopted {
-            pid: pid as u32,
-            pidfd,
-            status: std::fs::File::from(st_r),
-            exit: None,
-        };
-        let (link, launch) = LocalLink::attach(prep, init, host_end, out_r, err_r)?;
-        Kernel::attach(config, link, launch).await
-    }
+    let pid = match reply.get("type").and_then(Value::as_str) {
+        Some("forked") => reply.get("pid").and_then(Value::as_u64).unwrap_or(0) as i32,
+        _ => {
+            return Err(KernelError::Spawn {
+                python: config.python.display().to_string(),
+                reason: format!(
+                    "the forking process refused to fork: {}",
+                    reply
+                        .get("error")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given")
+                ),
+            });
+        }
+    };
+    tracing::debug!(kernel = %label, pid, ms = started.elapsed().as_secs_f64() * 1e3, "forked");
+    let pidfd = pidfd_of(pid as u32).map_err(|e| io_err(&label, "pidfd of the forked init", e))?;
+    rustix::io::ioctl_fionbio(&st_r, true).map_err(|e| io_err(&label, "status pipe", e.into()))?;
+    let init = InitProc::Adopted {
+        pid: pid as u32,
+        pidfd,
+        status: std::fs::File::from(st_r),
+        exit: None,
+    };
+    let (link, launch) = LocalLink::attach(prep, init, host_end, out_r, err_r)?;
+    Kernel::attach(config, link, launch).await
 }
 
 /// One line from the template, read byte by byte so nothing after it is
 /// consumed (at most 1 MiB).
-fn read_line(sock: &UnixStream) -> std::io::Result<String> {
+pub(crate) fn read_line(sock: &UnixStream) -> std::io::Result<String> {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     let mut r = sock;
@@ -444,7 +476,7 @@ fn read_line(sock: &UnixStream) -> std::io::Result<String> {
 }
 
 /// Sends `bytes` with `fds` attached to the first byte (SCM_RIGHTS).
-fn send_with_fds(
+pub(crate) fn send_with_fds(
     sock: &UnixStream,
     bytes: &[u8],
     fds: &[std::os::fd::BorrowedFd<'_>],

@@ -264,7 +264,9 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
                 "bytes_copied": {"type": "integer", "minimum": 0},
                 "skipped": {"type": "array", "items": {"type": "string"}},
                 "snapshot_bytes": {"type": "integer", "minimum": 0},
-                "duration_ms": {"type": "integer", "minimum": 0}
+                "duration_ms": {"type": "integer", "minimum": 0},
+                "method": {"type": "string", "enum": ["cow", "pickle"], "description": "How the state was carried: cow (fork(2) of the parent's worker, pages shared copy-on-write) or pickle."},
+                "pickle_reason": {"type": "string", "description": "Why pickle was used (absent for cow)."}
             },
             "required": ["session", "parent", "generation", "pid", "execution_count", "names", "lost"]
         }),

@@ -792,7 +792,14 @@ the session's cells run (threads_running) unless threads is \"drop\"."
         match asked.execute(&self.inner.registry).await {
             Ok(r) => {
                 let mut text = format!(
-                    "session \"{session}\" forked into \"{name}\" at execution count {}: {} names, {} files ({} bytes), kernel generation {} (pid {}), {} ms",
+                    "session \"{session}\" forked into \"{name}\" ({}) at execution count {}: {} names, {} files ({} bytes), kernel generation {} (pid {}), {} ms",
+                    match r.method {
+                        cellhost_sessions::requests::ForkMethod::Cow => "copy-on-write".to_string(),
+                        cellhost_sessions::requests::ForkMethod::Pickle => format!(
+                            "pickled: {}",
+                            r.pickle_reason.as_deref().unwrap_or("no reason given")
+                        ),
+                    },
                     r.execution_count,
                     r.names.len(),
                     r.files_copied,

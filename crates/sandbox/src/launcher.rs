@@ -287,6 +287,7 @@ fn init_main(args: &[OsString]) -> ! {
     let mut adopt: Option<i32> = None;
     let mut adopt_ns_init: Option<i32> = None;
     let mut report: Option<i32> = None;
+    let mut watch_host: Option<i32> = None;
     let int_arg = |i: usize| number_arg(args, i);
     let mut i = 0;
     while i < args.len() {
@@ -312,6 +313,12 @@ fn init_main(args: &[OsString]) -> ! {
                 host_pid = Some(int_arg(i));
                 i += 2;
             }
+            Some("--watch-host") => {
+                // An adopted init whose parent is not a template's init (a
+                // copy-on-write fork): it ends its tree when the host is gone.
+                watch_host = Some(int_arg(i));
+                i += 2;
+            }
             Some(LAUNCH_FD_ARG) => {
                 let parsed = borrowed_fd(int_arg(i))
                     .ok_or_else(|| "the launch descriptor is not open".to_string())
@@ -326,12 +333,19 @@ fn init_main(args: &[OsString]) -> ! {
             _ => fail("usage: __cellhost-kernel-init --launch-fd FD (or the adopt-mode flags)"),
         }
     }
-    let (program, env, cgroups, spec, keep_tree) = match launch {
+    let (program, env, cgroups, spec, keep_tree, spare_forks) = match launch {
         Some(l) => {
             host_pid = Some(l.host_pid);
-            (l.program, l.env, l.cgroup_procs, l.sandbox, l.keep_tree)
+            (
+                l.program,
+                l.env,
+                l.cgroup_procs,
+                l.sandbox,
+                l.keep_tree,
+                l.spare_forks,
+            )
         }
-        None => (Vec::new(), Vec::new(), Vec::new(), None, false),
+        None => (Vec::new(), Vec::new(), Vec::new(), None, false, false),
     };
     // Nothing the host's caller left open without close-on-exec reaches the
     // kernel: every descriptor but the standard streams (control socket and
@@ -381,7 +395,24 @@ fn init_main(args: &[OsString]) -> ! {
         // A kernel forked from a template: the worker (and the ns-init,
         // pid 1 of its namespace) are already our children, started
         // before this exec with these signals blocked.
-        supervise(init_pid, python, &watched, &devnull, None, report, adopt_ns_init)
+        let host = watch_host.map(|h| match host_watch(h, &watched) {
+            Ok(w) => w,
+            Err(e) => fail(&format!("cannot watch the host (pid {h}): {e}")),
+        });
+        // A copy-on-write fork's worker may be forked again: its forks
+        // are spared as a sandbox-off kernel's are.
+        let spare = host.is_some();
+        supervise(
+            init_pid,
+            python,
+            &watched,
+            &devnull,
+            None,
+            report,
+            adopt_ns_init,
+            host,
+            spare,
+        )
     }
     if let Some(spec) = spec {
         let (ns_init, status_rd) =
@@ -394,6 +425,8 @@ fn init_main(args: &[OsString]) -> ! {
             Some(status_rd),
             report,
             None,
+            None,
+            false,
         )
     }
 
@@ -419,7 +452,17 @@ fn init_main(args: &[OsString]) -> ! {
     if keep_tree {
         supervise_template(init_pid, python, &watched, &devnull)
     }
-    supervise(init_pid, python, &watched, &devnull, None, report, None)
+    supervise(
+        init_pid,
+        python,
+        &watched,
+        &devnull,
+        None,
+        report,
+        None,
+        None,
+        spare_forks,
+    )
 }
 
 /// The init of a template (`--keep-tree`): when the template dies, the
@@ -437,7 +480,7 @@ fn supervise_template(init_pid: i32, python: i32, watched: &libc::sigset_t, devn
                 mirror_exit(python_status)
             }
         } else if sig > 0 {
-            kill_tree_and_reap(init_pid, python, &mut python_status);
+            kill_tree_and_reap(init_pid, python, &mut python_status, false);
             mirror_exit(python_status)
         }
     }
@@ -508,6 +551,7 @@ fn null_stdio(devnull: &CString) {
 /// worker's pid namespace but not its parent: it is killed as soon as the
 /// worker is gone, which ends every process of the namespace (this init's
 /// `/proc` shows that namespace, so a sweep by parent links cannot).
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     init_pid: i32,
     python: i32,
@@ -516,12 +560,13 @@ fn supervise(
     status_rd: Option<i32>,
     report: Option<i32>,
     ns_init: Option<i32>,
+    host: Option<HostWatch>,
+    spare: bool,
 ) -> ! {
     null_stdio(devnull);
     let mut python_status: Option<libc::c_int> = None;
     loop {
-        // SAFETY: `watched` is a valid set; a null siginfo pointer is allowed.
-        let sig = unsafe { libc::sigwaitinfo(watched, std::ptr::null_mut()) };
+        let sig = next_signal(watched, host.as_ref());
         if sig == libc::SIGCHLD {
             reap_nohang(python, &mut python_status);
             if python_status.is_some() {
@@ -540,7 +585,7 @@ fn supervise(
     if let Some(n) = ns_init {
         let _ = signal::kill(n, libc::SIGKILL);
     }
-    kill_tree_and_reap(init_pid, python, &mut python_status);
+    kill_tree_and_reap(init_pid, python, &mut python_status, spare);
     if let Some(fd) = status_rd {
         let mut raw = [0u8; 4];
         // The write end is closed (its only holder, the ns-init, is
@@ -902,15 +947,120 @@ fn reap_nohang(python: i32, python_status: &mut Option<libc::c_int>) -> bool {
     }
 }
 
-fn kill_tree_and_reap(init_pid: i32, python: i32, python_status: &mut Option<libc::c_int>) {
+fn kill_tree_and_reap(init_pid: i32, python: i32, python_status: &mut Option<libc::c_int>, spare: bool) {
     // Every descendant is ours to find (subreaper); a process forked while a
     // sweep runs is caught by the next one once its parent is gone.
     loop {
-        signal::kill_descendants(init_pid, 1);
-        if !reap_nohang(python, python_status) {
-            return;
+        if spare {
+            // Subtrees of adopted kernel inits (copy-on-write forks) live
+            // on: done once nothing else is left, dead ones reaped.
+            let left = signal::kill_descendants_sparing(init_pid, is_adopted_init);
+            let children = reap_nohang(python, python_status);
+            if left == 0 || !children {
+                // Grandchildren that died last became our children as
+                // their parents were reaped: reap them too.
+                std::thread::sleep(Duration::from_millis(2));
+                reap_nohang(python, python_status);
+                return;
+            }
+        } else {
+            signal::kill_descendants(init_pid, 1);
+            if !reap_nohang(python, python_status) {
+                return;
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// `pid` is a kernel init in adopt mode running this init's own program
+/// (`/proc/<pid>/exe` the same file as ours, `__cellhost-kernel-init` and
+/// `--adopt` in its arguments): the init of another kernel.
+fn is_adopted_init(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let same_exe = match (
+        std::fs::metadata(format!("/proc/{pid}/exe")),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    if !same_exe {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut args = cmdline.split(|b| *b == 0);
+    args.nth(1) == Some(b"__cellhost-kernel-init".as_slice()) && args.any(|a| a == b"--adopt")
+}
+
+/// The host watched through a pidfd, beside the init's signals (a
+/// signalfd of the watched set, which is blocked).
+struct HostWatch {
+    pidfd: OwnedFd,
+    sigfd: OwnedFd,
+}
+
+fn host_watch(host: i32, watched: &libc::sigset_t) -> std::io::Result<HostWatch> {
+    let pid = rustix::process::Pid::from_raw(host).ok_or_else(|| std::io::Error::other("pid 0"))?;
+    let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+    // SAFETY: `watched` is a valid, initialised set; -1 asks for a new
+    // descriptor, which we own from here on.
+    let raw = unsafe { libc::signalfd(-1, watched, libc::SFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nothing else owns.
+    let sigfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(HostWatch { pidfd, sigfd })
+}
+
+/// The next watched signal; with a host watch, the host's end counts as a
+/// SIGTERM (the host asked for the tree to end).
+fn next_signal(watched: &libc::sigset_t, host: Option<&HostWatch>) -> i32 {
+    use std::os::fd::AsRawFd;
+    let Some(w) = host else {
+        // SAFETY: `watched` is a valid set; a null siginfo pointer is allowed.
+        return unsafe { libc::sigwaitinfo(watched, std::ptr::null_mut()) };
+    };
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: w.sigfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: w.pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structures.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n <= 0 {
+            continue;
+        }
+        if fds[1].revents != 0 {
+            return libc::SIGTERM;
+        }
+        if fds[0].revents != 0 {
+            // SAFETY: signalfd_siginfo is plain data; all zeroes is valid.
+            let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<libc::signalfd_siginfo>();
+            // SAFETY: reads at most `size` bytes into `info`, which is that large.
+            let got = unsafe {
+                libc::read(
+                    w.sigfd.as_raw_fd(),
+                    (&mut info as *mut libc::signalfd_siginfo).cast(),
+                    size,
+                )
+            };
+            if got as usize == size {
+                return info.ssi_signo as i32;
+            }
+        }
     }
 }
 

@@ -314,6 +314,12 @@ pub struct LaunchSpec {
     /// A template's init: forked kernels outlive the template.
     #[serde(default)]
     pub keep_tree: bool,
+    /// When the init kills its tree, it spares the subtrees of adopted
+    /// kernel inits (copy-on-write forks of its worker, each a kernel of its
+    /// own with its own init): set for sandbox-off kernels only, whose
+    /// worker the host may fork (`cellhost_kernel::cow`).
+    #[serde(default)]
+    pub spare_forks: bool,
 }
 
 /// Where a sandboxed kernel's `MPLCONFIGDIR` is, in its private `/tmp`.

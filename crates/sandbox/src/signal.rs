@@ -58,6 +58,32 @@ pub fn kill_descendants(root: i32, rounds: usize) -> usize {
     sent
 }
 
+/// SIGKILL to every live descendant of `root` but the subtrees rooted at a
+/// process `spare` accepts (one sweep). Returns how many were signalled
+/// (0: nothing but spared subtrees and zombies is left).
+pub fn kill_descendants_sparing(root: i32, spare: impl Fn(i32) -> bool) -> usize {
+    let procs = procfs::all_processes();
+    let mut children: std::collections::HashMap<i32, Vec<procfs::ProcStat>> =
+        std::collections::HashMap::new();
+    for p in &procs {
+        children.entry(p.ppid).or_default().push(*p);
+    }
+    let mut sent = 0;
+    let mut stack = vec![root];
+    while let Some(pid) = stack.pop() {
+        for k in children.get(&pid).map(Vec::as_slice).unwrap_or_default() {
+            if k.pid == root || (k.state != 'Z' && spare(k.pid)) {
+                continue;
+            }
+            if k.state != 'Z' && kill(k.pid, libc::SIGKILL).is_ok() {
+                sent += 1;
+            }
+            stack.push(k.pid);
+        }
+    }
+    sent
+}
+
 /// Name of a signal number, e.g. `SIGSEGV` for 11.
 pub fn signal_name(sig: i32) -> String {
     let name = match sig {

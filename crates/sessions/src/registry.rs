@@ -320,6 +320,9 @@ struct SlotInner {
     cwd_alias: Option<(PathBuf, PathBuf)>,
     /// A fork's own working directory, in place of the key's cwd.
     fork_dir: Option<PathBuf>,
+    /// The copy-on-write fork the slot's next kernel is made by: the
+    /// invitation its parent's worker (host pid) connects to.
+    cow: Option<(cellhost_kernel::CowInvite, u32)>,
     /// The session's checkpoint mode as a request (or the journal) set it
     /// (`None`: the configured one for its name).
     ckpt_mode: Option<CheckpointMode>,
@@ -1043,6 +1046,15 @@ impl Registry {
         self.slot(key, None).lock().fork_dir = Some(dir.to_path_buf());
     }
 
+    /// Makes the next kernel of `key` a copy-on-write fork through
+    /// `invite`, which the worker `worker_pid` (host pid of the parent
+    /// session's worker, armed by `forkstate.cow_arm`) connects to; the
+    /// next [`Registry::acquire`] of `key` takes it (and fails with the
+    /// fork's error).
+    pub fn set_cow_fork(&self, key: &Key, invite: cellhost_kernel::CowInvite, worker_pid: u32) {
+        self.slot(key, None).lock().cow = Some((invite, worker_pid));
+    }
+
     /// The live kernel of `key` with its generation, held attached (never
     /// evicted or reaped) until the [`Hold`] is dropped. `None` without a
     /// live kernel.
@@ -1290,6 +1302,19 @@ impl Registry {
         if let Some((k, vslot)) = victim {
             k.kill().await;
             let _ = vslot;
+        }
+        let cow = slot.lock().cow.take();
+        if let Some((invite, worker_pid)) = cow {
+            let (cfg, _tools) = self.kernel_config(slot, generation);
+            {
+                let mut g = slot.lock();
+                g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));
+                g.cwd_alias = None;
+                g.ckpt_dir = None;
+            }
+            let k = invite.fork(worker_pid, cfg).await?;
+            self.spawned.fetch_add(1, Ordering::Relaxed);
+            return Ok(k);
         }
         let workdir = self.session_workdir(&slot.key);
         // A pooled kernel's own directory becomes a new session's workdir;

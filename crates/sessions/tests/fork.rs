@@ -2,7 +2,10 @@
 //! are invisible to the other (numpy arrays, pandas frames, module globals,
 //! files), the execution count is carried, a busy parent or a taken name is
 //! refused with its code, threads refuse a fork unless dropped, the disk cap
-//! bounds the copy, and `history` shows the lineage.
+//! bounds the copy, and `history` shows the lineage. Each for a confined
+//! parent (forked by pickle) and a sandbox-off one (forked copy-on-write),
+//! whose fork and parent end without stray processes in either order, and
+//! survive each other's death.
 //!
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH; the
 //! numpy/pandas checks run where the interpreter has them and say so when
@@ -12,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cellhost_kernel::{CellStatus, KernelConfig, LiveEvent};
+use cellhost_sandbox::profile::SandboxMode;
 use cellhost_sessions::requests::{
-    CwdScope, ExecuteRequest, ForkRequest, ForkThreads, HistoryRequest, KillRequest,
+    CwdScope, ExecuteRequest, ForkMethod, ForkRequest, ForkThreads, HistoryRequest, KillRequest,
 };
 use cellhost_sessions::{Durability, Journal, Origin, Registry, RegistryConfig, SessionSpec, Surface};
 
@@ -25,7 +29,16 @@ fn python() -> PathBuf {
 }
 
 async fn start(dir: &Path) -> Arc<Registry> {
+    start_with(dir, None).await
+}
+
+/// A registry whose kernels (and floor) have sandbox mode `mode` (`None`:
+/// the default, `auto`).
+async fn start_with(dir: &Path, mode: Option<SandboxMode>) -> Arc<Registry> {
     let mut t = KernelConfig::new(python(), dir.join("unused"));
+    if let Some(m) = mode {
+        t.sandbox.mode = m;
+    }
     let work = dir.join("work");
     std::fs::create_dir_all(&work).expect("workdir");
     t.cwd = Some(work);
@@ -84,8 +97,30 @@ fn fork(parent: &str, name: &str) -> ForkRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fork_has_the_parents_state_and_its_own_and_counts_on() {
+    let report = state_and_isolation(None).await;
+    assert_eq!(report.method, ForkMethod::Pickle);
+    assert!(
+        report
+            .pickle_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("confined")),
+        "{report:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sandbox_off_fork_is_copy_on_write_with_the_parents_state_and_its_own() {
+    let report = state_and_isolation(Some(SandboxMode::Off)).await;
+    assert_eq!(report.method, ForkMethod::Cow, "{report:?}");
+    assert_eq!(report.pickle_reason, None);
+    assert_eq!(report.snapshot_bytes, 0);
+}
+
+/// The state test for a registry of sandbox mode `mode`: returns the
+/// fork's report.
+async fn state_and_isolation(mode: Option<SandboxMode>) -> cellhost_sessions::requests::ForkReport {
     let dir = tempfile::tempdir().expect("tempdir");
-    let reg = start(dir.path()).await;
+    let reg = start_with(dir.path(), mode).await;
     let _guard = Shutdown(reg.clone());
     let has_np = run(
         &reg,
@@ -195,6 +230,7 @@ async fn a_fork_has_the_parents_state_and_its_own_and_counts_on() {
     .await
     .expect("kill parent");
     assert_eq!(text(&run(&reg, "c", "len(x)").await), "4");
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -294,4 +330,254 @@ async fn a_workdir_past_the_disk_cap_is_refused_and_leaves_no_session() {
         .filter(|e| e.file_name().to_string_lossy().starts_with(".cellhost-fork-"))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+async fn kill_session(reg: &Registry, session: &str) {
+    KillRequest {
+        owner: owner(),
+        session: session.into(),
+        cwd: CwdScope::Any,
+    }
+    .execute(reg)
+    .await
+    .expect("kill");
+}
+
+/// The worker and init pids of `session`'s live kernel.
+fn pids_of(reg: &Registry, session: &str) -> Vec<u32> {
+    let info = reg
+        .kernel(&reg.key(&owner(), session))
+        .expect("live")
+        .info()
+        .clone();
+    vec![info.pid, info.init_pid]
+}
+
+fn gone(pids: &[u32]) -> Vec<(u32, String)> {
+    pids.iter()
+        .filter_map(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .map(|s| (*p, s))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_write_fork_and_its_parent_end_without_strays_in_either_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    for parent_first in [true, false] {
+        let (p, c) = if parent_first { ("p1", "c1") } else { ("p2", "c2") };
+        run(&reg, p, "import subprocess\nv = list(range(1000))").await;
+        let report = fork(p, c).execute(&reg).await.expect("fork");
+        assert_eq!(report.method, ForkMethod::Cow, "{report:?}");
+        // Each runs a child process of its own, which must go with it.
+        run(&reg, p, "sp = subprocess.Popen(['sleep', '1000'])").await;
+        run(&reg, c, "sp = subprocess.Popen(['sleep', '1000'])").await;
+        let mut pids = pids_of(&reg, p);
+        pids.push(text(&run(&reg, p, "sp.pid").await).parse().expect("pid"));
+        let mut child = pids_of(&reg, c);
+        child.push(text(&run(&reg, c, "sp.pid").await).parse().expect("pid"));
+        let (first, second) = if parent_first { (p, c) } else { (c, p) };
+        kill_session(&reg, first).await;
+        // The other lives on.
+        assert_eq!(text(&run(&reg, second, "len(v)").await), "1000");
+        kill_session(&reg, second).await;
+        pids.extend(child);
+        assert!(gone(&pids).is_empty(), "left: {:?}", gone(&pids));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_parent_killed_by_sigkill_leaves_its_copy_on_write_fork_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    run(&reg, "p", "state = {'k': 41}\nfh = open('log.txt', 'w')").await;
+    let report = fork("p", "c").execute(&reg).await.expect("fork");
+    assert_eq!(report.method, ForkMethod::Cow);
+    // The parent's open file is not the fork's: using it fails there as on
+    // a closed file, and closing it closes nothing the fork's kernel uses.
+    let r = run(
+        &reg,
+        "c",
+        "import errno\ntry:\n    fh.write('c'); fh.flush(); r = 'written'\nexcept OSError as e:\n    r = errno.errorcode[e.errno]\nr",
+    )
+    .await;
+    assert_eq!(text(&r), "'EBADF'");
+    run(
+        &reg,
+        "c",
+        "try:\n    fh.close()\nexcept OSError:\n    pass\nopen('own.txt', 'w').write('c')",
+    )
+    .await;
+    assert_eq!(text(&run(&reg, "c", "print('still here'); 2").await), "2");
+    run(&reg, "p", "fh.write('p'); fh.flush()").await;
+    let parent = pids_of(&reg, "p");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &parent[0].to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    assert_eq!(text(&run(&reg, "c", "state['k'] + 1").await), "42");
+    // The parent's next cell finds its kernel gone (`crashed` when it was
+    // sent before the host saw the death), then a new kernel runs it.
+    let next = || async {
+        ExecuteRequest::new(SessionSpec::new(owner(), "p"), "1", Origin::new("test"))
+            .execute(&reg)
+            .await
+            .expect("execute")
+            .result
+    };
+    let mut r = next().await;
+    if r.status == CellStatus::Crashed {
+        r = next().await;
+    }
+    assert_eq!(r.status, CellStatus::Ok, "{:?}", r.error);
+    assert!(r.kernel.state_reset && r.kernel.generation == 2, "{:?}", r.kernel);
+    // The fork is untouched by all of it.
+    assert_eq!(text(&run(&reg, "c", "state['k']").await), "41");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_write_fork_is_refused_for_threads_unless_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    run(
+        &reg,
+        "p",
+        "import threading\ny = 1\nstop = threading.Event()\nt = threading.Thread(target=stop.wait, name='waiter', daemon=True)\nt.start()",
+    )
+    .await;
+    let e = fork("p", "t").execute(&reg).await.expect_err("threads");
+    assert_eq!(e.code(), "threads_running", "{e}");
+    assert!(e.to_string().contains("waiter"), "{e}");
+    let mut drop_req = fork("p", "t");
+    drop_req.threads = ForkThreads::Drop;
+    let r = drop_req.execute(&reg).await.expect("fork dropping threads");
+    assert_eq!(r.method, ForkMethod::Cow);
+    assert!(
+        r.threads_dropped.iter().any(|t| t.starts_with("waiter")),
+        "{:?}",
+        r.threads_dropped
+    );
+    assert_eq!(text(&run(&reg, "t", "y").await), "1");
+    run(&reg, "p", "stop.set(); t.join()").await;
+}
+
+fn pid_alive(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.is_empty() && !stat.contains(") Z")
+}
+
+/// The child half of `a_sigkilled_host_leaves_no_copy_on_write_fork`: a
+/// host with two copy-on-write forks, one whose parent it killed (the
+/// fork's init is then the host's child) and one whose parent lives, each
+/// kernel with a child process. Does nothing unless the parent set
+/// `CELLHOST_COW_CHILD`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cow_host_child_helper() {
+    let Some(dir) = std::env::var_os("CELLHOST_COW_CHILD") else {
+        return;
+    };
+    let reg = start_with(Path::new(&dir), Some(SandboxMode::Off)).await;
+    for (p, c) in [("p1", "c1"), ("p2", "c2")] {
+        run(
+            &reg,
+            p,
+            "import subprocess\nsp = subprocess.Popen(['sleep', '1000'])",
+        )
+        .await;
+        let report = fork(p, c).execute(&reg).await.expect("fork");
+        assert_eq!(report.method, ForkMethod::Cow);
+        run(&reg, c, "sp2 = subprocess.Popen(['sleep', '1000'])").await;
+        let mut pids = pids_of(&reg, c);
+        pids.push(text(&run(&reg, c, "sp2.pid").await).parse().expect("pid"));
+        if p == "p1" {
+            kill_session(&reg, p).await;
+        } else {
+            pids.extend(pids_of(&reg, p));
+            pids.push(text(&run(&reg, p, "sp.pid").await).parse().expect("pid"));
+        }
+        println!(
+            "PID {}",
+            pids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+        );
+    }
+    println!("READY");
+    let _ = run(&reg, "c2", "import time; time.sleep(60)").await;
+}
+
+#[test]
+fn a_sigkilled_host_leaves_no_copy_on_write_fork() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+        .args([
+            "cow_host_child_helper",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CELLHOST_COW_CHILD", dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("child host");
+    let out = child.stdout.take().expect("stdout");
+    let mut pids: Vec<u32> = Vec::new();
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.expect("line");
+        if let Some(at) = line.find("PID ") {
+            pids.extend(line[at + 4..].split(' ').filter_map(|p| p.parse::<u32>().ok()));
+        }
+        if line.contains("READY") {
+            break;
+        }
+    }
+    // c1: worker, init, its child; c2 the same, and its parent p2's.
+    assert_eq!(pids.len(), 9, "{pids:?}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let t0 = std::time::Instant::now();
+    while pids.iter().any(|p| pid_alive(*p)) && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<u32> = pids.into_iter().filter(|p| pid_alive(*p)).collect();
+    assert!(left.is_empty(), "survived the host: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_on_write_fork_of_a_fork_outlives_both_and_leaves_no_strays() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start_with(dir.path(), Some(SandboxMode::Off)).await;
+    let _guard = Shutdown(reg.clone());
+    run(&reg, "p", "v = [1]").await;
+    assert_eq!(
+        fork("p", "c").execute(&reg).await.expect("fork").method,
+        ForkMethod::Cow
+    );
+    run(&reg, "c", "v.append(2)").await;
+    assert_eq!(
+        fork("c", "g")
+            .execute(&reg)
+            .await
+            .expect("fork of the fork")
+            .method,
+        ForkMethod::Cow
+    );
+    let mut pids = pids_of(&reg, "p");
+    pids.extend(pids_of(&reg, "c"));
+    pids.extend(pids_of(&reg, "g"));
+    // Ending the middle one leaves its parent and its fork.
+    kill_session(&reg, "c").await;
+    assert_eq!(text(&run(&reg, "g", "v").await), "[1, 2]");
+    assert_eq!(text(&run(&reg, "p", "v").await), "[1]");
+    kill_session(&reg, "p").await;
+    assert_eq!(text(&run(&reg, "g", "v + [3]").await), "[1, 2, 3]");
+    kill_session(&reg, "g").await;
+    assert!(gone(&pids).is_empty(), "left: {:?}", gone(&pids));
 }

@@ -135,6 +135,7 @@ impl LocalLink {
             program: config.runtime.worker_argv(&config.python, prep.boot_dir),
             env: spawn::env_strings(&worker_env(config, prep.spec.is_some())),
             keep_tree: false,
+            spare_forks: prep.spec.is_none(),
         };
         let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         if let Some(cwd) = &config.cwd {

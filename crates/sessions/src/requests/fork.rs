@@ -29,7 +29,24 @@
 //!    parent generation and fork point (schema version 5); `history` shows
 //!    them.
 //!
-//! Why not `fork(2)` of the parent's worker (copy-on-write memory): the
+//! # Copy-on-write, where it is sound
+//!
+//! A parent whose sandbox is off (nothing confines its worker: no
+//! namespaces, mounts, Landlock domain, seccomp filter or kernel uid of its
+//! own) is forked with `fork(2)` instead ([`ForkMethod::Cow`],
+//! `cellhost_kernel::cow`): a silent cell arms the fork, the worker forks
+//! the new kernel's init and worker between cells exactly as a template
+//! forks a kernel, the copy closes the parent's channel and every other
+//! inherited descriptor, connects to the new channel, enters its own copy
+//! of the working directory, joins its own cgroup and reseeds `random` and
+//! numpy; steps 3 and 5 are as above, steps 2 and 4 are not needed (the
+//! pages are shared until written). The whole namespace travels, threads
+//! aside (refused, or dropped), and open files and sockets are closed in
+//! the copy. Its supervision: [`cellhost_kernel::cow`]. Every other parent
+//! is forked by pickle, and [`ForkReport::pickle_reason`] says why
+//! (confined, remote, an egress allowlist, not Python).
+//!
+//! Why not `fork(2)` of a confined parent's worker: the
 //! worker is confined, and a process it forks inherits that confinement in
 //! ways that make the child *share* rather than own its sandbox. Landlock
 //! forbids every mount to a confined process, so the child could not get
@@ -74,6 +91,19 @@ pub enum ForkThreads {
     Refuse,
     /// Fork anyway; the fork starts without them.
     Drop,
+}
+
+/// How a fork carried the parent's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum ForkMethod {
+    /// `fork(2)` of the parent's worker: pages shared copy-on-write (a
+    /// parent whose sandbox is off).
+    Cow,
+    /// The namespace pickled by the parent and loaded by a new kernel.
+    #[default]
+    Pickle,
 }
 
 /// Fork the live, idle session `session` into the new session `name`.
@@ -126,6 +156,14 @@ pub struct ForkReport {
     pub snapshot_bytes: u64,
     /// Wall time of the whole fork, in milliseconds.
     pub duration_ms: u64,
+    /// How the state was carried: `cow` (a `fork(2)` of the parent's
+    /// worker) or `pickle`.
+    #[serde(default)]
+    pub method: ForkMethod,
+    /// Why `pickle` was used (`None` for `cow`): the parent's kernel is
+    /// confined, remote, has an egress allowlist, or is not Python.
+    #[serde(default)]
+    pub pickle_reason: Option<String>,
 }
 
 fn failed(session: &str, reason: impl Into<String>) -> RequestError {
@@ -189,8 +227,11 @@ impl ForkRequest {
     /// (the new name is taken: a live kernel, journaled cells, or a
     /// working directory with files), `threads_running`, `disk_full` (the
     /// working directory and snapshot pass the session's `disk_mb`),
-    /// `fork_failed` (the snapshot or restore failed, with why),
-    /// `kernel_failed`, `registry_full`, `shut_down`.
+    /// `fork_failed` (the snapshot or restore failed, with why; for a
+    /// copy-on-write fork, the fork's socket could not be made),
+    /// `kernel_failed` (also a copy-on-write fork the parent's worker did
+    /// not make: it never connected, or the forked kernel failed to start),
+    /// `registry_full`, `shut_down`.
     pub async fn execute(&self, reg: &Registry) -> Result<ForkReport, RequestError> {
         let started = Instant::now();
         validate_session(&self.name)?;
@@ -235,6 +276,19 @@ impl ForkRequest {
         let Some(parent_dir) = reg.workdir(&parent) else {
             return Err(failed(&parent.session, "the session has no working directory"));
         };
+        let pickle_reason = pickle_reason(reg, &parent, &kernel);
+        if pickle_reason.is_none() {
+            let ctx = CowFork {
+                parent: &parent,
+                child: &child,
+                kernel: &kernel,
+                parent_generation,
+                parent_dir: &parent_dir,
+                child_dir: &child_dir,
+                started,
+            };
+            return self.execute_cow(reg, ctx).await;
+        }
         let mut token = [0u8; 8];
         getrandom::fill(&mut token).map_err(|e| failed(&parent.session, e.to_string()))?;
         let snap_name = format!(
@@ -401,8 +455,221 @@ impl ForkRequest {
             skipped: copied.skipped.into_iter().map(|(p, _)| p).collect(),
             snapshot_bytes,
             duration_ms: started.elapsed().as_millis() as u64,
+            method: ForkMethod::Pickle,
+            pickle_reason,
         })
     }
+
+    /// The copy-on-write path (see the module's documentation).
+    async fn execute_cow(&self, reg: &Registry, c: CowFork<'_>) -> Result<ForkReport, RequestError> {
+        let (parent, child) = (c.parent, c.child);
+        let busy = |cell: String| RequestError::SessionBusy {
+            session: parent.session.clone(),
+            cell,
+        };
+        // The working directory first (nothing of the parent changes if the
+        // copy is refused), bounded by the session's disk cap.
+        let disk_mb = reg.session_limits(parent).disk_mb;
+        let cap = disk_mb.map(|mb| mb << 20);
+        let copied = {
+            let (src, dst) = (c.parent_dir.to_path_buf(), c.child_dir.to_path_buf());
+            tokio::task::spawn_blocking(move || copy_tree(&src, &dst, &[], cap))
+                .await
+                .map_err(|e| failed(&parent.session, e.to_string()))?
+        };
+        let undo = || {
+            let _ = std::fs::remove_dir_all(c.child_dir);
+        };
+        let copied = match copied {
+            Ok(x) => x,
+            Err(CopyError::OverCap { path, bytes, .. }) => {
+                return Err(RequestError::DiskFull {
+                    path,
+                    bytes,
+                    used: bytes,
+                    max_mb: disk_mb.unwrap_or(0),
+                });
+            }
+            Err(e) => {
+                return Err(failed(
+                    &parent.session,
+                    format!("copying the working directory: {e}"),
+                ));
+            }
+        };
+        let invite = match cellhost_kernel::CowInvite::new() {
+            Ok(i) => i,
+            Err(e) => {
+                undo();
+                return Err(failed(&parent.session, format!("the fork's socket: {e}")));
+            }
+        };
+        let threads = match self.threads {
+            ForkThreads::Refuse => "refuse",
+            ForkThreads::Drop => "drop",
+        };
+        let code = format!(
+            "__import__('cellhost_worker.forkstate').forkstate.cow_arm({}, {}, {})",
+            py_str(&invite.path().display().to_string()),
+            py_str(invite.token()),
+            py_str(threads)
+        );
+        let silent = || ExecOptions {
+            silent: true,
+            fail_if_busy: true,
+            timeout: Some(STEP_TIMEOUT),
+            ..Default::default()
+        };
+        let armed = match c.kernel.execute(code, silent()).await {
+            Ok(r) => step_answer(&parent.session, "fork", &r),
+            Err(KernelError::KernelBusy { cell, .. }) => Err(busy(cell)),
+            Err(e) => Err(RegistryError::Kernel(e).into()),
+        };
+        let answer = match armed {
+            Ok(a) => a,
+            Err(e) => {
+                undo();
+                return Err(e);
+            }
+        };
+        if answer.get("ok").and_then(Value::as_bool) != Some(true) {
+            undo();
+            let threads = answer
+                .get("threads")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(thread_label).collect())
+                .unwrap_or_default();
+            return Err(RequestError::ThreadsRunning {
+                session: parent.session.clone(),
+                threads,
+            });
+        }
+        let fork_point = answer.get("execution_count").and_then(Value::as_u64).unwrap_or(0);
+        let threads_dropped: Vec<String> = answer
+            .get("threads")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(thread_label).collect())
+            .unwrap_or_default();
+        reg.inherit_session(parent, child);
+        reg.set_fork_dir(child, c.child_dir);
+        reg.set_cow_fork(child, invite, c.kernel.info().pid);
+        let (child_kernel, generation) = match reg.acquire(child).await {
+            Ok(x) => x,
+            Err(e) => {
+                reg.dispose(child).await;
+                undo();
+                return Err(e.into());
+            }
+        };
+        // The host's count of the new kernel starts at the fork point (the
+        // worker's is its parent's already).
+        let resume = ExecOptions {
+            resume_count: Some(fork_point),
+            ..silent()
+        };
+        let code = "__import__('cellhost_worker.forkstate').forkstate.cow_resumed()".to_string();
+        let resumed = match child_kernel.execute(code, resume).await {
+            Ok(r) => step_answer(&parent.session, "fork's first cell", &r),
+            Err(e) => Err(RegistryError::Kernel(e).into()),
+        };
+        let resumed = match resumed {
+            Ok(a) => a,
+            Err(e) => {
+                reg.dispose(child).await;
+                undo();
+                return Err(e);
+            }
+        };
+        if let Some(j) = reg.journal() {
+            j.kernel_forked(
+                &child.owner,
+                &child.session,
+                generation,
+                &parent.session,
+                c.parent_generation,
+                fork_point,
+            );
+        }
+        Ok(ForkReport {
+            session: child.session.clone(),
+            parent: parent.session.clone(),
+            parent_generation: c.parent_generation,
+            generation,
+            pid: child_kernel.info().pid,
+            execution_count: fork_point,
+            names: strings(resumed.get("names").unwrap_or(&Value::Null)),
+            lost: Default::default(),
+            modules_failed: Default::default(),
+            threads_dropped,
+            cwd: c.child_dir.to_path_buf(),
+            files_copied: copied.files,
+            bytes_copied: copied.bytes,
+            skipped: copied.skipped.into_iter().map(|(p, _)| p).collect(),
+            snapshot_bytes: 0,
+            duration_ms: c.started.elapsed().as_millis() as u64,
+            method: ForkMethod::Cow,
+            pickle_reason: None,
+        })
+    }
+}
+
+/// What the copy-on-write path needs of the checks `execute` made.
+struct CowFork<'a> {
+    parent: &'a crate::registry::Key,
+    child: &'a crate::registry::Key,
+    kernel: &'a cellhost_kernel::Kernel,
+    parent_generation: u64,
+    parent_dir: &'a std::path::Path,
+    child_dir: &'a std::path::Path,
+    started: Instant,
+}
+
+/// Why the parent cannot be forked copy-on-write (`None`: it can).
+fn pickle_reason(
+    reg: &Registry,
+    parent: &crate::registry::Key,
+    kernel: &cellhost_kernel::Kernel,
+) -> Option<String> {
+    use cellhost_sandbox::profile::SandboxMode;
+    if parent.language != "python" {
+        return Some(format!(
+            "copy-on-write forks are of Python kernels, not {}",
+            parent.language
+        ));
+    }
+    if kernel.info().placement.is_some() {
+        return Some("the parent's kernel is remote".into());
+    }
+    if parent.sandbox != SandboxMode::Off {
+        let enforced: Vec<&str> = kernel
+            .info()
+            .sandbox
+            .layers
+            .iter()
+            .filter(|l| l.enforced && l.name != "env" && l.name != "rlimits" && l.name != "cgroup")
+            .map(|l| l.name.as_str())
+            .collect();
+        return Some(format!(
+            "the parent's kernel is confined (sandbox {}: {}): a fork(2) of it would share its \
+             confinement (Landlock forbids it mounts of its own and names the parent's directories; \
+             a pid namespace would nest in the parent's; same kernel uid) instead of owning a sandbox",
+            parent.sandbox.as_str(),
+            if enforced.is_empty() {
+                "no layer enforced beyond the environment and limits".to_string()
+            } else {
+                enforced.join(", ")
+            }
+        ));
+    }
+    if matches!(
+        reg.session_network(parent),
+        cellhost_kernel::egress::NetworkPolicy::Allow(_)
+    ) {
+        return Some(
+            "the session's network allowlist needs the egress proxy only a cold kernel's init binds".into(),
+        );
+    }
+    None
 }
 
 fn thread_label(t: &Value) -> String {

@@ -47,7 +47,7 @@ pub use files::{
     DeleteFileRequest, FileDeleted, FileEntry, FileKind, FileListing, FileWritten, ListFilesRequest,
     OpenedFile, ReadFileRequest, WriteFileRequest,
 };
-pub use fork::{ForkReport, ForkRequest, ForkThreads};
+pub use fork::{ForkMethod, ForkReport, ForkRequest, ForkThreads};
 pub use history::{History, HistoryRequest};
 pub use install::{InstallRequest, Installed};
 pub use interrupt::{InterruptRequest, Interrupted};

@@ -123,7 +123,9 @@ class Session:
         execution count and a copy of the working directory, as a kernel of
         its own. Returns the new :class:`Session` on the same host (its
         :meth:`close` ends that session only; :attr:`fork_report` says what
-        was carried). ``threads``: ``"refuse"`` (threads of the cells make
+        was carried, and ``fork_report["method"]`` how: ``"cow"``, a
+        copy-on-write fork of a sandbox-off parent, or ``"pickle"``, with
+        ``fork_report["pickle_reason"]``). ``threads``: ``"refuse"`` (threads of the cells make
         the fork fail with ``threads_running``) or ``"drop"``. A running cell
         raises :class:`~cellhost.errors.SessionBusy`, a taken name
         ``session_exists``."""

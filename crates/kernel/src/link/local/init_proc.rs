@@ -53,39 +53,18 @@ impl InitProc {
     pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         match self {
             InitProc::Child(c) => c.try_wait(),
-            InitProc::Adopted { status, exit, .. } => {
+            InitProc::Adopted {
+                status, exit, pidfd, ..
+            } => {
                 if exit.is_some() {
                     return Ok(*exit);
                 }
-                let mut raw = [0u8; 4];
-                let mut got = 0;
-                loop {
-                    match status.read(&mut raw[got..]) {
-                        Ok(0) => {
-                            let st = if got == 4 {
-                                i32::from_ne_bytes(raw)
-                            } else {
-                                libc::SIGKILL
-                            };
-                            *exit = Some(ExitStatus::from_raw(st));
-                            return Ok(*exit);
-                        }
-                        Ok(n) => {
-                            got += n;
-                            if got == 4 {
-                                *exit = Some(ExitStatus::from_raw(i32::from_ne_bytes(raw)));
-                                return Ok(*exit);
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            // Not finished (a partial report cannot happen:
-                            // 4 bytes are written in one atomic pipe write).
-                            return Ok(None);
-                        }
-                        Err(e) => return Err(e),
-                    }
+                let st = read_status(status)?;
+                if st.is_some() {
+                    *exit = st;
+                    reap_if_ours(pidfd);
                 }
+                Ok(st)
             }
         }
     }
@@ -122,4 +101,57 @@ impl InitProc {
             let _ = c.wait();
         }
     }
+}
+
+/// The raw wait status an adopted init wrote to its status pipe, once it
+/// has exited (an init that died without reporting, which only SIGKILL can
+/// cause, reads as killed by SIGKILL); `None` while it runs.
+fn read_status(status: &mut std::fs::File) -> io::Result<Option<ExitStatus>> {
+    let mut raw = [0u8; 4];
+    let mut got = 0;
+    loop {
+        match status.read(&mut raw[got..]) {
+            Ok(0) => {
+                let st = if got == 4 {
+                    i32::from_ne_bytes(raw)
+                } else {
+                    libc::SIGKILL
+                };
+                return Ok(Some(ExitStatus::from_raw(st)));
+            }
+            Ok(n) => {
+                got += n;
+                if got == 4 {
+                    return Ok(Some(ExitStatus::from_raw(i32::from_ne_bytes(raw))));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Not finished (a partial report cannot happen:
+                // 4 bytes are written in one atomic pipe write).
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reaps an adopted init that has become this process's child (the init of
+/// a copy-on-write fork, orphaned when its parent kernel ended, with the
+/// host a child subreaper). Its status pipe closes as it exits: waits up
+/// to 100 ms for the exit to complete; a process that is not our child is
+/// left to its parent.
+fn reap_if_ours(pidfd: &OwnedFd) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    use rustix::process::{WaitId, WaitIdOptions, waitid};
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let wait = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    let _ = poll(&mut fds, Some(&wait));
+    let _ = waitid(
+        WaitId::PidFd(std::os::fd::AsFd::as_fd(pidfd)),
+        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+    );
 }
