@@ -124,6 +124,7 @@ pub fn exec(
             network: kernel.network.as_ref().map(|p| p.to_text()),
             limits: (!limits.is_empty()).then_some(limits),
             checkpoint: kernel.checkpoint,
+            restore: kernel.restore,
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");

@@ -127,6 +127,11 @@ pub enum Request {
         /// is refused with `checkpoint_unavailable` where CRIU cannot run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         checkpoint: Option<cellhost_sessions::CheckpointMode>,
+        /// What the session gets back after an unexpected death of its
+        /// kernel (`--restore checkpoint|replay|none`; default: the
+        /// session's, else the daemon's for its name).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        restore: Option<cellhost_sessions::RestoreMode>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -714,6 +719,7 @@ async fn handle(
             network,
             limits,
             checkpoint,
+            restore,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -729,6 +735,7 @@ async fn handle(
                 cwd,
                 limits: limits.unwrap_or_default(),
                 checkpoint,
+                restore,
                 ..SessionSpec::new(owner, session)
             };
             let Some(spec) = prepare_session(reg, w, spec, env, network.as_deref()).await? else {

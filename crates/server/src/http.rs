@@ -351,6 +351,14 @@ pub struct CreateSession {
     /// `checkpoint_unavailable` where CRIU cannot run). Default: the
     /// server's for the session's name.
     pub checkpoint: Option<cellhost_sessions::CheckpointMode>,
+    /// What the session gets back after an unexpected death of its kernel
+    /// (a crash, an OOM kill, an eviction, a restart of the server):
+    /// `checkpoint` (its latest checkpoint, when it keeps them), `replay`
+    /// (the checkpoint if any, then the lost kernel's journaled `ok` cells
+    /// after it, run again silently, stopping at the first that fails;
+    /// the next result's `restored.replay` names them) or `none`. Default:
+    /// the server's for the session's name.
+    pub restore: Option<cellhost_sessions::RestoreMode>,
 }
 
 /// A session of the caller.
@@ -491,6 +499,7 @@ async fn create_session(
         language: body.language.clone(),
         placement: body.placement.clone(),
         checkpoint: body.checkpoint,
+        restore: body.restore,
         ..SessionSpec::new(owner.as_str(), name.as_str())
     }
     .key(&st.registry)?;

@@ -448,7 +448,8 @@ impl Registry {
     }
 
     /// Forgets the session's checkpoint and pause (a restart or kill: its
-    /// state is dropped on purpose). `true` when there was one.
+    /// state is dropped on purpose; no replay brings it back). `true` when
+    /// there was one.
     pub async fn drop_checkpoint(&self, key: &Key) -> bool {
         let slot = self.slot(key, None);
         self.load_checkpoint(&slot).await;
@@ -456,10 +457,12 @@ impl Registry {
             let mut g = slot.lock();
             g.paused = None;
             g.restored_note = None;
+            g.no_replay_next = true;
             g.ckpt.take()
         };
         if let Some(j) = self.journal() {
             j.checkpoint_dropped(&key.owner, &key.session);
+            j.state_dropped(&key.owner, &key.session);
         }
         match had {
             Some(c) => {
@@ -525,6 +528,7 @@ impl Registry {
             lost_cells: self.cells_after(&slot.key, &c).await,
             restore_ms: 0,
             error: None,
+            replay: None,
         };
         let outcome = self.run_restore(kernel, &c, &host_dir, &kernel_dir).await;
         match outcome {
