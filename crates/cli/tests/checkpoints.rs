@@ -418,7 +418,7 @@ fn a_replay_is_cut_at_its_cell_bound_and_says_so() {
 }
 
 #[test]
-fn a_paused_session_frees_its_kernel_and_survives_a_serve_restart() {
+fn a_paused_session_frees_its_kernel_is_listed_paused_and_survives_a_serve_restart() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
     let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
@@ -441,11 +441,24 @@ fn a_paused_session_frees_its_kernel_and_survives_a_serve_restart() {
     // Paused twice: no live kernel.
     let again = s.call("POST", "/v1/sessions/p/pause", None);
     assert_eq!(again["error"]["code"], "session_not_found", "{again}");
+    let listed_paused = |s: &Serve| {
+        let l = s.call("GET", "/v1/sessions", None);
+        let p = l["sessions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == "p").cloned())
+            .unwrap_or_else(|| panic!("the paused session is listed: {l}"));
+        assert_eq!(p["state"], "paused", "{l}");
+        assert_eq!(p["alive"], false, "{l}");
+        assert!(p["paused_ms"].as_i64().unwrap_or(0) > 0, "{l}");
+        assert!(names(&p["checkpoint"]["saved"]).contains(&"a".to_string()), "{l}");
+    };
+    listed_paused(&s);
     s.stop();
 
+    // A new server on the same state directory lists it paused, and its
+    // next cell resumes it without the session being created again.
     let s = Serve::start(dir.path());
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
-    assert_eq!(made["name"], "p", "{made}");
+    listed_paused(&s);
     let r = s.exec("p", "(float(a.sum()), label)");
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["result"]["text/plain"], "(10000000.0, 'kept')", "{r}");
@@ -454,6 +467,18 @@ fn a_paused_session_frees_its_kernel_and_survives_a_serve_restart() {
     // Resumed once: the next cell is an ordinary one.
     let r = s.exec("p", "label");
     assert!(r.get("restored").is_none(), "{r}");
+    let l = s.call("GET", "/v1/sessions", None);
+    assert_eq!(l["sessions"][0]["state"], "live", "{l}");
+    // Created again after a restart (the client's habit), a paused session
+    // still resumes.
+    let p = s.call("POST", "/v1/sessions/p/pause", None);
+    assert_eq!(p["session"], "p", "{p}");
+    s.stop();
+    let s = Serve::start(dir.path());
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
+    assert_eq!(made["name"], "p", "{made}");
+    let r = s.exec("p", "label");
+    assert_eq!(r["result"]["text/plain"], "'kept'", "{r}");
     s.stop();
 }
 

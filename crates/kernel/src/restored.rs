@@ -51,6 +51,69 @@ pub struct RestoredState {
     pub error: Option<String>,
 }
 
+impl RestoredState {
+    /// One line for text surfaces (the CLI, MCP): where the state came
+    /// from, what was replayed, what failed or was cut, what is lost.
+    pub fn summary(&self) -> String {
+        let mut s = if self.resumed {
+            format!(
+                "resumed from the pause's checkpoint (after cell {})",
+                self.execution_count
+            )
+        } else {
+            format!(
+                "state restored ({}) after the previous kernel was lost{}",
+                self.source,
+                self.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            )
+        };
+        if self.checkpoint_ms > 0 {
+            s.push_str(&format!(
+                "; the checkpoint of generation {} brought back {} names",
+                self.from_generation,
+                self.restored.len()
+            ));
+        }
+        if let Some(r) = &self.replay {
+            s.push_str(&format!(
+                "; {} cells of generation {} replayed (the count goes on from {})",
+                r.replayed.len(),
+                r.from_generation,
+                self.execution_count
+            ));
+            if let Some(f) = &r.failed {
+                s.push_str(&format!(
+                    ", stopped at cell {} (execution_count {}) which ended {}: {}",
+                    f.cell, f.execution_count, f.status, f.error
+                ));
+            }
+            if let Some(c) = &r.cut {
+                s.push_str(&format!(", cut: {c}"));
+            }
+        }
+        if let Some(e) = &self.error {
+            s.push_str(&format!("; the checkpoint could not be restored: {e}"));
+        }
+        if !self.lost.is_empty() {
+            let names: Vec<&str> = self.lost.iter().map(|l| l.name.as_str()).take(10).collect();
+            s.push_str(&format!("; names lost: {}", names.join(", ")));
+        }
+        if !self.lost_cells.is_empty() {
+            let cells: Vec<String> = self
+                .lost_cells
+                .iter()
+                .take(10)
+                .map(|c| format!("{} ({})", c.cell, c.status))
+                .collect();
+            s.push_str(&format!("; cells whose effects are lost: {}", cells.join(", ")));
+        }
+        s
+    }
+}
+
 /// A name of the namespace a checkpoint does not bring back.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -339,7 +339,11 @@ pub struct SessionInfo {
     pub name: String,
     /// Kernel generation.
     pub generation: u64,
-    /// Worker pid.
+    /// `live` or `paused` (its kernel checkpointed and stopped; the next
+    /// `exec --session` resumes it, also after the daemon restarted).
+    #[serde(default = "live_state")]
+    pub state: String,
+    /// Worker pid (0 for a paused session).
     pub pid: u32,
     /// A cell is running or queued.
     pub busy: bool,
@@ -354,6 +358,16 @@ pub struct SessionInfo {
     /// The limits the session runs under (each absent when not limited).
     #[serde(default)]
     pub limits: cellhost_sessions::SessionLimits,
+    /// When a paused session was paused, milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_ms: Option<i64>,
+    /// The checkpoint a paused session resumes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<cellhost_sessions::CheckpointSummary>,
+}
+
+fn live_state() -> String {
+    "live".into()
 }
 
 /// A reply line.
@@ -806,10 +820,14 @@ async fn handle(
         }
         Request::Sessions => {
             let sessions = ListRequest { owner }
-                .execute(reg)
+                .execute_with_paused(reg)
+                .await
                 .into_iter()
                 .map(|s| SessionInfo {
                     name: s.name,
+                    state: s.state.to_string(),
+                    paused_ms: s.paused_ms,
+                    checkpoint: s.checkpoint,
                     generation: s.generation,
                     pid: s.pid,
                     busy: s.busy,

@@ -778,27 +778,9 @@ impl Journal {
     ///
     /// # Errors
     /// [`JournalError`].
-    pub async fn paused_sessions(
-        &self,
-        owner: &str,
-    ) -> Result<Vec<(String, crate::checkpoint::Checkpoint, i64)>, JournalError> {
+    pub async fn paused_sessions(&self, owner: &str) -> Result<Vec<PausedRow>, JournalError> {
         let o = owner.to_string();
-        self.call(move |c| {
-            let mut st = c.prepare(
-                "SELECT session FROM checkpoints WHERE owner=?1 AND paused_ms IS NOT NULL ORDER BY session",
-            )?;
-            let names: Vec<String> = st
-                .query_map(params![o], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            let mut out = Vec::new();
-            for n in names {
-                if let Some((ck, Some(at))) = query_checkpoint(c, &o, &n)? {
-                    out.push((n, ck, at));
-                }
-            }
-            Ok(out)
-        })
-        .await
+        self.call(move |c| query_paused(c, &o)).await
     }
 
     /// The session's latest checkpoint and when it was paused (`None`: not
@@ -880,6 +862,25 @@ fn query_checkpoint(c: &Connection, o: &str, s: &str) -> rusqlite::Result<Option
         },
     )
     .optional()
+}
+
+/// A paused session of the journal: (session, its checkpoint, when).
+pub type PausedRow = (String, crate::checkpoint::Checkpoint, i64);
+
+fn query_paused(c: &Connection, owner: &str) -> rusqlite::Result<Vec<PausedRow>> {
+    let mut st = c.prepare(
+        "SELECT session FROM checkpoints WHERE owner=?1 AND paused_ms IS NOT NULL ORDER BY session",
+    )?;
+    let names: Vec<String> = st
+        .query_map(params![owner], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut out = Vec::new();
+    for n in names {
+        if let Some((ck, Some(at))) = query_checkpoint(c, owner, &n)? {
+            out.push((n, ck, at));
+        }
+    }
+    Ok(out)
 }
 
 fn json_list(s: String) -> Vec<String> {
@@ -1045,6 +1046,15 @@ impl JournalReader {
     /// [`JournalError`].
     pub fn session_language(&self, owner: &str, session: &str) -> Result<Option<String>, JournalError> {
         query_language(&self.conn, owner, session).map_err(|e| self.sq(e))
+    }
+
+    /// The sessions of `owner` the journal records as paused, as
+    /// [`Journal::paused_sessions`].
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn paused_sessions(&self, owner: &str) -> Result<Vec<PausedRow>, JournalError> {
+        query_paused(&self.conn, owner).map_err(|e| self.sq(e))
     }
 
     /// The session exists in the journal.

@@ -37,7 +37,7 @@ mod replays;
 use crate::pool::{Pool, SessionTools};
 use crate::templates::Templates;
 use checkpoints::merge_background;
-pub use checkpoints::{CheckpointSummary, PauseReport};
+pub use checkpoints::{CheckpointSummary, PauseReport, PausedSession};
 
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]
