@@ -381,6 +381,70 @@ fn a_replay_stops_at_a_cell_whose_side_effect_cannot_happen_twice_and_a_restart_
 }
 
 #[test]
+fn a_session_with_restore_replay_gets_its_cells_back_after_a_serve_restart() {
+    let Some(dir) = ready() else { return };
+    let s = Serve::start(dir.path());
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "host", "restore": "replay"})),
+    );
+    assert_eq!(made["name"], "host", "{made}");
+    let r = s.exec(
+        "host",
+        "import pandas as pd\nframe = pd.DataFrame({'v': range(10)})",
+    );
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = s.exec("host", "frame['w'] = frame.v ** 2");
+    assert_eq!(r["status"], "ok", "{r}");
+    s.stop();
+
+    // The server ended with the kernel; created again (as a client does
+    // after a restart), the session replays its cells before the next one.
+    let s = Serve::start(dir.path());
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "host"})));
+    assert_eq!(made["name"], "host", "{made}");
+    let r = s.exec("host", "int(frame.w.sum())");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["result"]["text/plain"], "285", "{r}");
+    assert_eq!(r["restored"]["source"], "replay", "{r}");
+    assert_eq!(
+        r["restored"]["replay"]["replayed"].as_array().map(Vec::len),
+        Some(2),
+        "{r}"
+    );
+    assert_eq!(r["execution_count"], 3, "{r}");
+    // Deleted, the name is a new session: nothing is replayed.
+    let auth = format!("Authorization: Bearer {}", s.token);
+    let gone = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            "-H",
+            &auth,
+        ])
+        .arg(format!("{}/v1/sessions/host", s.url))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&gone.stdout), "204");
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "host", "restore": "replay"})),
+    );
+    assert_eq!(made["name"], "host", "{made}");
+    let r = s.exec("host", "'frame' in globals()");
+    assert_eq!(r["result"]["text/plain"], "False", "{r}");
+    assert!(r.get("restored").is_none(), "{r}");
+    s.stop();
+}
+
+#[test]
 fn a_replay_is_cut_at_its_cell_bound_and_says_so() {
     let Some(dir) = ready() else { return };
     std::fs::write(

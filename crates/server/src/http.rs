@@ -602,7 +602,11 @@ async fn create_session(
     // paused one (of this server or an earlier one) keeps its checkpoint:
     // its next execute resumes it.
     let paused = st.registry.paused_key(&owner, &name).await.is_some();
-    let started = if paused {
+    // One whose kernel was lost with the previous server (its checkpoint,
+    // or its journaled cells with `restore: replay`) gets its state back
+    // before its next cell likewise, instead of a fresh kernel now.
+    let keep = paused || st.registry.recoverable(&key).await;
+    let started = if keep {
         Ok(())
     } else {
         RestartRequest {

@@ -43,6 +43,50 @@ impl Registry {
         self.slot(key, None).lock().restore_mode = Some(mode);
     }
 
+    /// `key`'s session, without a live kernel, has state its next kernel
+    /// would get back (a checkpoint it keeps, or with `restore = "replay"`
+    /// journaled cells of a generation that did not end on purpose): a
+    /// caller that would start it afresh (HTTP's `POST /v1/sessions` after
+    /// a restart of the server) leaves it to its next cell instead.
+    pub async fn recoverable(&self, key: &Key) -> bool {
+        if self.kernel(key).is_some() {
+            return false;
+        }
+        let slot = self.slot(key, None);
+        if slot.lock().restore_mode.is_none()
+            && let Some(j) = self.journal()
+            && let Ok(settings) = j.session_settings(&key.owner, &key.session).await
+            && let Some(m) = settings.restore
+        {
+            slot.lock().restore_mode = Some(m);
+        }
+        let mode = self.restore_mode(key);
+        if mode == RestoreMode::None {
+            return false;
+        }
+        self.load_checkpoint(&slot).await;
+        let has_ckpt = slot.lock().ckpt.is_some();
+        if has_ckpt && self.checkpoint_mode(key) == crate::checkpoint::CheckpointMode::Namespace {
+            return true;
+        }
+        if mode != RestoreMode::Replay {
+            return false;
+        }
+        let Some(j) = self.journal() else { return false };
+        let last = j.max_generation(&key.owner, &key.session).await.unwrap_or(0);
+        if last == 0 {
+            return false;
+        }
+        if let Ok(Some(why)) = j.kernel_end_reason(&key.owner, &key.session, last).await
+            && DELIBERATE_ENDS.contains(&why.as_str())
+        {
+            return false;
+        }
+        j.history(&key.owner, &key.session)
+            .await
+            .is_ok_and(|rows| rows.iter().any(|c| c.generation == last && c.status == "ok"))
+    }
+
     /// Marks `key`'s session so its next kernel replays nothing (its state
     /// is dropped on purpose, or rebuilt by a caller).
     pub(super) fn skip_next_replay(&self, slot: &Slot) {
