@@ -920,6 +920,43 @@ mod tests {
     }
 
     #[test]
+    fn restore_table_is_read_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[restore]\nmode = \"replay\"\nmax_cells = 7\ntimeout_s = 9\n[restore.sessions]\n\"scratch-*\" = \"none\"\n",
+        )
+        .expect("write");
+        let c = Config::load_with(Some(&p), |_| None).expect("load");
+        let mut rc = crate::registry::RegistryConfig::new(
+            dir.path().join("state"),
+            cellhost_kernel::KernelConfig::new(std::path::PathBuf::from("python3"), dir.path().join("s")),
+        );
+        c.apply_to_registry(&mut rc);
+        assert_eq!(rc.restore.default, crate::replay::RestoreMode::Replay);
+        assert_eq!(rc.restore.max_cells, 7);
+        assert_eq!(rc.restore.timeout, Duration::from_secs(9));
+        assert_eq!(
+            rc.restore.for_session("scratch-1"),
+            crate::replay::RestoreMode::None
+        );
+        assert_eq!(rc.restore.for_session("ana"), crate::replay::RestoreMode::Replay);
+        let env = |k: &str| (k == "CELLHOST_RESTORE_MODE").then(|| "none".to_string());
+        let c = Config::load_with(None, env).expect("env");
+        c.apply_to_registry(&mut rc);
+        assert_eq!(rc.restore.default, crate::replay::RestoreMode::None);
+        for bad in [
+            "[restore]\nmode = \"sometimes\"\n",
+            "[restore.sessions]\nx = \"maybe\"\n",
+            "restore = 3\n",
+        ] {
+            std::fs::write(&p, bad).expect("write");
+            assert!(Config::load_with(Some(&p), |_| None).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn precedence_env_over_file_over_default() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("c.toml");

@@ -1089,6 +1089,50 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn paused_sessions_and_deliberate_ends_are_read_back() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("journal.db");
+        let ckpt = |n: u64| crate::checkpoint::Checkpoint {
+            mode: crate::checkpoint::CheckpointMode::Namespace,
+            generation: n,
+            execution_count: n + 1,
+            taken_ms: 5,
+            path: dir.path().join(format!("c{n}")),
+            bytes: 9,
+            saved: vec!["a".into()],
+            lost: Vec::new(),
+            write_ms: 0,
+        };
+        {
+            let j = Journal::open(&path, Durability::Normal).expect("open");
+            for (s, g) in [("b", 1), ("a", 2), ("live", 1)] {
+                j.kernel_started("o", s, g, 42, None);
+                j.checkpoint_saved("o", s, &ckpt(g));
+            }
+            j.checkpoint_paused("o", "b", Some(11)).await.expect("pause");
+            j.checkpoint_paused("o", "a", Some(12)).await.expect("pause");
+            j.kernel_ended("o", "a", 2, "paused");
+            // A live kernel's row is not marked: only an ended one is.
+            j.state_dropped("o", "live");
+            j.flush().await.expect("flush");
+            assert_eq!(j.kernel_end_reason("o", "live", 1).await.expect("reason"), None);
+            let paused = j.paused_sessions("o").await.expect("paused");
+            let names: Vec<(&str, i64)> = paused.iter().map(|(n, _, at)| (n.as_str(), *at)).collect();
+            assert_eq!(names, vec![("a", 12), ("b", 11)]);
+            assert_eq!(paused[0].1.execution_count, 3);
+            assert!(j.paused_sessions("other").await.expect("paused").is_empty());
+            j.state_dropped("o", "a");
+            j.flush().await.expect("flush");
+            assert_eq!(
+                j.kernel_end_reason("o", "a", 2).await.expect("reason").as_deref(),
+                Some("state dropped")
+            );
+        }
+        let r = JournalReader::open(&path).expect("reader");
+        assert_eq!(r.paused_sessions("o").expect("paused").len(), 2);
+    }
+
+    #[tokio::test]
     async fn session_settings_survive_a_reopen() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("journal.db");
