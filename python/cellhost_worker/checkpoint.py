@@ -247,3 +247,10 @@ def restore(path):
         "ok": True, "restored": sorted(restored)[:MAX_LISTED], "lost": lost[:MAX_LISTED],
         "pickler": pname, "ms": int((_time.monotonic() - started) * 1000),
     })
+
+
+def resume_count(count):
+    """Sets the execution count after the host replayed a lost kernel's cells
+    as silent cells: the next cell continues from the original count."""
+    if isinstance(count, int) and count >= 0:
+        state.execution_count = count

@@ -87,6 +87,7 @@ pub async fn daemon(ctx: &mut Ctx<'_>) -> R {
                 network: None,
                 limits: None,
                 checkpoint: None,
+                restore: None,
             })
             .await
             .map_err(s)?;

@@ -174,6 +174,7 @@ async fn self_test_in(args: &DoctorArgs, base: &std::path::Path) -> Result<Repor
         secret_env: Vec::new(),
         network: None,
         checkpoint: None,
+        restore: None,
     };
     let mut cfg: KernelConfig =
         common::kernel_config(&kargs, "doctor", &base.join("session")).map_err(|e| e.to_string())?;

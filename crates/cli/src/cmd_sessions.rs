@@ -124,6 +124,7 @@ pub fn exec(
             network: kernel.network.as_ref().map(|p| p.to_text()),
             limits: (!limits.is_empty()).then_some(limits),
             checkpoint: kernel.checkpoint,
+            restore: kernel.restore,
         };
         if let Err(e) = c.send(&req).await {
             eprintln!("cellhost: {e}");
@@ -236,12 +237,48 @@ pub(crate) fn session_env(kernel: &KernelArgs) -> Result<Vec<EnvVar>, String> {
     Ok(out)
 }
 
-/// Runs `sessions`: the daemon's sessions with a live kernel.
+/// The daemon's sessions the journal records as paused (read while no
+/// daemon runs; the next `exec --session` starts one and resumes them).
+fn paused_in_journal() -> Vec<cellhost_server::daemon::SessionInfo> {
+    let path = common::journal_path();
+    if !path.exists() {
+        return Vec::new();
+    }
+    let rows = cellhost_sessions::JournalReader::open(&path)
+        .and_then(|j| j.paused_sessions(&cellhost_server::daemon::daemon_owner()));
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("cellhost: {e}");
+            return Vec::new();
+        }
+    };
+    rows.into_iter()
+        .filter(|(_, c, _)| c.path.is_file())
+        .map(|(name, c, at)| cellhost_server::daemon::SessionInfo {
+            name,
+            state: "paused".into(),
+            generation: c.generation,
+            pid: 0,
+            busy: false,
+            python: std::path::PathBuf::new(),
+            cwd: None,
+            placement: None,
+            limits: Default::default(),
+            paused_ms: Some(at),
+            checkpoint: Some(cellhost_sessions::CheckpointSummary::from(&c)),
+        })
+        .collect()
+}
+
+/// Runs `sessions`: the daemon's sessions with a live kernel, and its
+/// paused ones (also those paused before the daemon restarted).
 pub fn sessions(args: SessionsArgs) -> u8 {
     let Some(rt) = runtime() else { return 1 };
     rt.block_on(async move {
         let list = match Client::connect(&cmd_daemon::dir()).await {
-            Err(_) => Vec::new(),
+            // No daemon: no live kernel, but the sessions it paused.
+            Err(_) => paused_in_journal(),
             Ok(mut c) => match c.call(&Request::Sessions).await {
                 Ok(Reply::Sessions { sessions }) => sessions,
                 Ok(Reply::Error { message, usage, .. }) => return error_code(&message, usage),
@@ -256,6 +293,21 @@ pub fn sessions(args: SessionsArgs) -> u8 {
         } else {
             println!("{:<24} {:>4} {:>8} {:<5} python", "session", "gen", "pid", "busy");
             for s in &list {
+                if let (Some(at), Some(c)) = (s.paused_ms, s.checkpoint.as_ref()) {
+                    println!(
+                        "{:<24} {:>4} {:>8} {:<5} {}  paused {} s ago (checkpoint after cell {}, {} names saved; the next exec --session {} resumes it)",
+                        s.name,
+                        s.generation,
+                        "-",
+                        "no",
+                        s.python.display(),
+                        (cellhost_sessions::journal::now_ms() - at).max(0) / 1000,
+                        c.execution_count,
+                        c.saved.len(),
+                        s.name
+                    );
+                    continue;
+                }
                 let place = s
                     .placement
                     .as_ref()

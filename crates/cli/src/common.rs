@@ -69,6 +69,17 @@ pub fn set_checkpoint_default(m: cellhost_sessions::CheckpointMode) {
     }
 }
 
+static RESTORE_DEFAULT: std::sync::Mutex<Option<cellhost_sessions::RestoreMode>> =
+    std::sync::Mutex::new(None);
+
+/// The command's `--restore`: the default restore mode of the sessions of
+/// the registry it starts (over config `restore.mode`).
+pub fn set_restore_default(m: cellhost_sessions::RestoreMode) {
+    if let Ok(mut g) = RESTORE_DEFAULT.lock() {
+        *g = Some(m);
+    }
+}
+
 /// The journal file: `journal.sqlite3` in the state directory.
 pub fn journal_path() -> PathBuf {
     state_dir().join("journal.sqlite3")
@@ -201,6 +212,9 @@ pub fn kernel_config(args: &KernelArgs, session: &str, dir: &Path) -> Result<Ker
     }
     if let Some(m) = args.checkpoint {
         set_checkpoint_default(m);
+    }
+    if let Some(m) = args.restore {
+        set_restore_default(m);
     }
     let runtime = match &args.language {
         Some(name) => cellhost_kernel::for_language(name).ok_or_else(|| {
@@ -345,6 +359,9 @@ async fn start_registry_with(
     }
     if let Some(m) = CHECKPOINT_DEFAULT.lock().ok().and_then(|g| *g) {
         rc.checkpoint.default = m;
+    }
+    if let Some(m) = RESTORE_DEFAULT.lock().ok().and_then(|g| *g) {
+        rc.restore.default = m;
     }
     if let Some(r) = config.r() {
         rc.interpreters.insert("r".into(), r);

@@ -151,6 +151,14 @@ pub struct KernelArgs {
     /// their sessions (over config `checkpoint.mode`).
     #[arg(long, value_name = "off|namespace|process")]
     pub checkpoint: Option<cellhost_sessions::CheckpointMode>,
+    /// What a session gets back after an unexpected death of its kernel:
+    /// `checkpoint` (its latest checkpoint), `replay` (the checkpoint if
+    /// any, then the lost kernel's journaled successful cells after it,
+    /// run again silently, stopping at the first that fails) or `none`.
+    /// With `--session`, the session's mode; for `daemon`, `serve` and
+    /// `mcp`, the default of their sessions (over config `restore.mode`).
+    #[arg(long, value_name = "checkpoint|replay|none")]
+    pub restore: Option<cellhost_sessions::RestoreMode>,
 }
 
 fn parse_network(s: &str) -> Result<cellhost_kernel::egress::NetworkPolicy, String> {

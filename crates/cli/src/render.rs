@@ -54,6 +54,9 @@ pub fn notes(r: &CellResult) -> Vec<String> {
     if let Some(line) = degradation(r) {
         v.push(line);
     }
+    if let Some(back) = &r.restored {
+        v.push(back.summary());
+    }
     if r.kernel.state_reset {
         v.push(format!(
             "state reset: {} (a fresh kernel, generation {})",

@@ -3,7 +3,10 @@
 //! SIGKILLed mid-analysis continues from its last checkpoint (what was
 //! restored and lost named), a paused session frees its kernel and survives
 //! a restart of `serve`, and checkpoint bytes a cell forged are unpickled
-//! only inside the new sandboxed kernel.
+//! only inside the new sandboxed kernel. With `restore: replay` and no
+//! checkpoint, a SIGKILLed kernel's journaled cells are replayed (stopping
+//! at one whose side effect cannot happen twice, cut at the configured
+//! bound, never after a restart).
 //!
 //! The interpreter is `CELLHOST_TEST_PYTHON` (numpy and pandas needed) or
 //! `python3` on PATH.
@@ -207,8 +210,266 @@ fn a_kernel_sigkilled_mid_analysis_continues_from_its_last_checkpoint() {
     s.stop();
 }
 
+fn cell_ids(v: &Value, field: &str) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x[field].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[test]
-fn a_paused_session_frees_its_kernel_and_survives_a_serve_restart() {
+fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replayed_cells() {
+    let Some(dir) = ready() else { return };
+    let s = Serve::start(dir.path());
+    // No checkpoints: the journal's cells are all there is.
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "rep", "restore": "replay", "checkpoint": "off"})),
+    );
+    assert_eq!(made["name"], "rep", "{made}");
+    let load = s.exec(
+        "rep",
+        "import numpy as np, pandas as pd\n\
+         rng = np.random.default_rng(7)\n\
+         df = pd.DataFrame({'x': rng.normal(size=1000), 'g': rng.integers(0, 4, 1000)})\n\
+         total = float(df.x.sum())\n\
+         print('loaded', len(df))",
+    );
+    assert_eq!(load["status"], "ok", "{load}");
+    let group = s.exec(
+        "rep",
+        "means = df.groupby('g').x.mean()\nsteps = ['load', 'group']\nmeans",
+    );
+    assert_eq!(group["status"], "ok", "{group}");
+    let typo = s.exec("rep", "df.nosuchcolumn");
+    assert_eq!(typo["status"], "error", "{typo}");
+    // The next cell changes the frame and is SIGKILLed halfway.
+    let killed = s.exec(
+        "rep",
+        "df['y'] = df.x * 2\nsteps.append('y')\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+    );
+    assert_eq!(killed["status"], "crashed", "{killed}");
+    let r = s.exec(
+        "rep",
+        "(round(float(df.x.sum()) - total, 9), list(df.columns), len(means), steps)",
+    );
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(
+        r["result"]["text/plain"], "(0.0, ['x', 'g'], 4, ['load', 'group'])",
+        "the analysis continues from the replayed cells, without the killed cell's changes: {r}"
+    );
+    assert!(
+        !r["stdout"].as_str().unwrap_or("").contains("loaded"),
+        "replayed cells emit no output: {r}"
+    );
+    let restored = &r["restored"];
+    assert_eq!(restored["source"], "replay", "{r}");
+    assert_eq!(restored["checkpoint_ms"], 0, "no checkpoint: {restored}");
+    let replay = &restored["replay"];
+    assert_eq!(
+        cell_ids(&replay["replayed"], "cell"),
+        vec![
+            load["cell_id"].as_str().unwrap_or("?").to_string(),
+            group["cell_id"].as_str().unwrap_or("?").to_string()
+        ],
+        "the two ok cells, in order: {restored}"
+    );
+    assert!(
+        replay.get("failed").is_none() && replay.get("cut").is_none(),
+        "{restored}"
+    );
+    let lost = cell_ids(&restored["lost_cells"], "cell");
+    for c in [&typo, &killed] {
+        assert!(
+            lost.contains(&c["cell_id"].as_str().unwrap_or("?").to_string()),
+            "the cells that did not end ok are named as lost: {restored}"
+        );
+    }
+    assert!(
+        restored["reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("SIGKILL") || w.contains("signal")),
+        "{restored}"
+    );
+    assert_eq!(
+        r["execution_count"], 5,
+        "the count goes on from the original cells, not the replays: {r}"
+    );
+    // Replayed once: the next cell is an ordinary one.
+    let again = s.exec("rep", "len(steps)");
+    assert!(again.get("restored").is_none(), "{again}");
+    assert_eq!(again["execution_count"], 6, "{again}");
+    s.stop();
+}
+
+#[test]
+fn a_replay_stops_at_a_cell_whose_side_effect_cannot_happen_twice_and_a_restart_replays_nothing() {
+    let Some(dir) = ready() else { return };
+    let s = Serve::start(dir.path());
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "side", "restore": "replay"})),
+    );
+    assert_eq!(made["name"], "side", "{made}");
+    let a = s.exec("side", "a = 1");
+    assert_eq!(a["status"], "ok", "{a}");
+    // A cell with an effect outside the namespace, refusing to run twice.
+    let once = s.exec(
+        "side",
+        "import os\nif os.path.exists('sent.marker'):\n    raise RuntimeError('already sent')\nopen('sent.marker', 'w').close()\nb = 2",
+    );
+    assert_eq!(once["status"], "ok", "{once}");
+    let c = s.exec("side", "c = 3");
+    assert_eq!(c["status"], "ok", "{c}");
+    let killed = s.exec("side", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
+    assert_eq!(killed["status"], "crashed", "{killed}");
+    let r = s.exec("side", "[n in globals() for n in ('a', 'b', 'c')]");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(
+        r["result"]["text/plain"], "[True, False, False]",
+        "the replay stopped at the failing cell: {r}"
+    );
+    let replay = &r["restored"]["replay"];
+    assert_eq!(
+        cell_ids(&replay["replayed"], "cell"),
+        vec![a["cell_id"].as_str().unwrap_or("?").to_string()],
+        "{r}"
+    );
+    assert_eq!(replay["failed"]["cell"], once["cell_id"], "{r}");
+    assert!(
+        replay["failed"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("already sent")),
+        "{r}"
+    );
+    let lost = cell_ids(&r["restored"]["lost_cells"], "cell");
+    for cell in [&once, &c, &killed] {
+        assert!(
+            lost.contains(&cell["cell_id"].as_str().unwrap_or("?").to_string()),
+            "{r}"
+        );
+    }
+    assert_eq!(
+        r["execution_count"], 2,
+        "a stopped replay continues from the last cell that came back: {r}"
+    );
+    // A restart drops the state on purpose: nothing is replayed.
+    let restarted = s.call("POST", "/v1/sessions/side/restart", None);
+    assert!(restarted.get("error").is_none(), "{restarted}");
+    let r = s.exec("side", "'a' in globals()");
+    assert_eq!(r["result"]["text/plain"], "False", "{r}");
+    assert!(r.get("restored").is_none(), "{r}");
+    s.stop();
+}
+
+#[test]
+fn a_session_with_restore_replay_gets_its_cells_back_after_a_serve_restart() {
+    let Some(dir) = ready() else { return };
+    let s = Serve::start(dir.path());
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "host", "restore": "replay"})),
+    );
+    assert_eq!(made["name"], "host", "{made}");
+    let r = s.exec(
+        "host",
+        "import pandas as pd\nframe = pd.DataFrame({'v': range(10)})",
+    );
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = s.exec("host", "frame['w'] = frame.v ** 2");
+    assert_eq!(r["status"], "ok", "{r}");
+    s.stop();
+
+    // The server ended with the kernel; created again (as a client does
+    // after a restart), the session replays its cells before the next one.
+    let s = Serve::start(dir.path());
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "host"})));
+    assert_eq!(made["name"], "host", "{made}");
+    let r = s.exec("host", "int(frame.w.sum())");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["result"]["text/plain"], "285", "{r}");
+    assert_eq!(r["restored"]["source"], "replay", "{r}");
+    assert_eq!(
+        r["restored"]["replay"]["replayed"].as_array().map(Vec::len),
+        Some(2),
+        "{r}"
+    );
+    assert_eq!(r["execution_count"], 3, "{r}");
+    // Deleted, the name is a new session: nothing is replayed.
+    let auth = format!("Authorization: Bearer {}", s.token);
+    let gone = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            "-H",
+            &auth,
+        ])
+        .arg(format!("{}/v1/sessions/host", s.url))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&gone.stdout), "204");
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "host", "restore": "replay"})),
+    );
+    assert_eq!(made["name"], "host", "{made}");
+    let r = s.exec("host", "'frame' in globals()");
+    assert_eq!(r["result"]["text/plain"], "False", "{r}");
+    assert!(r.get("restored").is_none(), "{r}");
+    s.stop();
+}
+
+#[test]
+fn a_replay_is_cut_at_its_cell_bound_and_says_so() {
+    let Some(dir) = ready() else { return };
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "pool_size = 0\n[restore]\nmode = \"replay\"\nmax_cells = 2\n",
+    )
+    .expect("config");
+    let s = Serve::start(dir.path());
+    // The server's default for every session (config `restore.mode`).
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "cut"})));
+    assert_eq!(made["name"], "cut", "{made}");
+    let mut ids = Vec::new();
+    for code in ["x = [1]", "x.append(2)", "x.append(3)"] {
+        let r = s.exec("cut", code);
+        assert_eq!(r["status"], "ok", "{r}");
+        ids.push(r["cell_id"].as_str().unwrap_or("?").to_string());
+    }
+    let killed = s.exec("cut", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
+    assert_eq!(killed["status"], "crashed", "{killed}");
+    let r = s.exec("cut", "x");
+    assert_eq!(r["result"]["text/plain"], "[1, 2]", "{r}");
+    let replay = &r["restored"]["replay"];
+    assert_eq!(cell_ids(&replay["replayed"], "cell"), ids[..2].to_vec(), "{r}");
+    assert!(
+        replay["cut"]
+            .as_str()
+            .is_some_and(|w| w.contains("restore.max_cells")),
+        "{r}"
+    );
+    assert!(
+        cell_ids(&r["restored"]["lost_cells"], "cell").contains(&ids[2]),
+        "{r}"
+    );
+    s.stop();
+}
+
+#[test]
+fn a_paused_session_frees_its_kernel_is_listed_paused_and_survives_a_serve_restart() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
     let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
@@ -231,11 +492,24 @@ fn a_paused_session_frees_its_kernel_and_survives_a_serve_restart() {
     // Paused twice: no live kernel.
     let again = s.call("POST", "/v1/sessions/p/pause", None);
     assert_eq!(again["error"]["code"], "session_not_found", "{again}");
+    let listed_paused = |s: &Serve| {
+        let l = s.call("GET", "/v1/sessions", None);
+        let p = l["sessions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == "p").cloned())
+            .unwrap_or_else(|| panic!("the paused session is listed: {l}"));
+        assert_eq!(p["state"], "paused", "{l}");
+        assert_eq!(p["alive"], false, "{l}");
+        assert!(p["paused_ms"].as_i64().unwrap_or(0) > 0, "{l}");
+        assert!(names(&p["checkpoint"]["saved"]).contains(&"a".to_string()), "{l}");
+    };
+    listed_paused(&s);
     s.stop();
 
+    // A new server on the same state directory lists it paused, and its
+    // next cell resumes it without the session being created again.
     let s = Serve::start(dir.path());
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
-    assert_eq!(made["name"], "p", "{made}");
+    listed_paused(&s);
     let r = s.exec("p", "(float(a.sum()), label)");
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["result"]["text/plain"], "(10000000.0, 'kept')", "{r}");
@@ -244,6 +518,18 @@ fn a_paused_session_frees_its_kernel_and_survives_a_serve_restart() {
     // Resumed once: the next cell is an ordinary one.
     let r = s.exec("p", "label");
     assert!(r.get("restored").is_none(), "{r}");
+    let l = s.call("GET", "/v1/sessions", None);
+    assert_eq!(l["sessions"][0]["state"], "live", "{l}");
+    // Created again after a restart (the client's habit), a paused session
+    // still resumes.
+    let p = s.call("POST", "/v1/sessions/p/pause", None);
+    assert_eq!(p["session"], "p", "{p}");
+    s.stop();
+    let s = Serve::start(dir.path());
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
+    assert_eq!(made["name"], "p", "{made}");
+    let r = s.exec("p", "label");
+    assert_eq!(r["result"]["text/plain"], "'kept'", "{r}");
     s.stop();
 }
 

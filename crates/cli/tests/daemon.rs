@@ -736,7 +736,8 @@ fn restore_replays_an_r_session_in_r() {
 
 /// `exec --session --checkpoint namespace`: a SIGKILLed kernel comes back
 /// from its checkpoint; `cellhost pause` stops the kernel, and after the
-/// daemon restarted the next `exec` resumes the session.
+/// daemon restarted the next `exec` resumes the session; `sessions` lists
+/// it paused in between (also while no daemon runs).
 #[test]
 fn checkpoint_restore_and_pause_survive_a_daemon_restart() {
     let env = Env::new("600");
@@ -781,14 +782,36 @@ fn checkpoint_restore_and_pause_survive_a_daemon_restart() {
         text(&o)
     );
 
+    let paused = |env: &Env| {
+        let l = env.sessions();
+        let ck = l
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["name"] == "ck").cloned())
+            .unwrap_or_else(|| panic!("the paused session is listed: {l}"));
+        assert_eq!(ck["state"], "paused", "{l}");
+        assert!(ck["paused_ms"].as_i64().unwrap_or(0) > 0, "{l}");
+        assert_eq!(ck["checkpoint"]["execution_count"], 2, "{l}");
+    };
+    paused(&env);
+
     let daemon = env.daemon_pid().expect("daemon pid");
     let o = env.run(&["daemon", "stop"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(wait_gone(daemon, Duration::from_secs(10)));
+    // No daemon runs: the journal still lists the session paused.
+    paused(&env);
+    let o = env.run(&["sessions"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("paused"),
+        "{}",
+        text(&o)
+    );
     let (code, v) = env.exec_json("ck", "json.dumps(rows)");
     assert_eq!(code, 0, "{v}");
     assert_eq!(v["result"]["text/plain"], "'[1, 2, 3]'", "{v}");
     assert_eq!(v["restored"]["resumed"], true, "{v}");
+    let l = env.sessions();
+    assert_eq!(l[0]["state"], "live", "resumed: {l}");
     let o = env.run(&["exec", "--session", "ck", "--checkpoint", "process", "1"]);
     assert_eq!(o.status.code(), Some(1), "process mode is refused: {}", text(&o));
     assert!(

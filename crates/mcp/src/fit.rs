@@ -313,9 +313,12 @@ pub fn output_schema(tool: &str) -> Option<JsonObject> {
                             "session": {"type": "string"},
                             "generation": {"type": "integer", "minimum": 0},
                             "pid": {"type": "integer", "minimum": 0},
-                            "busy": {"type": "boolean", "description": "A cell is running."}
+                            "busy": {"type": "boolean", "description": "A cell is running."},
+                            "state": {"type": "string", "enum": ["live", "paused"], "description": "paused: the kernel was checkpointed and stopped; the next execute_code resumes it."},
+                            "paused_ms": {"type": "integer", "description": "When it was paused, milliseconds since the Unix epoch."},
+                            "checkpoint": {"type": "object", "description": "The checkpoint a paused session resumes from (execution_count, taken_ms, bytes, saved, lost, write_ms)."}
                         },
-                        "required": ["session", "generation", "pid", "busy"]
+                        "required": ["session", "state", "generation", "pid", "busy"]
                     }
                 }
             },

@@ -917,14 +917,31 @@ says the byte range returned and the next offset; only cells run through this co
     }
 
     #[tool(
-        description = "List this connection's sessions that have a live kernel: name, kernel \
-generation, pid and whether a cell is running."
+        description = "List this connection's sessions that have a live kernel (name, kernel \
+generation, pid, whether a cell is running) and its paused ones (state \"paused\", when, the \
+checkpoint they resume from)."
     )]
     async fn list_sessions(&self, Parameters(_p): Parameters<NoParams>) -> Result<CallToolResult, ErrorData> {
-        let listed = ListRequest { owner: self.owner() }.execute(&self.inner.registry);
+        let listed = ListRequest { owner: self.owner() }
+            .execute_with_paused(&self.inner.registry)
+            .await;
         let mut rows = Vec::new();
         let mut text = String::new();
         for l in listed {
+            if let (Some(at), Some(c)) = (l.paused_ms, l.checkpoint.as_ref()) {
+                text.push_str(&format!(
+                    "{}: paused (generation {} stopped at {at} ms since the epoch; checkpoint after cell {}, {} names); the next execute_code resumes it\n",
+                    l.name,
+                    l.generation,
+                    c.execution_count,
+                    c.saved.len()
+                ));
+                rows.push(
+                    json!({"session": l.name, "state": l.state, "generation": l.generation,
+                    "pid": 0, "busy": false, "paused_ms": at, "checkpoint": c}),
+                );
+                continue;
+            }
             text.push_str(&format!(
                 "{}: generation {}, pid {}, {}\n",
                 l.name,
@@ -932,10 +949,10 @@ generation, pid and whether a cell is running."
                 l.pid,
                 if l.busy { "running a cell" } else { "idle" }
             ));
-            rows.push(json!({"session": l.name, "generation": l.generation, "pid": l.pid, "busy": l.busy}));
+            rows.push(json!({"session": l.name, "state": l.state, "generation": l.generation, "pid": l.pid, "busy": l.busy}));
         }
         if rows.is_empty() {
-            text.push_str("no live sessions (execute_code starts one)");
+            text.push_str("no live or paused sessions (execute_code starts one)");
         }
         Ok(text_result(text, json!({"sessions": rows})))
     }

@@ -192,7 +192,9 @@ pub fn text(r: &CellResult, image_notes: &[String]) -> String {
     {
         let _ = writeln!(s, "{line}");
     }
-    if r.kernel.state_reset {
+    if let Some(back) = &r.restored {
+        let _ = writeln!(s, "RESTORED: {}", back.summary());
+    } else if r.kernel.state_reset {
         let why = r.kernel.reset_reason.as_deref().unwrap_or("a new kernel");
         let _ = writeln!(
             s,

@@ -127,6 +127,11 @@ pub enum Request {
         /// is refused with `checkpoint_unavailable` where CRIU cannot run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         checkpoint: Option<cellhost_sessions::CheckpointMode>,
+        /// What the session gets back after an unexpected death of its
+        /// kernel (`--restore checkpoint|replay|none`; default: the
+        /// session's, else the daemon's for its name).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        restore: Option<cellhost_sessions::RestoreMode>,
     },
     /// The sessions with a live kernel.
     Sessions,
@@ -334,7 +339,11 @@ pub struct SessionInfo {
     pub name: String,
     /// Kernel generation.
     pub generation: u64,
-    /// Worker pid.
+    /// `live` or `paused` (its kernel checkpointed and stopped; the next
+    /// `exec --session` resumes it, also after the daemon restarted).
+    #[serde(default = "live_state")]
+    pub state: String,
+    /// Worker pid (0 for a paused session).
     pub pid: u32,
     /// A cell is running or queued.
     pub busy: bool,
@@ -349,6 +358,16 @@ pub struct SessionInfo {
     /// The limits the session runs under (each absent when not limited).
     #[serde(default)]
     pub limits: cellhost_sessions::SessionLimits,
+    /// When a paused session was paused, milliseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_ms: Option<i64>,
+    /// The checkpoint a paused session resumes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<cellhost_sessions::CheckpointSummary>,
+}
+
+fn live_state() -> String {
+    "live".into()
 }
 
 /// A reply line.
@@ -714,6 +733,7 @@ async fn handle(
             network,
             limits,
             checkpoint,
+            restore,
         } => {
             let parsed = Deadline::from_secs(timeout_s)
                 .and_then(|d| parse_sandbox(sandbox.as_deref()).map(|m| (d, m)));
@@ -729,6 +749,7 @@ async fn handle(
                 cwd,
                 limits: limits.unwrap_or_default(),
                 checkpoint,
+                restore,
                 ..SessionSpec::new(owner, session)
             };
             let Some(spec) = prepare_session(reg, w, spec, env, network.as_deref()).await? else {
@@ -799,10 +820,14 @@ async fn handle(
         }
         Request::Sessions => {
             let sessions = ListRequest { owner }
-                .execute(reg)
+                .execute_with_paused(reg)
+                .await
                 .into_iter()
                 .map(|s| SessionInfo {
                     name: s.name,
+                    state: s.state.to_string(),
+                    paused_ms: s.paused_ms,
+                    checkpoint: s.checkpoint,
                     generation: s.generation,
                     pid: s.pid,
                     busy: s.busy,

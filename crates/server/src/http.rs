@@ -107,6 +107,28 @@ impl AppState {
         })
     }
 
+    /// Puts `owner`'s sessions the journal records as paused (by this
+    /// server before a restart) into the session table, as they were
+    /// created: listed as `paused`, and their next `execute` resumes them.
+    pub(crate) async fn adopt_paused(&self, owner: &str) {
+        let paused = self.registry.paused_sessions(owner).await;
+        let Ok(mut s) = self.sessions.lock() else { return };
+        for p in paused {
+            let k = (owner.to_string(), p.key.session.clone());
+            if s.contains_key(&k) || s.keys().filter(|(o, _)| o == owner).count() >= SESSIONS_PER_OWNER {
+                continue;
+            }
+            s.insert(
+                k,
+                SessionMeta {
+                    sandbox: p.key.sandbox,
+                    language: p.key.language.clone(),
+                    placement: p.key.placement.clone(),
+                },
+            );
+        }
+    }
+
     /// Largest file a `PUT …/files/{path}` accepts, in bytes.
     pub fn max_file_bytes(&self) -> u64 {
         self.max_file_bytes
@@ -351,6 +373,14 @@ pub struct CreateSession {
     /// `checkpoint_unavailable` where CRIU cannot run). Default: the
     /// server's for the session's name.
     pub checkpoint: Option<cellhost_sessions::CheckpointMode>,
+    /// What the session gets back after an unexpected death of its kernel
+    /// (a crash, an OOM kill, an eviction, a restart of the server):
+    /// `checkpoint` (its latest checkpoint, when it keeps them), `replay`
+    /// (the checkpoint if any, then the lost kernel's journaled `ok` cells
+    /// after it, run again silently, stopping at the first that fails;
+    /// the next result's `restored.replay` names them) or `none`. Default:
+    /// the server's for the session's name.
+    pub restore: Option<cellhost_sessions::RestoreMode>,
 }
 
 /// A session of the caller.
@@ -361,6 +391,17 @@ pub struct SessionInfo {
     /// A kernel is live (false after its kernel died or was reaped; the
     /// next `execute` starts a new generation).
     pub alive: bool,
+    /// `live` (a kernel runs), `paused` (its kernel was checkpointed and
+    /// stopped by a pause, on this server or one before a restart; the
+    /// next `execute` resumes it) or `stopped` (no kernel; the next
+    /// `execute` starts one).
+    pub state: String,
+    /// When a paused session was paused, milliseconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_ms: Option<i64>,
+    /// The checkpoint a paused session resumes from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<cellhost_sessions::CheckpointSummary>,
     /// The sandbox mode of the session's kernels.
     pub sandbox: SandboxMode,
     /// The language of the session's kernels (`python`, `r`), kept from
@@ -421,9 +462,27 @@ fn session_info(
         })
     });
     match live {
+        Some(l) if l.state == "paused" => SessionInfo {
+            name: name.to_string(),
+            alive: false,
+            state: "paused".into(),
+            paused_ms: l.paused_ms,
+            checkpoint: l.checkpoint.clone(),
+            sandbox,
+            language,
+            busy: None,
+            generation: Some(l.generation),
+            pid: None,
+            python: Some(l.python.display().to_string()),
+            limits: None,
+            placement,
+        },
         Some(l) => SessionInfo {
             name: name.to_string(),
             alive: true,
+            state: "live".into(),
+            paused_ms: None,
+            checkpoint: None,
             sandbox,
             language,
             busy: Some(l.busy),
@@ -436,6 +495,9 @@ fn session_info(
         None => SessionInfo {
             name: name.to_string(),
             alive: false,
+            state: "stopped".into(),
+            paused_ms: None,
+            checkpoint: None,
             sandbox,
             language,
             busy: None,
@@ -491,6 +553,7 @@ async fn create_session(
         language: body.language.clone(),
         placement: body.placement.clone(),
         checkpoint: body.checkpoint,
+        restore: body.restore,
         ..SessionSpec::new(owner.as_str(), name.as_str())
     }
     .key(&st.registry)?;
@@ -539,7 +602,11 @@ async fn create_session(
     // paused one (of this server or an earlier one) keeps its checkpoint:
     // its next execute resumes it.
     let paused = st.registry.paused_key(&owner, &name).await.is_some();
-    let started = if paused {
+    // One whose kernel was lost with the previous server (its checkpoint,
+    // or its journaled cells with `restore: replay`) gets its state back
+    // before its next cell likewise, instead of a fresh kernel now.
+    let keep = paused || st.registry.recoverable(&key).await;
+    let started = if keep {
         Ok(())
     } else {
         RestartRequest {
@@ -579,6 +646,7 @@ fn with_limits(mut spec: SessionSpec, limits: Option<cellhost_sessions::SessionL
     responses((status = 200, description = "the caller's sessions", body = SessionList)))]
 async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> Json<SessionList> {
     let owner = owner_of(&caller);
+    st.adopt_paused(&owner).await;
     let table: Vec<(String, SessionMeta)> = st
         .sessions
         .lock()
@@ -589,7 +657,7 @@ async fn list_sessions(State(st): St, Extension(caller): Extension<Caller>) -> J
                 .collect()
         })
         .unwrap_or_default();
-    let live = ListRequest { owner }.execute(&st.registry);
+    let live = ListRequest { owner }.execute_with_paused(&st.registry).await;
     Json(SessionList {
         sessions: table
             .iter()
@@ -733,6 +801,11 @@ async fn execute(
     headers: HeaderMap,
     ApiJson(body): ApiJson<ExecuteRequest>,
 ) -> Result<Response, ApiError> {
+    if owned(&st, &caller, &name).is_err() {
+        // A session paused before a restart of the server resumes without
+        // being created again.
+        st.adopt_paused(&owner_of(&caller)).await;
+    }
     let (owner, meta) = owned(&st, &caller, &name)?;
     let mut req = RunCell::new(spec(&owner, &name, &meta), body.code, Origin::new("http"));
     req.deadline = deadline_of(body.timeout_s)?;

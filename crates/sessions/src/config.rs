@@ -179,6 +179,24 @@ const SETTINGS: &[(&str, Kind, &str, &str)] = &[
         "60.0",
         "longest a checkpoint or a restore may run",
     ),
+    (
+        "restore.mode",
+        Kind::Str,
+        "\"checkpoint\"",
+        "after a kernel's unexpected death: checkpoint, replay (the checkpoint, then the lost kernel's journaled cells) or none ([restore.sessions] by name pattern)",
+    ),
+    (
+        "restore.max_cells",
+        Kind::Int,
+        "200",
+        "most cells one replay runs",
+    ),
+    (
+        "restore.timeout_s",
+        Kind::Float,
+        "300.0",
+        "longest one replay may run",
+    ),
     ("sandbox_mode", Kind::Str, "\"auto\"", "off, auto or enforce"),
     ("network", Kind::Bool, "false", "network inside the sandbox"),
     (
@@ -307,6 +325,8 @@ pub struct Config {
     pub limits: crate::limits::LimitsPolicy,
     /// Checkpoint modes by session-name pattern (`[checkpoint.sessions]`).
     pub checkpoint_sessions: Vec<(String, crate::checkpoint::CheckpointMode)>,
+    /// Restore modes by session-name pattern (`[restore.sessions]`).
+    pub restore_sessions: Vec<(String, crate::replay::RestoreMode)>,
 }
 
 fn parse_env(key: &str, kind: Kind, raw: &str) -> Result<toml::Value, ConfigError> {
@@ -462,6 +482,35 @@ impl Config {
             Some(_) => return Err(ConfigError::Invalid("`checkpoint` must be a table".into())),
             None => {}
         }
+        // `[restore]`: as `[checkpoint]` (`[restore.sessions]`: pattern = mode).
+        let mut restore_sessions = Vec::new();
+        match table.remove("restore") {
+            Some(toml::Value::Table(mut t)) => {
+                match t.remove("sessions") {
+                    Some(toml::Value::Table(pats)) => {
+                        for (pat, mode) in pats {
+                            let m = mode
+                                .as_str()
+                                .ok_or_else(|| format!("a mode is a string, got {mode}"))
+                                .and_then(crate::replay::RestoreMode::parse)
+                                .map_err(|e| {
+                                    ConfigError::Invalid(format!("[restore.sessions] {pat:?}: {e}"))
+                                })?;
+                            restore_sessions.push((pat, m));
+                        }
+                    }
+                    Some(_) => {
+                        return Err(ConfigError::Invalid("`restore.sessions` must be a table".into()));
+                    }
+                    None => {}
+                }
+                for (k, v) in t {
+                    table.insert(format!("restore.{k}"), v);
+                }
+            }
+            Some(_) => return Err(ConfigError::Invalid("`restore` must be a table".into())),
+            None => {}
+        }
         // `[packages]` (or `packages.KEY = …`): its keys are settings named
         // `packages.KEY`.
         match table.remove("packages") {
@@ -559,7 +608,10 @@ impl Config {
             placements,
             limits,
             checkpoint_sessions,
+            restore_sessions,
         };
+        crate::replay::RestoreMode::parse(&cfg.string("restore.mode"))
+            .map_err(|e| ConfigError::Invalid(format!("restore.mode: {e}")))?;
         crate::checkpoint::CheckpointMode::parse(&cfg.string("checkpoint.mode"))
             .map_err(|e| ConfigError::Invalid(format!("checkpoint.mode: {e}")))?;
         cfg.validate()?;
@@ -788,6 +840,12 @@ impl Config {
             max_bytes: (self.int("checkpoint.max_mb").max(1) as u64) << 20,
             timeout: Duration::from_secs_f64(self.float("checkpoint.timeout_s").clamp(1.0, 86400.0)),
         };
+        rc.restore = crate::replay::RestoreSettings {
+            default: crate::replay::RestoreMode::parse(&self.string("restore.mode")).unwrap_or_default(),
+            sessions: self.restore_sessions.clone(),
+            max_cells: self.int("restore.max_cells").clamp(0, 100_000) as usize,
+            timeout: Duration::from_secs_f64(self.float("restore.timeout_s").clamp(1.0, 86400.0)),
+        };
     }
 
     /// `key = value  # source` lines, then the tools.
@@ -859,6 +917,43 @@ mod tests {
         c.apply_to_registry(&mut rc);
         assert!(rc.preload.is_empty());
         assert_eq!(rc.r_preload, vec!["data.table"]);
+    }
+
+    #[test]
+    fn restore_table_is_read_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(
+            &p,
+            "[restore]\nmode = \"replay\"\nmax_cells = 7\ntimeout_s = 9\n[restore.sessions]\n\"scratch-*\" = \"none\"\n",
+        )
+        .expect("write");
+        let c = Config::load_with(Some(&p), |_| None).expect("load");
+        let mut rc = crate::registry::RegistryConfig::new(
+            dir.path().join("state"),
+            cellhost_kernel::KernelConfig::new(std::path::PathBuf::from("python3"), dir.path().join("s")),
+        );
+        c.apply_to_registry(&mut rc);
+        assert_eq!(rc.restore.default, crate::replay::RestoreMode::Replay);
+        assert_eq!(rc.restore.max_cells, 7);
+        assert_eq!(rc.restore.timeout, Duration::from_secs(9));
+        assert_eq!(
+            rc.restore.for_session("scratch-1"),
+            crate::replay::RestoreMode::None
+        );
+        assert_eq!(rc.restore.for_session("ana"), crate::replay::RestoreMode::Replay);
+        let env = |k: &str| (k == "CELLHOST_RESTORE_MODE").then(|| "none".to_string());
+        let c = Config::load_with(None, env).expect("env");
+        c.apply_to_registry(&mut rc);
+        assert_eq!(rc.restore.default, crate::replay::RestoreMode::None);
+        for bad in [
+            "[restore]\nmode = \"sometimes\"\n",
+            "[restore.sessions]\nx = \"maybe\"\n",
+            "restore = 3\n",
+        ] {
+            std::fs::write(&p, bad).expect("write");
+            assert!(Config::load_with(Some(&p), |_| None).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl std::fmt::Debug for Journal {
 
 /// A session's own settings as the journal keeps them (`sessions.settings`,
 /// JSON): the limits a request resolved for it and the network policy a
-/// request gave it. Absent fields: the configured ones.
+/// request gave it, and its restore mode. Absent fields: the configured ones.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SessionSettings {
     /// The limits the session asked for (request, rule or default table
@@ -213,12 +213,16 @@ pub struct SessionSettings {
     /// [`cellhost_kernel::egress::NetworkPolicy::to_text`] writes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// What the session gets back after an unexpected death
+    /// ([`crate::replay::RestoreMode`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<crate::replay::RestoreMode>,
 }
 
 impl SessionSettings {
     /// Nothing of the session's own.
     pub fn is_empty(&self) -> bool {
-        self.limits.is_none() && self.network.is_none()
+        self.limits.is_none() && self.network.is_none() && self.restore.is_none()
     }
 
     /// The settings of a journal row; an unreadable one (written by hand,
@@ -729,6 +733,56 @@ impl Journal {
         });
     }
 
+    /// Marks the session's latest generation, when it has ended, as one
+    /// whose state was dropped on purpose (`end_reason` `state dropped`: a
+    /// kill of a paused session), so no later host replays its cells.
+    pub fn state_dropped(&self, owner: &str, session: &str) {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.fire("state drop", move |c| {
+            c.execute(
+                "UPDATE kernels SET end_reason='state dropped' WHERE owner=?1 AND session=?2
+                   AND ended_ms IS NOT NULL
+                   AND generation=(SELECT MAX(generation) FROM kernels WHERE owner=?1 AND session=?2)",
+                params![o, s],
+            )?;
+            Ok(())
+        });
+    }
+
+    /// Why generation `generation` of a session ended, as journaled
+    /// (`None`: not journaled as ended, or unknown).
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn kernel_end_reason(
+        &self,
+        owner: &str,
+        session: &str,
+        generation: u64,
+    ) -> Result<Option<String>, JournalError> {
+        let (o, s) = (owner.to_string(), session.to_string());
+        self.call(move |c| {
+            c.query_row(
+                "SELECT end_reason FROM kernels WHERE owner=?1 AND session=?2 AND generation=?3",
+                params![o, s, generation as i64],
+                |r| r.get::<_, Option<String>>(0),
+            )
+            .optional()
+            .map(Option::flatten)
+        })
+        .await
+    }
+
+    /// The sessions of `owner` the journal records as paused: (session,
+    /// its checkpoint, when it was paused), by session name.
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub async fn paused_sessions(&self, owner: &str) -> Result<Vec<PausedRow>, JournalError> {
+        let o = owner.to_string();
+        self.call(move |c| query_paused(c, &o)).await
+    }
+
     /// The session's latest checkpoint and when it was paused (`None`: not
     /// paused); `None` when it has none.
     ///
@@ -740,35 +794,7 @@ impl Journal {
         session: &str,
     ) -> Result<Option<(crate::checkpoint::Checkpoint, Option<i64>)>, JournalError> {
         let (o, s) = (owner.to_string(), session.to_string());
-        self.call(move |c| {
-            c.query_row(
-                "SELECT mode, generation, execution_count, taken_ms, path, bytes, saved, lost, paused_ms
-                 FROM checkpoints WHERE owner=?1 AND session=?2",
-                params![o, s],
-                |r| {
-                    let mode: String = r.get(0)?;
-                    let saved: String = r.get(6)?;
-                    let lost: String = r.get(7)?;
-                    Ok((
-                        crate::checkpoint::Checkpoint {
-                            mode: crate::checkpoint::CheckpointMode::parse(&mode)
-                                .unwrap_or(crate::checkpoint::CheckpointMode::Namespace),
-                            generation: r.get::<_, i64>(1)?.max(0) as u64,
-                            execution_count: r.get::<_, i64>(2)?.max(0) as u64,
-                            taken_ms: r.get(3)?,
-                            path: PathBuf::from(r.get::<_, String>(4)?),
-                            bytes: r.get::<_, i64>(5)?.max(0) as u64,
-                            saved: serde_json::from_str(&saved).unwrap_or_default(),
-                            lost: serde_json::from_str(&lost).unwrap_or_default(),
-                            write_ms: 0,
-                        },
-                        r.get::<_, Option<i64>>(8)?,
-                    ))
-                },
-            )
-            .optional()
-        })
-        .await
+        self.call(move |c| query_checkpoint(c, &o, &s)).await
     }
 
     /// Waits until every write sent so far is committed.
@@ -805,6 +831,56 @@ impl Drop for Journal {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+type CheckpointRow = (crate::checkpoint::Checkpoint, Option<i64>);
+
+fn query_checkpoint(c: &Connection, o: &str, s: &str) -> rusqlite::Result<Option<CheckpointRow>> {
+    c.query_row(
+        "SELECT mode, generation, execution_count, taken_ms, path, bytes, saved, lost, paused_ms
+                 FROM checkpoints WHERE owner=?1 AND session=?2",
+        params![o, s],
+        |r| {
+            let mode: String = r.get(0)?;
+            let saved: String = r.get(6)?;
+            let lost: String = r.get(7)?;
+            Ok((
+                crate::checkpoint::Checkpoint {
+                    mode: crate::checkpoint::CheckpointMode::parse(&mode)
+                        .unwrap_or(crate::checkpoint::CheckpointMode::Namespace),
+                    generation: r.get::<_, i64>(1)?.max(0) as u64,
+                    execution_count: r.get::<_, i64>(2)?.max(0) as u64,
+                    taken_ms: r.get(3)?,
+                    path: PathBuf::from(r.get::<_, String>(4)?),
+                    bytes: r.get::<_, i64>(5)?.max(0) as u64,
+                    saved: serde_json::from_str(&saved).unwrap_or_default(),
+                    lost: serde_json::from_str(&lost).unwrap_or_default(),
+                    write_ms: 0,
+                },
+                r.get::<_, Option<i64>>(8)?,
+            ))
+        },
+    )
+    .optional()
+}
+
+/// A paused session of the journal: (session, its checkpoint, when).
+pub type PausedRow = (String, crate::checkpoint::Checkpoint, i64);
+
+fn query_paused(c: &Connection, owner: &str) -> rusqlite::Result<Vec<PausedRow>> {
+    let mut st = c.prepare(
+        "SELECT session FROM checkpoints WHERE owner=?1 AND paused_ms IS NOT NULL ORDER BY session",
+    )?;
+    let names: Vec<String> = st
+        .query_map(params![owner], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut out = Vec::new();
+    for n in names {
+        if let Some((ck, Some(at))) = query_checkpoint(c, owner, &n)? {
+            out.push((n, ck, at));
+        }
+    }
+    Ok(out)
 }
 
 fn json_list(s: String) -> Vec<String> {
@@ -972,6 +1048,15 @@ impl JournalReader {
         query_language(&self.conn, owner, session).map_err(|e| self.sq(e))
     }
 
+    /// The sessions of `owner` the journal records as paused, as
+    /// [`Journal::paused_sessions`].
+    ///
+    /// # Errors
+    /// [`JournalError`].
+    pub fn paused_sessions(&self, owner: &str) -> Result<Vec<PausedRow>, JournalError> {
+        query_paused(&self.conn, owner).map_err(|e| self.sq(e))
+    }
+
     /// The session exists in the journal.
     ///
     /// # Errors
@@ -1004,6 +1089,50 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn paused_sessions_and_deliberate_ends_are_read_back() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("journal.db");
+        let ckpt = |n: u64| crate::checkpoint::Checkpoint {
+            mode: crate::checkpoint::CheckpointMode::Namespace,
+            generation: n,
+            execution_count: n + 1,
+            taken_ms: 5,
+            path: dir.path().join(format!("c{n}")),
+            bytes: 9,
+            saved: vec!["a".into()],
+            lost: Vec::new(),
+            write_ms: 0,
+        };
+        {
+            let j = Journal::open(&path, Durability::Normal).expect("open");
+            for (s, g) in [("b", 1), ("a", 2), ("live", 1)] {
+                j.kernel_started("o", s, g, 42, None);
+                j.checkpoint_saved("o", s, &ckpt(g));
+            }
+            j.checkpoint_paused("o", "b", Some(11)).await.expect("pause");
+            j.checkpoint_paused("o", "a", Some(12)).await.expect("pause");
+            j.kernel_ended("o", "a", 2, "paused");
+            // A live kernel's row is not marked: only an ended one is.
+            j.state_dropped("o", "live");
+            j.flush().await.expect("flush");
+            assert_eq!(j.kernel_end_reason("o", "live", 1).await.expect("reason"), None);
+            let paused = j.paused_sessions("o").await.expect("paused");
+            let names: Vec<(&str, i64)> = paused.iter().map(|(n, _, at)| (n.as_str(), *at)).collect();
+            assert_eq!(names, vec![("a", 12), ("b", 11)]);
+            assert_eq!(paused[0].1.execution_count, 3);
+            assert!(j.paused_sessions("other").await.expect("paused").is_empty());
+            j.state_dropped("o", "a");
+            j.flush().await.expect("flush");
+            assert_eq!(
+                j.kernel_end_reason("o", "a", 2).await.expect("reason").as_deref(),
+                Some("state dropped")
+            );
+        }
+        let r = JournalReader::open(&path).expect("reader");
+        assert_eq!(r.paused_sessions("o").expect("paused").len(), 2);
+    }
+
+    #[tokio::test]
     async fn session_settings_survive_a_reopen() {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("journal.db");
@@ -1014,6 +1143,7 @@ mod tests {
                 ..Default::default()
             }),
             network: Some("127.0.0.1:9".into()),
+            restore: Some(crate::replay::RestoreMode::Replay),
         };
         {
             let j = Journal::open(&path, Durability::Normal).expect("open");

@@ -22,6 +22,7 @@ pub mod packages;
 pub mod placement;
 pub mod pool;
 pub mod registry;
+pub mod replay;
 pub mod requests;
 pub mod session_env;
 pub mod templates;
@@ -42,6 +43,7 @@ pub use registry::{
     CheckpointSummary, Key, Origin, PauseReport, Registry, RegistryConfig, RegistryError, RegistryStats,
     RestoreReport, RestoreSkip,
 };
+pub use replay::{RestoreMode, RestoreSettings};
 pub use requests::{Deadline, RequestError, SessionSpec, Surface};
 pub use session_env::{EnvApplied, SessionEnv};
 pub use tools::{CommandTools, ToolSpec};

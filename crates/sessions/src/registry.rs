@@ -33,10 +33,12 @@ use cellhost_kernel::RestoredState;
 
 #[path = "registry_checkpoint.rs"]
 mod checkpoints;
+#[path = "registry_replay.rs"]
+mod replays;
 use crate::pool::{Pool, SessionTools};
 use crate::templates::Templates;
 use checkpoints::merge_background;
-pub use checkpoints::{CheckpointSummary, PauseReport};
+pub use checkpoints::{CheckpointSummary, PauseReport, PausedSession};
 
 /// Errors of the registry.
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +197,10 @@ pub struct RegistryConfig {
     /// Checkpoints: the mode per session pattern, the size cap and time
     /// bound ([`crate::checkpoint`]; config `[checkpoint]`).
     pub checkpoint: crate::checkpoint::CheckpointSettings,
+    /// What a session gets back after an unexpected death: the mode per
+    /// session pattern and the replay's bounds ([`crate::replay`]; config
+    /// `[restore]`).
+    pub restore: crate::replay::RestoreSettings,
 }
 
 impl std::fmt::Debug for RegistryConfig {
@@ -228,6 +234,7 @@ impl RegistryConfig {
             limits: crate::limits::LimitsPolicy::default(),
             placements: crate::placement::Placements::local(),
             checkpoint: crate::checkpoint::CheckpointSettings::default(),
+            restore: crate::replay::RestoreSettings::default(),
         }
     }
 
@@ -345,6 +352,12 @@ struct SlotInner {
     /// checkpoints when `workdir` is not known (a pooled kernel of a
     /// session without a workdir): (the host's path, the kernel's path).
     ckpt_dir: Option<(PathBuf, PathBuf)>,
+    /// The session's restore mode as a request (or the journal) set it
+    /// (`None`: the configured one for its name).
+    restore_mode: Option<crate::replay::RestoreMode>,
+    /// The session's state was dropped on purpose (a restart, a kill of a
+    /// paused session): its next kernel replays nothing.
+    no_replay_next: bool,
 }
 
 struct Slot {
@@ -837,6 +850,9 @@ impl Registry {
         if g.network.is_none() {
             g.network = network;
         }
+        if g.restore_mode.is_none() {
+            g.restore_mode = settings.restore;
+        }
     }
 
     /// The network policy the journal keeps as `key`'s session's own (see
@@ -1290,8 +1306,9 @@ impl Registry {
             k
         };
         // Before any cell of the new generation: the session's state back
-        // from its latest checkpoint, when it keeps checkpoints or was paused.
-        if let Some(note) = self.restore_into(slot, &k, generation).await {
+        // from its latest checkpoint (when it keeps checkpoints or was
+        // paused) or its lost kernel's journaled cells (`restore = "replay"`).
+        if let Some(note) = self.recover_into(slot, &k, generation).await {
             slot.lock().restored_note = Some((generation, note));
         }
         Ok((k, generation))
@@ -1746,6 +1763,8 @@ impl Registry {
         // The replay runs under the limits and network policy the session
         // had (unless `key`'s session has its own on this host).
         self.adopt_journaled(owner, session, key).await;
+        // The cells are run here: the new kernel replays nothing itself.
+        self.skip_next_replay(&self.slot(key, None));
         let mut report = RestoreReport {
             from_generation: last,
             ..RestoreReport::default()
@@ -1913,6 +1932,7 @@ fn own_settings(g: &SlotInner) -> crate::journal::SessionSettings {
     crate::journal::SessionSettings {
         limits: g.limits.map(|l| l.asked),
         network: g.network.as_ref().map(|n| n.to_text()),
+        restore: g.restore_mode,
     }
 }
 

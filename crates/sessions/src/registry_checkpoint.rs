@@ -46,6 +46,19 @@ pub struct PauseReport {
     pub pause_ms: u64,
 }
 
+/// A paused session as [`Registry::paused_sessions`] lists it.
+#[derive(Debug, Clone)]
+pub struct PausedSession {
+    /// Its key (the default key for one only the journal knows).
+    pub key: Key,
+    /// The generation that was stopped.
+    pub generation: u64,
+    /// When, milliseconds since the Unix epoch.
+    pub paused_ms: i64,
+    /// The checkpoint it resumes from.
+    pub checkpoint: CheckpointSummary,
+}
+
 /// A checkpoint as a request's answer shows it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -448,7 +461,8 @@ impl Registry {
     }
 
     /// Forgets the session's checkpoint and pause (a restart or kill: its
-    /// state is dropped on purpose). `true` when there was one.
+    /// state is dropped on purpose; no replay brings it back). `true` when
+    /// there was one.
     pub async fn drop_checkpoint(&self, key: &Key) -> bool {
         let slot = self.slot(key, None);
         self.load_checkpoint(&slot).await;
@@ -456,10 +470,12 @@ impl Registry {
             let mut g = slot.lock();
             g.paused = None;
             g.restored_note = None;
+            g.no_replay_next = true;
             g.ckpt.take()
         };
         if let Some(j) = self.journal() {
             j.checkpoint_dropped(&key.owner, &key.session);
+            j.state_dropped(&key.owner, &key.session);
         }
         match had {
             Some(c) => {
@@ -468,6 +484,53 @@ impl Registry {
             }
             None => false,
         }
+    }
+
+    /// `owner`'s paused sessions: this host's, then those the journal
+    /// records as paused (an earlier host's, with the default key), by
+    /// name.
+    pub async fn paused_sessions(&self, owner: &str) -> Vec<PausedSession> {
+        let mut out: Vec<PausedSession> = self
+            .all_slots()
+            .into_iter()
+            .filter(|s| s.key.owner == owner)
+            .filter_map(|s| {
+                let g = s.lock();
+                let (at, c) = (g.paused?, g.ckpt.as_ref()?);
+                Some(PausedSession {
+                    key: s.key.clone(),
+                    generation: c.generation,
+                    paused_ms: at,
+                    checkpoint: CheckpointSummary::from(c),
+                })
+            })
+            .collect();
+        if let Some(j) = self.journal() {
+            match j.paused_sessions(owner).await {
+                Ok(rows) => {
+                    for (session, c, at) in rows {
+                        let here = self.all_slots().into_iter().any(|s| {
+                            s.key.owner == owner && s.key.session == session && {
+                                let g = s.lock();
+                                g.ckpt_loaded && g.paused.is_none()
+                            }
+                        });
+                        if here || out.iter().any(|p| p.key.session == session) || !c.path.is_file() {
+                            continue;
+                        }
+                        out.push(PausedSession {
+                            key: self.key(owner, &session),
+                            generation: c.generation,
+                            paused_ms: at,
+                            checkpoint: CheckpointSummary::from(&c),
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!("paused sessions of {owner}: {e}"),
+            }
+        }
+        out.sort_by(|a, b| a.key.session.cmp(&b.key.session));
+        out
     }
 
     /// The key of `owner`'s paused session `session`: one this host paused,
@@ -525,6 +588,7 @@ impl Registry {
             lost_cells: self.cells_after(&slot.key, &c).await,
             restore_ms: 0,
             error: None,
+            replay: None,
         };
         let outcome = self.run_restore(kernel, &c, &host_dir, &kernel_dir).await;
         match outcome {

@@ -357,3 +357,36 @@ def test_a_session_with_checkpoints_comes_back_after_its_kernel_is_killed():
         assert "data" in r.restored["restored"] and "label" in r.restored["restored"], r.restored
     with pytest.raises(cellhost.CellhostError):
         Session(python=PY, checkpoint="sometimes")
+
+
+def test_a_session_with_restore_replay_gets_its_cells_back_after_its_kernel_is_killed():
+    with Session(python=PY, restore="replay") as s:
+        first = s.run("data = list(range(1000))\nprint('built')")
+        assert first.ok, first.text
+        second = s.run("label = 'kept'")
+        assert second.ok, second.text
+        # The kernel SIGKILLed mid-cell (the cell kills its own worker).
+        killed = s.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+        assert killed.status == "crashed", killed.text
+        r = s.run("label, sum(data)")
+        assert r.ok, r.text
+        assert r.value == "('kept', 499500)", r.text
+        assert "built" not in r.stdout, r.raw
+        assert r.restored is not None and r.restored["source"] == "replay", r.raw
+        replayed = [c["cell"] for c in r.restored["replay"]["replayed"]]
+        assert replayed[:2] == [first.cell_id, second.cell_id], r.restored
+    with pytest.raises(cellhost.CellhostError):
+        Session(python=PY, restore="sometimes")
+
+
+def test_a_paused_session_is_listed_paused_and_resumes():
+    with Session(python=PY, name="held") as s:
+        assert s.run("kept = 41 + 1").ok
+        report = s.pause()
+        assert "kept" in report["checkpoint"]["saved"], report
+        mine = [x for x in s.sessions() if x["name"] == "held"]
+        assert mine and mine[0]["state"] == "paused", mine
+        assert mine[0]["paused_ms"] > 0 and mine[0]["checkpoint"]["saved"], mine
+        r = s.run("kept")
+        assert r.value == "42" and r.restored["resumed"], r.raw
+        assert [x["state"] for x in s.sessions() if x["name"] == "held"] == ["live"]

@@ -639,6 +639,10 @@ pub struct SessionSpec {
     /// configured one for its name); set from this request on
     /// ([`Registry::set_checkpoint_mode`]).
     pub checkpoint: Option<crate::checkpoint::CheckpointMode>,
+    /// What the session gets back after an unexpected death of its kernel
+    /// (`None`: what it has, else the configured one for its name); set
+    /// from this request on ([`Registry::set_restore_mode`]).
+    pub restore: Option<crate::replay::RestoreMode>,
 }
 
 impl SessionSpec {
@@ -655,6 +659,7 @@ impl SessionSpec {
             env: crate::SessionEnv::new(),
             limits: crate::limits::SessionLimits::default(),
             checkpoint: None,
+            restore: None,
         }
     }
 
@@ -764,6 +769,9 @@ impl SessionSpec {
         };
         if let Some(mode) = self.checkpoint {
             reg.set_checkpoint_mode(&key, mode)?;
+        }
+        if let Some(mode) = self.restore {
+            reg.set_restore_mode(&key, mode);
         }
         Ok(key)
     }

@@ -64,10 +64,13 @@ class Result:
     @property
     def restored(self) -> Optional[Dict[str, Any]]:
         """What a restore brought back before this cell (the session keeps
-        checkpoints and its kernel was lost or paused): ``source``,
+        checkpoints or replays, and its kernel was lost or paused):
+        ``source`` (``"checkpoint"``, ``"replay"``, ``"checkpoint+replay"``),
         ``execution_count``, ``restored`` names, ``lost`` names with the
-        reason, ``lost_cells``, ``resumed`` (a paused session);
-        ``None`` when no restore preceded the cell."""
+        reason, ``lost_cells``, ``resumed`` (a paused session), and for a
+        replay ``replay`` (``replayed`` cells, the ``failed`` one, ``cut``
+        when a bound stopped it); ``None`` when no restore preceded the
+        cell."""
         r = self.raw.get("restored")
         return r if isinstance(r, dict) else None
 

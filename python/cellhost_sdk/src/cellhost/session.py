@@ -48,7 +48,13 @@ class Session:
     each successful cell the picklable part of the namespace is saved; a
     lost kernel is restored from it before the next cell, whose
     :attr:`~cellhost.result.Result.restored` says what came back) or
-    ``"process"`` (refused where CRIU cannot run), ``tools`` host tools as callables, called from cells
+    ``"process"`` (refused where CRIU cannot run), ``restore`` what the
+    session gets back after an unexpected death of its kernel:
+    ``"checkpoint"`` (its latest checkpoint), ``"replay"`` (the checkpoint if
+    any, then the lost kernel's successful cells after it, run again
+    silently and stopping at the first that fails; the next result's
+    :attr:`~cellhost.result.Result.restored` names the cells replayed,
+    failed and lost) or ``"none"``, ``tools`` host tools as callables, called from cells
     as ``cellhost.tools.NAME(**kwargs)``. Use it as a context manager; the
     kernel and its host end at :meth:`close`.
     """
@@ -64,6 +70,7 @@ class Session:
         name: str = "default",
         network: Optional[Union[str, Sequence[str]]] = None,
         checkpoint: Optional[str] = None,
+        restore: Optional[str] = None,
     ):
         if language not in ("python", "r"):
             raise InvalidRequest("invalid_request", f"language {language!r}: this host runs python or r")
@@ -92,6 +99,8 @@ class Session:
                 body["network"] = network if isinstance(network, str) else list(network)
             if checkpoint is not None:
                 body["checkpoint"] = checkpoint
+            if restore is not None:
+                body["restore"] = restore
             if placement != "local":
                 # The session's own property: every kernel of it runs there.
                 body["placement"] = placement
@@ -180,6 +189,19 @@ class Session:
         for event, data in self._host.events(self._path + "/execute", body, read):
             raise_for_event(event, data)
             yield (event, Result.from_json(data) if event == "result" else data)
+
+    def pause(self) -> Dict[str, Any]:
+        """Pauses the idle session: its namespace checkpointed, its kernel
+        stopped (memory freed); the next :meth:`run` resumes it. The
+        report: ``generation``, ``pid``, ``memory_freed_bytes``,
+        ``paused_ms``, ``checkpoint``."""
+        return self._host.call("POST", self._path + "/pause")
+
+    def sessions(self) -> List[Dict[str, Any]]:
+        """The sessions of this session's host: ``name``, ``state``
+        (``"live"``, ``"paused"`` with ``paused_ms`` and the ``checkpoint``
+        it resumes from, or ``"stopped"``), ``generation``, ``pid``, …"""
+        return list(self._host.call("GET", "/v1/sessions").get("sessions", []))
 
     def interrupt(self) -> Dict[str, Any]:
         """Interrupts the running cell (KeyboardInterrupt in it)."""
