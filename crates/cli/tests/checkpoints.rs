@@ -210,6 +210,44 @@ fn a_kernel_sigkilled_mid_analysis_continues_from_its_last_checkpoint() {
     s.stop();
 }
 
+/// A worker killed from outside while idle, with the next cell sent at
+/// once (before or after the host sees the death: both orders happen over
+/// the rounds): the cell runs on a restored kernel instead of coming back
+/// `crashed` from the dead one.
+#[test]
+fn a_kernel_killed_while_idle_gives_the_next_cell_a_restored_kernel_not_a_crash() {
+    let Some(dir) = ready() else { return };
+    let s = Serve::start(dir.path());
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "idle", "checkpoint": "namespace"})),
+    );
+    assert_eq!(made["name"], "idle", "{made}");
+    let mut r = s.exec("idle", "x = 41");
+    assert_eq!(r["status"], "ok", "{r}");
+    for round in 0..5 {
+        // The checkpoint of the last cell is written before the next runs.
+        r = s.exec("idle", "x + 0");
+        assert_eq!(r["status"], "ok", "round {round}: {r}");
+        let pid = r["kernel"]["pid"].as_i64().expect("the kernel's pid");
+        let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        assert!(killed.is_ok_and(|st| st.success()), "round {round}: kill {pid}");
+        let next = s.exec("idle", "x + 1");
+        assert_eq!(
+            next["status"], "ok",
+            "round {round}: the cell after the kill: {next}"
+        );
+        assert_eq!(next["result"]["text/plain"], "42", "round {round}: {next}");
+        assert_eq!(next["restored"]["source"], "checkpoint", "round {round}: {next}");
+        assert_ne!(
+            next["kernel"]["pid"], r["kernel"]["pid"],
+            "round {round}: a new kernel"
+        );
+    }
+    s.stop();
+}
+
 fn cell_ids(v: &Value, field: &str) -> Vec<String> {
     v.as_array()
         .map(|a| {

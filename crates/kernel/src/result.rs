@@ -217,6 +217,11 @@ pub struct InterruptReport {
     pub reason: Option<String>,
 }
 
+/// [`CrashReport::reason`] of a cell whose worker died before it took the
+/// cell (no `started` frame): none of the cell's code ran, so the session
+/// layer may run it on a new generation.
+pub const CRASH_NOT_STARTED: &str = "not started";
+
 /// How the worker process died (status `crashed`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,7 +239,8 @@ pub struct CrashReport {
     pub message: String,
     /// A short stable cause when the worker's own exit status is not the
     /// story: `connection lost` (a remote kernel whose node agent's
-    /// connection broke).
+    /// connection broke), [`CRASH_NOT_STARTED`] (the worker died before it
+    /// took the cell: none of its code ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

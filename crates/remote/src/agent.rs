@@ -531,12 +531,24 @@ mod tests {
         // On time, nothing waiting: lost.
         assert_eq!(silence_verdict(due, due, hb, false, false, 3), Silence::Lost);
         // A message of the host is waiting: heard, however late.
-        assert_eq!(silence_verdict(due + 60 * hb, due, hb, true, false, 0), Silence::Heard);
+        assert_eq!(
+            silence_verdict(due + 60 * hb, due, hb, true, false, 0),
+            Silence::Heard
+        );
         // Woken long past the deadline: starved, while re-arms are left.
-        assert_eq!(silence_verdict(due + 3 * hb, due, hb, false, false, 1), Silence::Starved);
-        assert_eq!(silence_verdict(due + 3 * hb, due, hb, false, false, 0), Silence::Lost);
+        assert_eq!(
+            silence_verdict(due + 3 * hb, due, hb, false, false, 1),
+            Silence::Starved
+        );
+        assert_eq!(
+            silence_verdict(due + 3 * hb, due, hb, false, false, 0),
+            Silence::Lost
+        );
         // A broken connection is lost whatever waits.
-        assert_eq!(silence_verdict(due + 3 * hb, due, hb, true, true, 3), Silence::Lost);
+        assert_eq!(
+            silence_verdict(due + 3 * hb, due, hb, true, true, 3),
+            Silence::Lost
+        );
     }
 
     #[test]

@@ -1579,46 +1579,85 @@ impl Registry {
         let (mut kernel, mut generation) = self.ensure(&slot).await?;
         let cancel = options.cancel.clone();
         let silent = options.silent;
-        let handle = match kernel.submit(code, options.clone()) {
-            // The kernel died between the check and the submit (an idle
-            // worker killed from outside): one fresh generation, once.
-            Err(KernelError::Dead { .. }) => {
-                (kernel, generation) = self.ensure(&slot).await?;
-                kernel.submit(code, options)?
-            }
-            other => other?,
-        };
-        let start = CellStart {
-            id: handle.id().to_string(),
-            owner: key.owner.clone(),
-            session: key.session.clone(),
-            generation,
-            code: code.to_string(),
-            origin: origin.origin.clone(),
-            context: origin.context.clone(),
-        };
-        if let Some(j) = &self.journal {
-            j.cell_started(start.clone());
-        }
-        if cancel
-            .as_ref()
-            .is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst))
-        {
-            // Cancelled before or while it was submitted: the canceller's
-            // interrupt may have found no cell, so this one is interrupted here.
-            let _ = handle.interrupt().await;
-        }
-        let waited = handle.wait().await;
-        let mut r = match waited {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(j) = &self.journal
-                    && let Err(je) = j.cell_failed(&start.id, "failed", &e.to_string()).await
-                {
-                    tracing::warn!("{je}");
+        // A worker that died before it took the cell (killed while idle,
+        // before the host saw it die) ran none of its code: the cell runs
+        // once more, on a fresh generation (restored as the session's
+        // settings say), instead of coming back `crashed`.
+        let mut retried = false;
+        let (start, mut r) = loop {
+            let handle = match kernel.submit(code, options.clone()) {
+                // The kernel died between the check and the submit (an idle
+                // worker killed from outside): one fresh generation, once.
+                Err(KernelError::Dead { .. }) => {
+                    (kernel, generation) = self.ensure(&slot).await?;
+                    kernel.submit(code, options.clone())?
                 }
-                return Err(e.into());
+                other => other?,
+            };
+            let start = CellStart {
+                id: handle.id().to_string(),
+                owner: key.owner.clone(),
+                session: key.session.clone(),
+                generation,
+                code: code.to_string(),
+                origin: origin.origin.clone(),
+                context: origin.context.clone(),
+            };
+            if let Some(j) = &self.journal {
+                j.cell_started(start.clone());
             }
+            let cancelled = || {
+                cancel
+                    .as_ref()
+                    .is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst))
+            };
+            if cancelled() {
+                // Cancelled before or while it was submitted: the canceller's
+                // interrupt may have found no cell, so this one is interrupted here.
+                let _ = handle.interrupt().await;
+            }
+            let r = match handle.wait().await {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(j) = &self.journal
+                        && let Err(je) = j.cell_failed(&start.id, "failed", &e.to_string()).await
+                    {
+                        tracing::warn!("{je}");
+                    }
+                    return Err(e.into());
+                }
+            };
+            let not_started = r.status == cellhost_kernel::CellStatus::Crashed
+                && r.crash
+                    .as_ref()
+                    .is_some_and(|c| c.reason.as_deref() == Some(cellhost_kernel::CRASH_NOT_STARTED));
+            if retried || !not_started || cancelled() || self.closed.load(Ordering::SeqCst) {
+                break (start, r);
+            }
+            retried = true;
+            tracing::info!(
+                "session {}: the kernel of generation {generation} died before cell {} started; running it on a new generation",
+                key.session,
+                start.id
+            );
+            {
+                // The dead generation's end is the lineage's to tell the
+                // next one (its reset reason), as for any crash.
+                let mut dead = r;
+                slot.lock().lineage.settle(generation, false, &mut dead);
+            }
+            if let Some(j) = &self.journal
+                && let Err(je) = j
+                    .cell_failed(
+                        &start.id,
+                        "crashed",
+                        "the kernel died before the cell started; it ran again on a new generation",
+                    )
+                    .await
+            {
+                tracing::warn!("{je}");
+            }
+            (kernel, generation) = self.ensure(&slot).await?;
         };
         r.kernel.session = key.session.clone();
         r.kernel.generation = generation;

@@ -155,11 +155,19 @@ impl<L: WorkerLink> Driver<L> {
                     "protocol error from the worker (kernel {} killed): {msg}",
                     self.label
                 ),
-                reason: None,
+                // A cell that could not be sent (the worker already dead)
+                // never started.
+                reason: (!a.started_code).then(|| crate::result::CRASH_NOT_STARTED.to_string()),
             });
         } else {
             status = CellStatus::Crashed;
-            crash = Some(self.crash_report(a.pid_hits_at_start, a.oom_kills_at_start));
+            let mut report = self.crash_report(a.pid_hits_at_start, a.oom_kills_at_start);
+            if !a.started_code && report.reason.is_none() {
+                // The worker died before it took the cell (killed while
+                // idle, before the host saw it die): none of the code ran.
+                report.reason = Some(crate::result::CRASH_NOT_STARTED.to_string());
+            }
+            crash = Some(report);
         }
         let mut interrupt = None;
         if let Some(why) = &a.tree_killed {

@@ -159,6 +159,27 @@ async fn a_malformed_frame_crashes_the_cell_and_kills_the_kernel() {
 }
 
 #[tokio::test]
+async fn a_worker_that_dies_before_it_takes_the_cell_says_not_started() {
+    let mut f = fixture(Ok(()), Duration::from_secs(2)).await;
+    let h = f.kernel.submit("x = 1", ExecOptions::default()).expect("submit");
+    let _ = next_cell(&mut f.script).await;
+    // No `started`: the worker was already dying when the cell was sent.
+    f.script.push(LinkEvent::ControlClosed);
+    f.script.push(LinkEvent::OutputClosed(Stream::Stdout));
+    f.script.push(LinkEvent::OutputClosed(Stream::Stderr));
+    f.script
+        .push(LinkEvent::Exited(ExitStatus::from_raw(libc::SIGKILL)));
+    let r = h.wait().await.expect("result");
+    assert_eq!(r.status, CellStatus::Crashed);
+    let crash = r.crash.expect("crash report");
+    assert_eq!(
+        crash.reason.as_deref(),
+        Some(crate::result::CRASH_NOT_STARTED),
+        "{crash:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_link_that_dies_mid_cell_gives_a_crash_with_the_exit_status() {
     let mut f = fixture(Ok(()), Duration::from_secs(2)).await;
     let h = f.kernel.submit("boom()", ExecOptions::default()).expect("submit");
@@ -175,6 +196,7 @@ async fn a_link_that_dies_mid_cell_gives_a_crash_with_the_exit_status() {
     let crash = r.crash.expect("crash report");
     assert_eq!(crash.signal, Some(libc::SIGSEGV));
     assert!(crash.message.contains("SIGSEGV"), "{}", crash.message);
+    assert_eq!(crash.reason, None, "the cell had started");
     assert_eq!(r.stdout, "partial");
     assert!(r.hint.is_some_and(|h| h.contains("worker died")));
     assert_eq!(
