@@ -94,7 +94,9 @@ impl Server {
             match self.messages.recv_timeout(MESSAGE_GUARD) {
                 Ok(v) if want(&v) => return v,
                 Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => panic!("no {what} from the server within {MESSAGE_GUARD:?}"),
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no {what} from the server within {MESSAGE_GUARD:?}")
+                }
                 Err(RecvTimeoutError::Disconnected) => panic!("the server closed its output before {what}"),
             }
         }
@@ -116,9 +118,11 @@ fn call(id: u64, code: &str, progress: Option<&str>) -> Value {
 #[test]
 fn a_call_right_after_a_cancellation_waits_for_the_interrupted_cell() {
     let mut server = Server::start();
-    server.send(&[json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    server.send(&[
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "cancel-then-call", "version": "0"}}})]);
+        "clientInfo": {"name": "cancel-then-call", "version": "0"}}}),
+    ]);
     let init = server.response(0);
     assert!(init.get("result").is_some(), "initialize: {init}");
     server.send(&[
@@ -140,7 +144,9 @@ fn a_call_right_after_a_cancellation_waits_for_the_interrupted_cell() {
         server.wait_for("the sleeping cell's progress", |v| {
             v["method"] == "notifications/progress"
                 && v["params"]["progressToken"] == json!(token)
-                && v["params"]["message"].as_str().is_some_and(|m| m.contains("started"))
+                && v["params"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("started"))
         });
         server.send(&[
             json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
@@ -149,7 +155,10 @@ fn a_call_right_after_a_cancellation_waits_for_the_interrupted_cell() {
         ]);
         let next = server.response(id + 1);
         let content = &next["result"]["structuredContent"];
-        assert_eq!(content["status"], "ok", "round {round}: the call after the cancellation: {next}");
+        assert_eq!(
+            content["status"], "ok",
+            "round {round}: the call after the cancellation: {next}"
+        );
         assert!(
             next["result"].to_string().contains("43"),
             "round {round}: the variable survives the cancellation: {next}"

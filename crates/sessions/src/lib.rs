@@ -22,6 +22,7 @@ pub mod placement;
 pub mod pool;
 pub mod registry;
 pub mod requests;
+pub(crate) mod session_disk;
 pub mod session_env;
 pub mod templates;
 pub mod tools;

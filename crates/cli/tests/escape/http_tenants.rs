@@ -81,6 +81,11 @@ impl Serve {
         serve
     }
 
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A new connection to the server.
     pub fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(&self.addr).expect("connect");

@@ -232,7 +232,7 @@ impl ForkRequest {
             });
         }
         let _ = std::fs::remove_dir(&child_dir);
-        let Some(parent_dir) = reg.workdir(&parent) else {
+        let Some(parent_dir) = reg.workdir_files(&parent) else {
             return Err(failed(&parent.session, "the session has no working directory"));
         };
         let mut token = [0u8; 8];
