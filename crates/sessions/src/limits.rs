@@ -59,8 +59,9 @@
 //!   namespaces for a non-root host, a cwd the caller named (the caller's
 //!   directory is never swapped for a copy), a placement's kernel — the cap
 //!   is only that accounting (each file a cell writes, and everything the
-//!   host writes), and the kernel's sandbox names layer `disk` as missing,
-//!   with the reason.
+//!   host writes; with the sandbox off, which sets no rlimits, only what
+//!   the host writes), and the kernel's sandbox names layer `disk` as
+//!   missing, with the reason (also with the sandbox off).
 //! - `cell_timeout_s`: the kernel's default deadline for a cell (a call's
 //!   own `timeout_s` still applies to that call).
 //!

@@ -1037,7 +1037,10 @@ impl Registry {
         };
         let reason = match bytes {
             None => None,
-            Some(_) if cfg.sandbox.mode == SandboxMode::Off => Some("the sandbox is off".to_string()),
+            Some(_) if cfg.sandbox.mode == SandboxMode::Off => Some(
+                "the sandbox is off: the cap is the host's accounting of its own writes (no mount, no file-size limit)"
+                    .to_string(),
+            ),
             Some(_) if cfg.cwd.is_none() => Some(
                 "the session has no workdir of its own (no session_workdirs): \
                  the cap is the host's accounting"

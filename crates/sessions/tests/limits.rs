@@ -201,3 +201,40 @@ async fn disk_mb_mount_outlives_a_killed_kernel_and_names_its_absence() {
     );
     reg.shutdown().await;
 }
+
+/// The sandbox off: `disk_mb` is the host's accounting of its own writes
+/// only, and the
+/// kernel's sandbox names layer `disk` (its one layer) as missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disk_mb_with_the_sandbox_off_names_the_missing_mount() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut template = cellhost_kernel::KernelConfig::new(python(), dir.path().join("unused"));
+    template.sandbox = cellhost_sandbox::profile::SandboxProfile::off();
+    let mut cfg = RegistryConfig::new(dir.path().join("state"), template);
+    cfg.pool_size = 0;
+    cfg.session_workdirs = Some(dir.path().join("work"));
+    let reg = Registry::start(cfg, None).await.expect("registry");
+    let off = SessionSpec {
+        limits: SessionLimits {
+            disk_mb: Some(4),
+            ..Default::default()
+        },
+        ..SessionSpec::new("o", "off")
+    };
+    let key = off.key(&reg).expect("key");
+    // Nothing bounds the cell's own writes (no mount, and no rlimits
+    // without a sandbox): the result says so.
+    let r = run(&reg, off, "1").await;
+    assert_eq!(r.kernel.sandbox.missing, ["disk"], "{:?}", r.kernel.sandbox);
+    assert!(
+        r.kernel
+            .sandbox
+            .reasons
+            .get("disk")
+            .is_some_and(|w| w.contains("sandbox is off")),
+        "{:?}",
+        r.kernel.sandbox
+    );
+    assert_eq!(reg.disk_holder(&key), None, "no holder without a sandbox");
+    reg.shutdown().await;
+}

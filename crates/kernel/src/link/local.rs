@@ -593,12 +593,10 @@ impl Prepared {
                 ),
             ));
         }
-        if sandboxed
-            && let Some(cellhost_sandbox::workdir_disk::DiskPlan::Accounting { reason }) =
-                &config.sandbox.disk
-        {
+        if let Some(cellhost_sandbox::workdir_disk::DiskPlan::Accounting { reason }) = &config.sandbox.disk {
             // No mount behind the session's disk cap: the host's accounting
-            // and `RLIMIT_FSIZE` only, named as the missing layer.
+            // and `RLIMIT_FSIZE` only, named as the missing layer (with the
+            // sandbox off too: the one layer such a kernel reports).
             host_layers.push(LayerStatus::missing("disk", reason.clone()));
         }
         let mut limits = config.limits.clone();
