@@ -237,6 +237,21 @@ open('after.bin', 'wb').write(b'1' * (4 << 20))",
     );
     assert!(d.status == 200 || d.status == 204, "{d:?}");
     assert!(holders_of(serve.pid()).is_empty(), "holder left behind");
+
+    // The server's shutdown reaps the holders of sessions still open.
+    let a2 = create(&serve, &json!({"name": "dtot2", "limits": {"disk_mb": 4}}));
+    assert_eq!(a2.status, 201, "{a2:?}");
+    assert_eq!(execute(&serve, "dtot2", "print(1)")["stdout"], "1\n");
+    let open = holders_of(serve.pid());
+    assert_eq!(open.len(), 1, "{open:?}");
+    drop(serve);
+    for pid in open {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            cmdline.split(|&b| b == 0).nth(1) != Some(b"__cellhost-disk-holder".as_slice()),
+            "holder {pid} outlived the server"
+        );
+    }
 }
 
 /// HTTP: disk cap, deadline and seccomp need no cgroup: each hit is its
