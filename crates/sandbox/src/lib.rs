@@ -39,6 +39,7 @@ pub mod signal;
 pub mod steps;
 pub mod sys;
 pub mod workdir_disk;
+pub mod workdir_mirror;
 
 #[cfg(feature = "ctor-launcher")]
 mod ctor_hook {

@@ -30,13 +30,28 @@
 //!   open (same uid, dumpable) and every file in the tmpfs is the host
 //!   user's.
 //! - **Lifetime**: the holder is the host's child with its stdin a pipe
-//!   the host holds; it exits when that pipe closes — the host dropped the
-//!   [`WorkdirDisk`] (the session ended) or the host itself died — and the
-//!   host reaps it ([`WorkdirDisk`]'s `Drop`). Its contents are copied from
-//!   the workdir's directory on disk when it starts and back when the
-//!   session ends or the host shuts down (the sessions crate does that), so
-//!   a session's files also survive the host's restart; a host killed with
-//!   `SIGKILL` loses what its sessions wrote since their holders started.
+//!   the host holds; it ends when that pipe closes — the host retired the
+//!   [`WorkdirDisk`] ([`WorkdirDisk::finish`], or its `Drop`: the session
+//!   ended, the host shuts down) or the host itself died (`SIGKILL`, a
+//!   crash). The host reaps it when it is alive to.
+//! - **Durability**: the workdir's files on disk are copied into the tmpfs
+//!   by the host when the holder starts, and the host then *arms* the
+//!   holder ([`WorkdirDisk::keep`]). An armed holder whose stdin closes
+//!   copies the tmpfs back itself before it exits
+//!   ([`crate::workdir_mirror`]): through a descriptor of the directory on
+//!   disk it opened before mounting over it, each file written under a
+//!   temporary name and renamed over its old version (atomic per file),
+//!   names absent from the tmpfs removed, no symbolic link followed. That
+//!   is the only copy-out, so a session's files reach the disk the same way
+//!   whether its session ended, the host shut down, or the host was
+//!   `SIGKILL`ed: what the cells wrote survives the host's death (except a
+//!   file written in the very moment, which is on disk in its old or new
+//!   version). The copy is bounded by [`MIRROR_LIMIT_SECS`] (the holder is
+//!   killed by `SIGALRM` past it, files not reached yet keep their old
+//!   version); on the graceful path the host waits for the holder's exit,
+//!   so nothing races the copy. Not survived: the machine's own crash or
+//!   power loss (the tmpfs is memory), or the holder killed together with
+//!   the host (a whole cgroup or process group killed at once).
 //!
 //! Why not the alternatives: a tmpfs in the kernel's own mount namespace
 //! dies with the kernel (a `SIGKILL` or OOM kill would lose the files
@@ -54,10 +69,12 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +91,20 @@ pub const BYTES_PER_INODE: u64 = 1024;
 
 /// Fewest inodes a workdir tmpfs allows.
 pub const MIN_INODES: u64 = 4096;
+
+/// Longest the holder's copy-out may take, in seconds (then `SIGALRM` ends
+/// it; the host waiting on the graceful path waits no longer). A tmpfs is
+/// at most `disk_mb` of memory, copied at disk speed: minutes are room for
+/// the operator's largest cap.
+pub const MIRROR_LIMIT_SECS: u32 = 300;
+
+/// The top-level name in the tmpfs the host stages its copy-in under
+/// (never copied out).
+pub const COPY_IN: &str = ".cellhost-copy-in";
+
+/// What the host writes on the holder's stdin to arm it (the tmpfs holds
+/// the workdir's files: copy them back when stdin closes).
+const KEEP_LINE: &[u8] = b"keep\n";
 
 /// The holder a kernel enters ([`crate::profile::InitSpec::workdir_disk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,11 +168,15 @@ pub struct HolderError {
 }
 
 /// A running holder: the session's workdir tmpfs. Dropping it closes the
-/// holder's stdin (it exits), kills it to be sure and reaps it.
+/// holder's stdin and reaps it: an armed holder ([`WorkdirDisk::keep`])
+/// copies the tmpfs back to disk first (waited for, at most
+/// [`MIRROR_LIMIT_SECS`]), one not armed is killed.
 #[derive(Debug)]
 pub struct WorkdirDisk {
     child: Child,
     stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    armed: bool,
     dir: PathBuf,
     bytes: u64,
     user: bool,
@@ -181,8 +216,9 @@ impl WorkdirDisk {
             let _ = child.wait();
             return Err(err("no stdout".into()));
         };
+        let mut out = BufReader::new(out);
         let mut line = String::new();
-        let read = BufReader::new(out).take_line(&mut line);
+        let read = out.read_line(&mut line).map(drop);
         let trimmed = line.trim();
         let user = match (read, trimmed) {
             (Ok(()), "ready user") => true,
@@ -202,6 +238,8 @@ impl WorkdirDisk {
         Ok(WorkdirDisk {
             child,
             stdin,
+            stdout: out,
+            armed: false,
             dir: dir.to_path_buf(),
             bytes,
             user,
@@ -243,24 +281,75 @@ impl WorkdirDisk {
     pub fn is_alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// Arms the holder: the tmpfs now holds the workdir's files, so from
+    /// here on the holder copies them back to the directory on disk when
+    /// its stdin closes — when the host retires it, and when the host dies.
+    /// Call it once the copy-in is complete (a holder not armed copies
+    /// nothing back: a partial copy-in never replaces the files on disk).
+    ///
+    /// # Errors
+    /// [`HolderError`]: the holder is gone (its stdin pipe is broken).
+    pub fn keep(&mut self) -> Result<(), HolderError> {
+        let done = match self.stdin.as_mut() {
+            Some(s) => s.write_all(KEEP_LINE).and_then(|()| s.flush()),
+            None => Err(std::io::Error::other("stdin already closed")),
+        };
+        done.map_err(|e| HolderError {
+            dir: self.dir.clone(),
+            reason: format!("cannot arm it: {e}"),
+        })?;
+        self.armed = true;
+        Ok(())
+    }
+
+    /// Ends the holder: closes its stdin, waits for its copy-out (armed) and
+    /// its exit, and reaps it. Blocking, at most [`MIRROR_LIMIT_SECS`].
+    ///
+    /// # Errors
+    /// [`HolderError`]: the copy-out left entries out (their old versions
+    /// stay on disk; the holder's count and first failure in the reason),
+    /// ran past its time, or the holder died otherwise.
+    pub fn finish(mut self) -> Result<(), HolderError> {
+        drop(self.stdin.take());
+        if !self.armed {
+            let _ = self.child.kill();
+        }
+        let mut line = String::new();
+        let said = self.stdout.read_line(&mut line);
+        let status = self.child.wait();
+        let err = |reason: String| HolderError {
+            dir: self.dir.clone(),
+            reason,
+        };
+        if !self.armed {
+            return Ok(());
+        }
+        let line = line.trim();
+        match status {
+            Ok(st) if st.success() && line.starts_with("done") => Ok(()),
+            Ok(_) if line.starts_with("error: ") => Err(err(line.trim_start_matches("error: ").to_string())),
+            Ok(st) if st.signal() == Some(libc::SIGALRM) => Err(err(format!(
+                "copying the tmpfs back took longer than {MIRROR_LIMIT_SECS} s: files not reached keep their old version"
+            ))),
+            Ok(st) => Err(err(format!(
+                "the holder ended ({st}) before it said its copy-out was done{}",
+                said.err().map(|e| format!(": {e}")).unwrap_or_default()
+            ))),
+            Err(e) => Err(err(format!("cannot reap the holder: {e}"))),
+        }
+    }
 }
 
 impl Drop for WorkdirDisk {
     fn drop(&mut self) {
         drop(self.stdin.take());
-        let _ = self.child.kill();
+        if !self.armed {
+            let _ = self.child.kill();
+        }
+        // An armed holder copies its tmpfs back and exits (bounded by its
+        // own alarm); a finished one is reaped already.
         let _ = self.child.wait();
-    }
-}
-
-/// One line read, without taking more than the line from the pipe.
-trait TakeLine {
-    fn take_line(self, line: &mut String) -> std::io::Result<()>;
-}
-
-impl<R: std::io::Read> TakeLine for BufReader<R> {
-    fn take_line(mut self, line: &mut String) -> std::io::Result<()> {
-        self.read_line(line).map(drop)
     }
 }
 
@@ -274,8 +363,10 @@ pub fn tmpfs_options(bytes: u64, mode: u32, uid: u32, gid: u32) -> String {
     )
 }
 
-/// The holder's body: its own namespaces, the tmpfs over `--dir`, `ready`
-/// (or `error: …`) on stdout, then a wait for its stdin to close.
+/// The holder's body: a descriptor of `--dir` on disk, its own namespaces,
+/// the tmpfs over `--dir`, `ready` (or `error: …`) on stdout, then a wait
+/// for its stdin to close; armed (a line came first), the copy-out, `done
+/// …` or `error: …` on stdout.
 fn holder_main(args: &[OsString]) -> ! {
     let sys = crate::sys::Linux;
     let say = |line: &str| {
@@ -302,6 +393,25 @@ fn holder_main(args: &[OsString]) -> ! {
     }
     let (Some(dir), Some(bytes)) = (dir, bytes) else {
         fail("usage: __cellhost-disk-holder --bytes N --dir PATH".into())
+    };
+    // SAFETY: setting a signal's disposition to SIG_IGN runs no handler;
+    // the holder writes its last line to a host that may be gone (EPIPE,
+    // not death, then).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    // The directory on disk, before anything covers it: the copy-out's
+    // destination.
+    let on_disk = match rustix::fs::open(
+        &dir,
+        rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::DIRECTORY
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => fail(format!("{}: {e}", dir.display())),
     };
     let (uid, gid) = (sys.geteuid(), sys.getegid());
     let user = uid != 0;
@@ -341,16 +451,47 @@ fn holder_main(args: &[OsString]) -> ! {
     ) {
         fail(format!("cannot mount a tmpfs on {}: {e}", dir.display()));
     }
+    let tmpfs = match rustix::fs::open(
+        &dir,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(e) => fail(format!("cannot open the tmpfs on {}: {e}", dir.display())),
+    };
     say(if user { "ready user" } else { "ready" });
-    // Until the host closes our stdin (or dies): then the mount goes with
-    // this namespace (kernels still in their copies keep theirs until they
-    // end).
+    // Until the host closes our stdin (or dies): then, armed, the files go
+    // back to disk, and the mount goes with this namespace (kernels still in
+    // their copies keep theirs until they end).
     let mut buf = [0u8; 64];
+    let mut armed = false;
     loop {
         match rustix::io::read(rustix::stdio::stdin(), &mut buf) {
             Err(rustix::io::Errno::INTR) => continue,
-            Ok(0) | Err(_) => std::process::exit(0),
-            Ok(_) => {}
+            Ok(0) | Err(_) => break,
+            Ok(_) => armed = true,
+        }
+    }
+    if !armed {
+        std::process::exit(0);
+    }
+    // SAFETY: alarm(2) only schedules SIGALRM, whose default action ends
+    // the process: the copy-out's bound.
+    unsafe {
+        libc::alarm(MIRROR_LIMIT_SECS);
+    }
+    let m = crate::workdir_mirror::mirror(tmpfs.as_fd(), on_disk.as_fd(), &[std::ffi::OsStr::new(COPY_IN)]);
+    match &m.first_error {
+        None => {
+            say(&format!("done {} files {} bytes", m.files, m.bytes));
+            std::process::exit(0)
+        }
+        Some(first) => {
+            say(&format!(
+                "error: {} entries not copied back (their old versions kept), first {first}",
+                m.errors
+            ));
+            std::process::exit(75)
         }
     }
 }

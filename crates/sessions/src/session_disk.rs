@@ -15,21 +15,22 @@
 //!
 //! The workdir's files on disk are copied into the tmpfs when the holder
 //! starts (a workdir holding more than the cap keeps the accounting
-//! instead) and the tmpfs's files replace them when the holder is retired:
-//! a copy made beside the directory, then swapped in with two renames.
+//! instead), then the holder is armed: from then on the holder itself
+//! copies the tmpfs's files back into the directory on disk when it ends —
+//! when the host retires it ([`retire`]: the session's end, the host's
+//! shutdown, waited for) and equally when the host dies (`SIGKILL`, a
+//! crash), file by file, each renamed over its old version
+//! ([`cellhost_sandbox::workdir_mirror`]).
 
-use std::ffi::OsStr;
 use std::path::Path;
 
-use cellhost_sandbox::workdir_disk::{DiskPlan, WorkdirDisk};
+use cellhost_sandbox::workdir_disk::{COPY_IN, DiskPlan, WorkdirDisk};
 
 use crate::workdir_copy::{CopyError, copy_tree};
 
-/// Where the tmpfs's files are first copied, inside the tmpfs.
-const COPY_IN: &str = ".cellhost-copy-in";
-
-/// Starts a holder for `dir` with a cap of `bytes` and copies `dir`'s files
-/// into it. Blocking (run it off the async threads).
+/// Starts a holder for `dir` with a cap of `bytes`, copies `dir`'s files
+/// into it and arms it (it copies them back when it ends). Blocking (run it
+/// off the async threads).
 ///
 /// # Errors
 /// Why there is no mount, as the `disk` layer's reason.
@@ -56,49 +57,19 @@ pub(crate) fn start(program: &Path, dir: &Path, bytes: u64) -> Result<WorkdirDis
         std::fs::remove_dir(&staged)
     })();
     moved.map_err(|e| format!("placing the workdir's files in its tmpfs failed: {e}"))?;
+    let mut holder = holder;
+    holder.keep().map_err(|e| e.to_string())?;
     Ok(holder)
 }
 
-/// Gives the tmpfs's files back to the directory on disk: copied beside
-/// it, then swapped in; the holder ends after. Blocking.
+/// Gives the tmpfs's files back to the directory on disk: the holder's
+/// copy-out, waited for, then the holder reaped. Blocking.
 ///
 /// # Errors
-/// The copy failed (the directory on disk keeps the files it had).
+/// Entries the copy-out left out (their old versions stay on disk), or
+/// the holder ending otherwise.
 pub(crate) fn retire(holder: WorkdirDisk) -> Result<(), String> {
-    let dir = holder.dir().to_path_buf();
-    let view = holder.view();
-    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
-        return Err(format!("{}: no parent directory", dir.display()));
-    };
-    let mut b = [0u8; 8];
-    let _ = getrandom::fill(&mut b);
-    let tag = format!("{:016x}", u64::from_le_bytes(b));
-    let side = |what: &str| {
-        let mut n = std::ffi::OsString::from(".");
-        n.push(name);
-        n.push(format!(".cellhost-{what}-{tag}"));
-        parent.join(n)
-    };
-    let (fresh, old) = (side("out"), side("old"));
-    copy_tree(&view, &fresh, &[] as &[&OsStr], None).map_err(|e| e.to_string())?;
-    drop(holder);
-    if let Ok(m) = std::fs::metadata(&dir) {
-        let _ = std::fs::set_permissions(&fresh, m.permissions());
-    }
-    let swapped = std::fs::rename(&dir, &old).and_then(|()| std::fs::rename(&fresh, &dir));
-    if let Err(e) = swapped {
-        // The directory on disk is put back as it was.
-        if !dir.exists() {
-            let _ = std::fs::rename(&old, &dir);
-        }
-        let _ = std::fs::remove_dir_all(&fresh);
-        return Err(format!(
-            "swapping the tmpfs's files into {} failed: {e}",
-            dir.display()
-        ));
-    }
-    let _ = std::fs::remove_dir_all(&old);
-    Ok(())
+    holder.finish().map_err(|e| e.to_string())
 }
 
 /// Why a session with a cap gets no mount, when that is already known from

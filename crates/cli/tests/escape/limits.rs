@@ -10,6 +10,8 @@
 //! has no cgroup to set memory or process limits in, a session asking for
 //! them is refused (`kernel_failed`), never started without them.
 
+use std::os::unix::ffi::OsStrExt;
+
 use serde_json::{Value, json};
 
 use crate::common::{self, Env, text};
@@ -252,6 +254,113 @@ open('after.bin', 'wb').write(b'1' * (4 << 20))",
             "holder {pid} outlived the server"
         );
     }
+}
+
+/// The `--dir` of holder `pid` (the session's workdir on disk).
+fn holder_dir(pid: u32) -> std::path::PathBuf {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("holder cmdline");
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let at = args.iter().position(|a| *a == b"--dir").expect("--dir");
+    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(args[at + 1]))
+}
+
+/// Blocks until process `pid` (not our child) has exited: its pidfd
+/// becomes readable. The bound only keeps a broken holder from hanging the
+/// suite.
+fn wait_exit(pidfd: &std::os::fd::OwnedFd) {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let guard = Timespec {
+        tv_sec: 600,
+        tv_nsec: 0,
+    };
+    loop {
+        match poll(&mut fds, Some(&guard)) {
+            Ok(0) => panic!("the holder did not exit"),
+            Ok(_) => return,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => panic!("poll: {e}"),
+        }
+    }
+}
+
+/// A host killed with `SIGKILL` loses none of what a `disk_mb` session's
+/// cells wrote: the workdir's holder, its stdin closed by the host's death,
+/// copies the tmpfs back into the directory on disk before it exits —
+/// byte-exact, sub-directories too, a symbolic link kept as a link (one
+/// to `/etc/passwd` neither followed nor written through) (as root, and as
+/// the unprivileged user of `scripts/escape-nonroot.sh`).
+#[test]
+fn disk_mb_files_survive_the_host_sigkill() {
+    let (mut serve, _cfg) = serve_with_limits();
+    let passwd = std::fs::read("/etc/passwd").expect("/etc/passwd");
+    let a = create(&serve, &json!({"name": "dkill", "limits": {"disk_mb": 8}}));
+    assert_eq!(a.status, 201, "{a:?}");
+    let v = execute(
+        &serve,
+        "dkill",
+        "import os
+os.makedirs('sub/deep')
+open('all.bin', 'wb').write(bytes(range(256)) * 4096)
+open('sub/deep/note.txt', 'w').write('written before the host died\\n')
+os.symlink('/etc/passwd', 'pw')
+os.symlink('/etc', 'etcdir')
+print(sorted(os.listdir('.')))",
+    );
+    assert_eq!(v["status"], "ok", "{v}");
+    let enforced: Vec<&str> = v["kernel"]["sandbox"]["enforced"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(enforced.contains(&"disk"), "the disk layer is in force: {v}");
+    let holders = holders_of(serve.pid());
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    let holder = holders[0];
+    let dir = holder_dir(holder);
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(holder as i32).expect("pid"),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .expect("pidfd_open");
+    // Before the host dies, the directory on disk does not have the files.
+    assert!(!dir.join("all.bin").exists(), "{}", dir.display());
+
+    serve.kill_now();
+    wait_exit(&pidfd);
+
+    let all = std::fs::read(dir.join("all.bin")).expect("all.bin on disk");
+    assert_eq!(all.len(), 256 * 4096);
+    assert!(
+        all.chunks(256).all(|c| c.iter().copied().eq(0..=255u8)),
+        "byte-exact"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("sub/deep/note.txt")).expect("note"),
+        "written before the host died\n"
+    );
+    for (link, target) in [("pw", "/etc/passwd"), ("etcdir", "/etc")] {
+        let m = std::fs::symlink_metadata(dir.join(link)).expect("link on disk");
+        assert!(m.file_type().is_symlink(), "{link}: {m:?}");
+        assert_eq!(
+            std::fs::read_link(dir.join(link)).expect("readlink"),
+            std::path::Path::new(target)
+        );
+    }
+    assert_eq!(
+        std::fs::read("/etc/passwd").expect("/etc/passwd"),
+        passwd,
+        "/etc/passwd untouched"
+    );
+    for f in ["all.bin", "note.txt", "deep"] {
+        assert!(!std::path::Path::new("/etc").join(f).exists(), "/etc/{f} written");
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .expect("workdir")
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with(".cellhost-"))
+        .collect();
+    assert!(left.is_empty(), "temporary names left: {left:?}");
 }
 
 /// HTTP: disk cap, deadline and seccomp need no cgroup: each hit is its
