@@ -238,3 +238,81 @@ async fn disk_mb_with_the_sandbox_off_names_the_missing_mount() {
     assert_eq!(reg.disk_holder(&key), None, "no holder without a sandbox");
     reg.shutdown().await;
 }
+
+/// The holder puts back exactly the tmpfs's tree when the session is
+/// disposed — a file the cell removed is gone from the directory on disk,
+/// a new one is there, a link stays a link — and a holder whose copy-in
+/// failed (the workdir already over the cap) never touches the directory
+/// on disk: its files stay as they were, the cap becomes accounting only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disk_mb_copy_back_mirrors_the_tmpfs_and_a_failed_copy_in_keeps_the_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let template = cellhost_kernel::KernelConfig::new(python(), dir.path().join("unused"));
+    let mut cfg = RegistryConfig::new(dir.path().join("state"), template);
+    cfg.pool_size = 0;
+    cfg.session_workdirs = Some(dir.path().join("work"));
+    let reg = Registry::start(cfg, None).await.expect("registry");
+    let spec = |name: &str| SessionSpec {
+        limits: SessionLimits {
+            disk_mb: Some(4),
+            ..Default::default()
+        },
+        ..SessionSpec::new("o", name)
+    };
+
+    // Mirrored: removed, added, replaced, a link kept as a link.
+    let key = spec("mirror").key(&reg).expect("key");
+    let wd = reg.workdir(&key).expect("workdir");
+    std::fs::create_dir_all(wd.join("olddir")).expect("workdir");
+    std::fs::write(wd.join("old.txt"), b"old").expect("old");
+    std::fs::write(wd.join("olddir/x"), b"x").expect("x");
+    std::fs::write(wd.join("kept.txt"), b"v1").expect("kept");
+    let r = run(
+        &reg,
+        spec("mirror"),
+        "import os, shutil
+print(open('old.txt').read())
+os.remove('old.txt')
+shutil.rmtree('olddir')
+open('kept.txt', 'w').write('v2')
+open('new.bin', 'wb').write(bytes(range(256)))
+os.symlink('kept.txt', 'ln')",
+    )
+    .await;
+    assert_eq!(r.status, cellhost_kernel::CellStatus::Ok, "{r:?}");
+    assert_eq!(r.stdout, "old\n", "the copy-in: {r:?}");
+    assert!(reg.disk_holder(&key).is_some(), "a holder");
+    reg.dispose(&key).await;
+    assert!(!wd.join("old.txt").exists() && !wd.join("olddir").exists());
+    assert_eq!(std::fs::read(wd.join("kept.txt")).expect("kept"), b"v2");
+    assert_eq!(
+        std::fs::read(wd.join("new.bin")).expect("new"),
+        (0..=255u8).collect::<Vec<u8>>()
+    );
+    assert_eq!(
+        std::fs::read_link(wd.join("ln")).expect("link"),
+        std::path::Path::new("kept.txt")
+    );
+
+    // Over the cap already: no mount, and the files on disk untouched.
+    let key = spec("over").key(&reg).expect("key");
+    let wd = reg.workdir(&key).expect("workdir");
+    std::fs::create_dir_all(&wd).expect("workdir");
+    std::fs::write(wd.join("big.bin"), vec![7u8; 5 << 20]).expect("big");
+    std::fs::write(wd.join("small.txt"), b"small").expect("small");
+    let r = run(&reg, spec("over"), "print(sorted(__import__('os').listdir('.')))").await;
+    assert!(
+        r.kernel
+            .sandbox
+            .reasons
+            .get("disk")
+            .is_some_and(|w| w.contains("more than the cap")),
+        "{:?}",
+        r.kernel.sandbox
+    );
+    assert_eq!(reg.disk_holder(&key), None);
+    reg.dispose(&key).await;
+    assert_eq!(std::fs::metadata(wd.join("big.bin")).expect("big").len(), 5 << 20);
+    assert_eq!(std::fs::read(wd.join("small.txt")).expect("small"), b"small");
+    reg.shutdown().await;
+}
