@@ -2,8 +2,8 @@
 //! on a size-limited tmpfs held by a process of its own
 //! ([`cellhost_sandbox::workdir_disk`]), started with the session's first
 //! cold kernel and kept across its kernels (restarts, crashes, OOM kills,
-//! idle reaps), and given back to the directory on disk when the session
-//! ends or the host shuts down.
+//! idle reaps), and given back to the directory on disk by the holder when
+//! the session ends, the host shuts down or the host dies.
 //!
 //! A session gets one when it has a cap, a sandbox (mode auto or enforce),
 //! a local kernel and a workdir of the registry's own (its directory under
