@@ -208,7 +208,14 @@ impl KernelConfig {
         })
     }
 
-    pub(crate) fn launcher_path(&self) -> Result<PathBuf, KernelError> {
+    /// The binary that implements the kernel init (and the other hidden
+    /// subcommands of [`cellhost_sandbox`], such as the workdir holder):
+    /// [`KernelConfig::launcher`], else `CELLHOST_LAUNCHER`, else the
+    /// running executable.
+    ///
+    /// # Errors
+    /// [`KernelError::Io`] when the running executable cannot be named.
+    pub fn launcher_path(&self) -> Result<PathBuf, KernelError> {
         if let Some(p) = &self.launcher {
             return Ok(p.clone());
         }

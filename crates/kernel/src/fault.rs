@@ -10,9 +10,10 @@
 //!   cell (`pids.events` `max`);
 //! - `seccomp`: the worker died of `SIGSYS`, the signal a seccomp filter's
 //!   kill and trap actions raise;
-//! - `disk`: the cell's error is the system's "no space" (`ENOSPC`), "quota
-//!   exceeded" (`EDQUOT`) or "file too large" (`EFBIG`, the `RLIMIT_FSIZE`
-//!   a session's `disk_mb` sets; a child process it killed with `SIGXFSZ`)
+//! - `disk`: the cell's error is the system's "no space" (`ENOSPC`: the
+//!   session's workdir tmpfs full at `disk_mb`, in total), "quota exceeded"
+//!   (`EDQUOT`) or "file too large" (`EFBIG`, the `RLIMIT_FSIZE` a
+//!   session's `disk_mb` sets; a child process it killed with `SIGXFSZ`)
 //!   — the error the cell's own write got (a cell can only claim a disk
 //!   fault for itself);
 //! - `timeout`: the cell passed its deadline.

@@ -260,6 +260,11 @@ fn keep_early(early: &mut [Vec<u8>; 2], stream: Stream, bytes: &[u8]) {
 fn sandbox_status(mode: SandboxMode, launch: &Launch, frame: Option<Vec<SandboxLayer>>) -> SandboxStatus {
     let mut sandbox = SandboxStatus::off();
     if !launch.sandboxed {
+        // A session's disk cap without its mount is named even with the
+        // sandbox off (the host's accounting only).
+        sandbox
+            .layers
+            .extend(launch.host_layers.iter().filter(|l| l.name == "disk").cloned());
         return sandbox;
     }
     sandbox.mode = mode;

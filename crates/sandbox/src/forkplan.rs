@@ -323,6 +323,7 @@ mod tests {
             hidden: Vec::new(),
             cgroup_views: Vec::new(),
             egress_port: None,
+            workdir_disk: None,
         }
     }
 

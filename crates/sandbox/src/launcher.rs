@@ -195,6 +195,7 @@ pub fn run_if_requested() {
 }
 
 fn dispatch(args: &[OsString]) {
+    crate::workdir_disk::dispatch(args);
     if args.get(1).is_some_and(|a| a == INIT_ARG) {
         init_main(&args[2..]);
     }

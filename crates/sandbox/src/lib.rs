@@ -17,6 +17,8 @@
 //! * [`steps`]: the confinement steps as one ordered list, for the cold
 //!   and the forked path; [`sys`]: the privileged calls they make, behind
 //!   the [`sys::Sys`] trait (the real one, and a recording one for tests).
+//! * [`workdir_disk`]: a session's workdir on a size-limited tmpfs held
+//!   by a process of its own, which the session's kernels enter (`disk_mb`).
 //!
 //! This is the only crate of cellhost with `unsafe` code; every block has a
 //! `// SAFETY:` line.
@@ -36,6 +38,8 @@ pub mod rootfs;
 pub mod signal;
 pub mod steps;
 pub mod sys;
+pub mod workdir_disk;
+pub mod workdir_mirror;
 
 #[cfg(feature = "ctor-launcher")]
 mod ctor_hook {

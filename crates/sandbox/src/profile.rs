@@ -132,6 +132,10 @@ pub struct SandboxProfile {
     /// ([`WEAK_LAYERS`]); config key `allow_weak_sandbox`.
     #[serde(default)]
     pub allow_weak: bool,
+    /// The session's disk cap (`disk_mb`) as a mount or as accounting
+    /// only ([`crate::workdir_disk`]); `None`: no cap.
+    #[serde(default)]
+    pub disk: Option<crate::workdir_disk::DiskPlan>,
 }
 
 /// The layers without which mode `auto` refuses a kernel unless the
@@ -159,6 +163,7 @@ impl Default for SandboxProfile {
             disable: Vec::new(),
             hidden: Vec::new(),
             allow_weak: false,
+            disk: None,
         }
     }
 }
@@ -258,6 +263,11 @@ pub struct InitSpec {
     /// hands to the host ([`crate::egress`]); `None`: no listener.
     #[serde(default)]
     pub egress_port: Option<u16>,
+    /// The session's workdir holder to enter before the namespaces are
+    /// unshared ([`crate::workdir_disk::enter`]): the workdir is its
+    /// size-limited tmpfs. `None`: the workdir is the host's directory.
+    #[serde(default)]
+    pub workdir_disk: Option<crate::workdir_disk::HolderNs>,
 }
 
 /// One of the kernel's cgroup directories and where the kernel sees it.
@@ -474,6 +484,7 @@ mod tests {
             hidden: vec!["/run/user/0".into()],
             cgroup_views: Vec::new(),
             egress_port: None,
+            workdir_disk: None,
         };
         let text = serde_json::to_string(&spec).expect("json");
         assert_eq!(serde_json::from_str::<InitSpec>(&text).expect("parse"), spec);

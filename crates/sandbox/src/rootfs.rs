@@ -539,6 +539,7 @@ mod tests {
             hidden: vec!["/usr".into()],
             cgroup_views: Vec::new(),
             egress_port: None,
+            workdir_disk: None,
         }
     }
 

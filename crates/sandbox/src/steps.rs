@@ -150,6 +150,11 @@ impl<'a> Confinement<'a> {
                 self.layers.push(l);
             }
             Step::Namespaces => {
+                // The session's workdir tmpfs: the namespaces unshared next
+                // are made from its holder's.
+                if let Some(h) = &spec.workdir_disk {
+                    self.layers.push(crate::workdir_disk::enter(sys, h));
+                }
                 let l = confine::unshare_namespaces(sys, spec.network, &spec.disable);
                 self.layers.extend(l);
             }

@@ -22,6 +22,7 @@ fn spec(mode: SandboxMode) -> InitSpec {
         hidden: Vec::new(),
         cgroup_views: Vec::new(),
         egress_port: None,
+        workdir_disk: None,
     }
 }
 

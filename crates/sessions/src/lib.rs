@@ -24,6 +24,7 @@ pub mod pool;
 pub mod registry;
 pub mod replay;
 pub mod requests;
+pub(crate) mod session_disk;
 pub mod session_env;
 pub mod templates;
 pub mod tools;

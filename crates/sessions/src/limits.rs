@@ -35,20 +35,33 @@
 //!   process tree. A value the session asked for (request, rule or default
 //!   table) must be in force: a host that cannot set it refuses the kernel
 //!   (`kernel_failed`), never starts it unlimited.
-//! - `disk_mb`: `RLIMIT_FSIZE` of the kernel's processes (no file a cell
-//!   writes grows past the cap: the write fails with `EFBIG`, which CPython
-//!   reports as `OSError: [Errno 27] File too large`), the spill files of its
+//! - `disk_mb`: the workdir **in total**, by a mount: the session's
+//!   workdir is a tmpfs of the cap's size (`size=<disk_mb>m`, inodes
+//!   bounded too) held by a process of the session's own, which its cold
+//!   kernels enter before they make their namespaces
+//!   ([`cellhost_sandbox::workdir_disk`], [`crate::session_disk`]): a cell
+//!   writing past the sum gets `ENOSPC` (`OSError: [Errno 28] No space left
+//!   on device`, fault `disk`), whatever the number of files. The holder
+//!   outlives the session's kernels (a restart, crash, OOM kill or
+//!   `SIGKILL` of a kernel loses no file), the host's files routes reach the
+//!   tmpfs through `/proc/<holder>/root` (still resolved beneath the workdir
+//!   with `openat2`), and the files go back to the directory on disk when
+//!   the session ends or the host shuts down. It holds for root and non-root
+//!   hosts alike (a non-root holder owns a user namespace mapping only the
+//!   host's uid), with the sandbox in mode auto or enforce; the tmpfs's pages
+//!   are memory, charged to the writing kernel's cgroup (`memory_mb`).
+//!   Besides: `RLIMIT_FSIZE` of the kernel's processes (no one file past the
+//!   cap: `EFBIG`, `[Errno 27] File too large`), the spill files of its
 //!   streams (each at most the cap), and the host's own writes into the
 //!   workdir (`PUT …/files`, MCP `write_file`, `cp`), refused with
-//!   `disk_full` when the workdir would pass the cap. The cap is accounting,
-//!   not a mount: a size-limited tmpfs would have to live in the kernel's
-//!   mount namespace and die with it (a session's files are kept across its
-//!   kernels and read by the host's files routes after the kernel is gone),
-//!   and a loop-mounted image or a project quota needs root, while the same
-//!   rule must hold for root and non-root hosts. So the cap bounds each file
-//!   a cell writes and everything the host writes, not the sum of many files
-//!   a cell writes (a cell that writes many files under the cap each can
-//!   pass it; the host then refuses its own writes into that workdir).
+//!   `disk_full` when the workdir would pass the cap (also when the tmpfs
+//!   itself answers `ENOSPC`). Without the mount — sandbox off, no user
+//!   namespaces for a non-root host, a cwd the caller named (the caller's
+//!   directory is never swapped for a copy), a placement's kernel — the cap
+//!   is only that accounting (each file a cell writes, and everything the
+//!   host writes; with the sandbox off, which sets no rlimits, only what
+//!   the host writes), and the kernel's sandbox names layer `disk` as
+//!   missing, with the reason (also with the sandbox off).
 //! - `cell_timeout_s`: the kernel's default deadline for a cell (a call's
 //!   own `timeout_s` still applies to that call).
 //!
@@ -305,8 +318,9 @@ impl LimitsPolicy {
 /// Applies resolved limits to a kernel's configuration: asked values as
 /// limits that must be in force ([`KernelConfig::limits`]), ceilings in
 /// place of the sandbox profile's defaults, the disk cap as
-/// `RLIMIT_FSIZE` and the spill cap of each stream, the deadline as the
-/// kernel's default.
+/// `RLIMIT_FSIZE` and the spill cap of each stream (its mount is the
+/// registry's, [`crate::session_disk`]), the deadline as the kernel's
+/// default.
 pub(crate) fn apply_to_kernel(l: &ResolvedLimits, cfg: &mut KernelConfig) {
     let (a, c) = (&l.asked, &l.ceiling);
     let mib = |m: u64| m.saturating_mul(1 << 20);

@@ -358,6 +358,9 @@ struct SlotInner {
     /// The session's state was dropped on purpose (a restart, a kill of a
     /// paused session): its next kernel replays nothing.
     no_replay_next: bool,
+    /// The session's workdir tmpfs (`disk_mb`), kept across its kernels
+    /// ([`crate::session_disk`]).
+    disk: Option<cellhost_sandbox::workdir_disk::WorkdirDisk>,
 }
 
 struct Slot {
@@ -1029,6 +1032,109 @@ impl Registry {
             .or_else(|| self.session_workdir(key))
     }
 
+    /// Where the host reaches the files of the session's working directory:
+    /// the view of its workdir tmpfs when it has one (`disk_mb`,
+    /// [`crate::session_disk`]), else [`Registry::workdir`].
+    pub fn workdir_files(&self, key: &Key) -> Option<PathBuf> {
+        let view = self.slots.lock().ok().and_then(|s| {
+            s.get(key)
+                .and_then(|slot| slot.lock().disk.as_ref().map(|h| h.view()))
+        });
+        view.or_else(|| self.workdir(key))
+    }
+
+    /// The pid of the session's workdir holder, when it has one.
+    pub fn disk_holder(&self, key: &Key) -> Option<u32> {
+        self.slots.lock().ok().and_then(|s| {
+            s.get(key)
+                .and_then(|slot| slot.lock().disk.as_ref().map(|h| h.pid()))
+        })
+    }
+
+    /// Sets `cfg`'s disk plan for a cold kernel of `slot`: the session's
+    /// workdir tmpfs (started now, or the one its earlier kernels used),
+    /// or the accounting with why there is no mount.
+    async fn plan_disk(&self, slot: &Arc<Slot>, cfg: &mut KernelConfig) {
+        use cellhost_sandbox::workdir_disk::DiskPlan;
+        let bytes = self.slot_limits(slot).effective().disk_bytes();
+        let own_dir = {
+            let g = slot.lock();
+            g.fork_dir.is_some() || (slot.key.cwd.is_none() && self.session_workdir(&slot.key).is_some())
+        };
+        let reason = match bytes {
+            None => None,
+            Some(_) if cfg.sandbox.mode == SandboxMode::Off => Some(
+                "the sandbox is off: the cap is the host's accounting of its own writes (no mount, no file-size limit)"
+                    .to_string(),
+            ),
+            Some(_) if cfg.cwd.is_none() => Some(
+                "the session has no workdir of its own (no session_workdirs): \
+                 the cap is the host's accounting"
+                    .to_string(),
+            ),
+            Some(_) => crate::session_disk::no_mount_reason(cfg, own_dir),
+        };
+        let (Some(bytes), None, Some(dir)) = (bytes, &reason, cfg.cwd.clone()) else {
+            // No cap, or no mount: a holder of earlier limits goes.
+            let old = slot.lock().disk.take();
+            if let Some(h) = old {
+                self.retire_disk(h).await;
+            }
+            cfg.sandbox.disk = reason.map(crate::session_disk::accounting);
+            return;
+        };
+        let canon = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+        let old = {
+            let mut g = slot.lock();
+            if let Some(h) = g.disk.as_mut()
+                && h.is_alive()
+                && h.bytes() == bytes
+                && h.dir() == canon
+            {
+                cfg.sandbox.disk = Some(DiskPlan::Mounted(h.ns()));
+                return;
+            }
+            g.disk.take()
+        };
+        if let Some(h) = old {
+            self.retire_disk(h).await;
+        }
+        let program = match cfg.launcher_path() {
+            Ok(p) => p,
+            Err(e) => {
+                cfg.sandbox.disk = Some(crate::session_disk::accounting(e.to_string()));
+                return;
+            }
+        };
+        let started = tokio::task::spawn_blocking(move || crate::session_disk::start(&program, &dir, bytes))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        match started {
+            Ok(h) => {
+                cfg.sandbox.disk = Some(DiskPlan::Mounted(h.ns()));
+                slot.lock().disk = Some(h);
+            }
+            Err(reason) => {
+                tracing::warn!(
+                    "session {}: no workdir tmpfs for disk_mb: {reason}",
+                    slot.key.session
+                );
+                cfg.sandbox.disk = Some(crate::session_disk::accounting(reason));
+            }
+        }
+    }
+
+    /// Gives a workdir tmpfs's files back to the directory on disk and
+    /// ends its holder.
+    async fn retire_disk(&self, h: cellhost_sandbox::workdir_disk::WorkdirDisk) {
+        let dir = h.dir().display().to_string();
+        match tokio::task::spawn_blocking(move || crate::session_disk::retire(h)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("workdir {dir}: files of its tmpfs not kept: {e}"),
+            Err(e) => tracing::warn!("workdir {dir}: {e}"),
+        }
+    }
+
     /// The key and working directory of a fork `child` of `parent`: the
     /// parent's key under the new name (reached from where the parent is),
     /// working in the child's own directory under `session_workdirs` when
@@ -1432,6 +1538,7 @@ impl Registry {
                     })
                 })?;
         }
+        self.plan_disk(slot, &mut cfg).await;
         {
             let mut g = slot.lock();
             g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));
@@ -1877,8 +1984,10 @@ impl Registry {
 
     async fn kill_slots(&self, slots: Vec<Arc<Slot>>, why: &str) {
         let mut kills = Vec::new();
+        let mut disks = Vec::new();
         for s in slots {
             let mut g = s.lock();
+            disks.extend(g.disk.take());
             if let Some(k) = g.lineage.take() {
                 if let Some(j) = &self.journal {
                     j.kernel_ended(&s.key.owner, &s.key.session, g.lineage.generation(), why);
@@ -1892,6 +2001,10 @@ impl Registry {
             .collect();
         for f in futs {
             let _ = f.await;
+        }
+        // The kernels are gone: the workdir tmpfs's files go back to disk.
+        for d in disks {
+            self.retire_disk(d).await;
         }
     }
 

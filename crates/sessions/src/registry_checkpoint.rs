@@ -197,6 +197,11 @@ fn kernel_dirs(g: &super::SlotInner) -> Option<(PathBuf, PathBuf)> {
         Some((seen, real)) if *real == w => seen.clone(),
         _ => w.clone(),
     };
+    // The workdir is the session's tmpfs: the host reaches it through its
+    // holder.
+    if let Some(h) = &g.disk {
+        return Some((h.view(), k));
+    }
     Some((w, k))
 }
 

@@ -93,6 +93,8 @@ impl Templates {
         if !self.preload(cfg.runtime.name()).is_empty()
             && cfg.egress.is_none()
             && cfg.starter.is_none()
+            // A workdir tmpfs is entered by a cold kernel's init only.
+            && !matches!(cfg.sandbox.disk, Some(cellhost_sandbox::workdir_disk::DiskPlan::Mounted(_)))
             && cfg
                 .runtime
                 .template_argv(&cfg.python, std::path::Path::new(""))

@@ -81,6 +81,18 @@ impl Serve {
         serve
     }
 
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the server with `SIGKILL` (no shutdown of its own) and reaps
+    /// it; the state directory stays until the `Serve` is dropped.
+    pub fn kill_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// A new connection to the server.
     pub fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(&self.addr).expect("connect");

@@ -594,6 +594,12 @@ impl Prepared {
                 ),
             ));
         }
+        if let Some(cellhost_sandbox::workdir_disk::DiskPlan::Accounting { reason }) = &config.sandbox.disk {
+            // No mount behind the session's disk cap: the host's accounting
+            // and `RLIMIT_FSIZE` only, named as the missing layer (with the
+            // sandbox off too: the one layer such a kernel reports).
+            host_layers.push(LayerStatus::missing("disk", reason.clone()));
+        }
         let mut limits = config.limits.clone();
         let cgroup_off = sandboxed && config.sandbox.disable.iter().any(|d| d == "cgroup");
         if sandboxed && !cgroup_off {
@@ -783,6 +789,10 @@ fn init_spec(config: &KernelConfig, boot_dir: &Path, assets: Option<&Path>) -> I
         hidden: hidden_paths(config),
         cgroup_views: Vec::new(),
         egress_port: config.egress.as_ref().map(|_| cellhost_egress::PROXY_PORT),
+        workdir_disk: match &config.sandbox.disk {
+            Some(cellhost_sandbox::workdir_disk::DiskPlan::Mounted(h)) => Some(*h),
+            _ => None,
+        },
     }
 }
 

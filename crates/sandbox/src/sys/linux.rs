@@ -421,6 +421,18 @@ impl Sys for Linux {
     fn setsid(&self) -> io::Result<()> {
         rustix::process::setsid().map(drop).map_err(io::Error::from)
     }
+
+    fn setns_path(&self, path: &Path, nstype: libc::c_int) -> io::Result<()> {
+        use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+        use std::os::fd::AsFd;
+        let kind = match nstype {
+            libc::CLONE_NEWUSER => LinkNameSpaceType::User,
+            libc::CLONE_NEWNS => LinkNameSpaceType::Mount,
+            _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        };
+        let f = fs::File::open(path)?;
+        move_into_link_name_space(f.as_fd(), Some(kind)).map_err(io::Error::from)
+    }
 }
 
 /// The one-capability set of capability number `cap`.

@@ -152,6 +152,9 @@ pub trait Sys {
     fn getppid(&self) -> i32;
     /// `setsid`: a new session and process group led by this process.
     fn setsid(&self) -> io::Result<()>;
+    /// `setns` into the namespace file `path` (`/proc/<pid>/ns/<kind>`) of
+    /// type `nstype` (`CLONE_NEWUSER`, `CLONE_NEWNS`).
+    fn setns_path(&self, path: &Path, nstype: libc::c_int) -> io::Result<()>;
 }
 
 /// How far a Landlock ruleset took hold.

@@ -235,4 +235,8 @@ impl Sys for Record {
     fn setsid(&self) -> io::Result<()> {
         self.call("setsid", String::new())
     }
+
+    fn setns_path(&self, path: &Path, nstype: libc::c_int) -> io::Result<()> {
+        self.call("setns", format!("{} {nstype:#x}", path.display()))
+    }
 }

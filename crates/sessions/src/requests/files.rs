@@ -107,7 +107,7 @@ pub fn validate_path(path: &str, allow_root: bool) -> Result<PathBuf, RequestErr
 /// The session's workdir, open as a directory.
 fn open_workdir(reg: &Registry, spec: &SessionSpec) -> Result<(OwnedFd, PathBuf), RequestError> {
     let key = spec.key(reg)?;
-    let Some(dir) = reg.workdir(&key) else {
+    let Some(dir) = reg.workdir_files(&key) else {
         return Err(RequestError::bad_request(format!(
             "session {:?} has no working directory yet (run a cell first)",
             spec.session
@@ -367,6 +367,17 @@ impl WriteFileRequest {
             }
             if let Err(e) = file.write_all(&buf[..n]).await {
                 cleanup(&dir);
+                // The workdir's tmpfs is full (`disk_mb`): the cap, not a failure.
+                if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error())
+                    && let Some((cap, used)) = budget
+                {
+                    return Err(RequestError::DiskFull {
+                        path: shown,
+                        bytes: size,
+                        used,
+                        max_mb: cap >> 20,
+                    });
+                }
                 return Err(io_error(&shown, e));
             }
         }
@@ -377,6 +388,16 @@ impl WriteFileRequest {
         .await
         {
             cleanup(&dir);
+            if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error())
+                && let Some((cap, used)) = budget
+            {
+                return Err(RequestError::DiskFull {
+                    path: shown,
+                    bytes: size,
+                    used,
+                    max_mb: cap >> 20,
+                });
+            }
             return Err(io_error(&shown, e));
         }
         drop(file);

@@ -273,7 +273,7 @@ impl ForkRequest {
             });
         }
         let _ = std::fs::remove_dir(&child_dir);
-        let Some(parent_dir) = reg.workdir(&parent) else {
+        let Some(parent_dir) = reg.workdir_files(&parent) else {
             return Err(failed(&parent.session, "the session has no working directory"));
         };
         let pickle_reason = pickle_reason(reg, &parent, &kernel);
