@@ -551,7 +551,8 @@ export interface components {
             /**
              * @description A short stable cause when the worker's own exit status is not the
              *     story: `connection lost` (a remote kernel whose node agent's
-             *     connection broke).
+             *     connection broke), [`CRASH_NOT_STARTED`] (the worker died before it
+             *     took the cell: none of its code ran).
              */
             reason?: string | null;
             /**
@@ -581,6 +582,7 @@ export interface components {
              *     `bad_request`. The session keeps it.
              */
             placement?: string | null;
+            restore?: null | components["schemas"]["RestoreMode"];
             sandbox?: null | components["schemas"]["SandboxMode"];
         };
         /** @description One refused connection. */
@@ -1192,32 +1194,103 @@ export interface components {
              */
             total_ms: number;
         };
+        /** @description The cell at which a replay stopped. */
+        ReplayFailure: {
+            /** @description The original cell's id. */
+            cell: string;
+            /** @description The error (`Name: value`) or why it could not run. */
+            error: string;
+            /**
+             * Format: int64
+             * @description The original cell's execution_count.
+             */
+            execution_count: number;
+            /**
+             * @description How its replay ended (`error`, `interrupted` at the time bound,
+             *     `crashed`, …).
+             */
+            status: string;
+        };
+        /**
+         * @description What the replay of a lost kernel's journaled cells did: each `ok` cell of
+         *     that generation (after the restored checkpoint, if any) run again in
+         *     order as a silent cell (no outputs, no new execution_count), stopping at
+         *     the first that fails.
+         */
+        ReplayReport: {
+            /**
+             * @description The replay was cut by its bounds (config `restore.max_cells`,
+             *     `restore.timeout_s`): why; the cells not run are in `lost_cells`.
+             */
+            cut?: string | null;
+            failed?: null | components["schemas"]["ReplayFailure"];
+            /**
+             * Format: int64
+             * @description The generation whose cells were replayed.
+             */
+            from_generation: number;
+            /**
+             * Format: int64
+             * @description Wall time of the replay, milliseconds.
+             */
+            replay_ms: number;
+            /** @description Cells that ran again and ended `ok`, in order. */
+            replayed?: components["schemas"]["ReplayedCell"][];
+        };
+        /** @description A cell a replay ran again. */
+        ReplayedCell: {
+            /** @description The original cell's id. */
+            cell: string;
+            /**
+             * Format: int64
+             * @description Wall time of the replay of this cell, milliseconds.
+             */
+            duration_ms: number;
+            /**
+             * Format: int64
+             * @description The original cell's execution_count.
+             */
+            execution_count: number;
+        };
+        /**
+         * @description What happens after a session's kernel died unexpectedly.
+         * @enum {string}
+         */
+        RestoreMode: "checkpoint" | "replay" | "none";
         /** @description The state a new kernel of the session was given before this cell ran. */
         RestoredState: {
             /**
              * Format: int64
-             * @description When the checkpoint was taken, milliseconds since the Unix epoch.
+             * @description When the checkpoint was taken, milliseconds since the Unix epoch (0:
+             *     no checkpoint was restored).
              */
             checkpoint_ms: number;
             /** @description The restore failed (the namespace is empty): why. */
             error?: string | null;
             /**
              * Format: int64
-             * @description The checkpoint was taken after the cell of this execution_count;
-             *     the new kernel's next cell continues the count from it.
+             * @description The state is the one after the cell of this execution_count (the
+             *     checkpoint's, or the last replayed cell's); the new kernel's next
+             *     cell continues the count from it.
              */
             execution_count: number;
             /**
              * Format: int64
-             * @description The generation the checkpoint was taken in.
+             * @description The generation the checkpoint was taken in (for `replay`: the
+             *     generation whose cells were replayed).
              */
             from_generation: number;
             /** @description Names that were not saved or could not be loaded, and why. */
             lost?: components["schemas"]["LostName"][];
-            /** @description Cells that ran after the checkpoint: their effects are lost. */
+            /**
+             * @description Cells whose effects are lost: ones that ran after the checkpoint
+             *     (and were not replayed), did not end `ok`, or came after a replay
+             *     failed or was cut.
+             */
             lost_cells?: components["schemas"]["LostCell"][];
             /** @description Why the previous kernel is gone (`None` for a resume). */
             reason?: string | null;
+            replay?: null | components["schemas"]["ReplayReport"];
             /**
              * Format: int64
              * @description Wall time of the restore in the new kernel, milliseconds.
@@ -1227,7 +1300,11 @@ export interface components {
             restored?: string[];
             /** @description The session was paused and is resumed now (not lost). */
             resumed?: boolean;
-            /** @description Where the state came from: `checkpoint` (a namespace checkpoint). */
+            /**
+             * @description Where the state came from: `checkpoint` (a namespace checkpoint),
+             *     `replay` (the lost kernel's journaled cells run again) or
+             *     `checkpoint+replay` (the checkpoint, then the cells after it).
+             */
             source: string;
         };
         /** @description Answer of `POST /v1/notebooks/run`. */
@@ -1339,6 +1416,7 @@ export interface components {
             alive: boolean;
             /** @description A cell is running or queued (live kernels only). */
             busy?: boolean | null;
+            checkpoint?: null | components["schemas"]["CheckpointSummary"];
             /**
              * Format: int64
              * @description The session's kernel generation (1 for its first kernel).
@@ -1353,6 +1431,11 @@ export interface components {
             /** @description The name. */
             name: string;
             /**
+             * Format: int64
+             * @description When a paused session was paused, milliseconds since the Unix epoch.
+             */
+            paused_ms?: number | null;
+            /**
              * Format: int32
              * @description The worker's host pid.
              */
@@ -1362,6 +1445,13 @@ export interface components {
             python?: string | null;
             /** @description The sandbox mode of the session's kernels. */
             sandbox: components["schemas"]["SandboxMode"];
+            /**
+             * @description `live` (a kernel runs), `paused` (its kernel was checkpointed and
+             *     stopped by a pause, on this server or one before a restart; the
+             *     next `execute` resumes it) or `stopped` (no kernel; the next
+             *     `execute` starts one).
+             */
+            state: string;
         };
         /**
          * @description The limits of one session. Every field is optional: absent means "not
