@@ -211,6 +211,19 @@ def _identity(fd):
     return (st.st_dev, st.st_ino)
 
 
+def _start_time():
+    """This process's start time (``/proc/self/stat`` field 22), or None.
+    A process restored from a process checkpoint (CRIU) starts anew: its
+    start time changes, and so do the identities of the descriptors the
+    host handed it again."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            s = f.read()
+        return s[s.rindex(b")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class GuardedFd:
     """A descriptor the worker depends on (its control socket, the host's
     output pipes), kept at two high close-on-exec numbers. A cell that
@@ -219,7 +232,24 @@ class GuardedFd:
 
     def __init__(self, fd, low):
         self.ident = _identity(fd)
+        self.started = _start_time()
         self.fds = [_fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, low) for _ in range(2)]
+
+    def _restored(self):
+        """After a process restore (the start time changed), both copies
+        name the new file the host handed over: take its identity."""
+        now = _start_time()
+        if now is None or self.started is None or now == self.started:
+            return False
+        try:
+            idents = {_identity(f) for f in self.fds}
+        except OSError:
+            return False
+        if len(idents) != 1:
+            return False
+        self.ident = idents.pop()
+        self.started = now
+        return True
 
     def _ok(self, fd):
         try:
@@ -241,6 +271,8 @@ class GuardedFd:
                 if self._ok(f):
                     good = f
                     break
+        if good is None and self._restored():
+            good = self.fds[0]
         if good is None:
             raise OSError(9, "every copy of the descriptor was closed or replaced")
         for f in self.fds:

@@ -66,6 +66,17 @@ pub enum RegistryError {
         /// Why.
         message: String,
     },
+    /// A `process` checkpoint refused because of one layer of the
+    /// session's confinement that CRIU cannot restore exactly (`landlock`
+    /// for a sandboxed kernel, `cgroup` for one with limits): code
+    /// `checkpoint_unavailable`, with the layer.
+    #[error("{message}")]
+    CheckpointLayer {
+        /// The layer (`landlock`, `cgroup`).
+        layer: String,
+        /// Why, and what works instead.
+        message: String,
+    },
     /// The registry was shut down.
     #[error("the session registry is shut down")]
     ShutDown,
@@ -90,6 +101,7 @@ impl RegistryError {
             RegistryError::Full { .. } => "registry_full",
             RegistryError::Restore(_) => "restore",
             RegistryError::Checkpoint { code, .. } => code,
+            RegistryError::CheckpointLayer { .. } => "checkpoint_unavailable",
             RegistryError::ShutDown => "shut_down",
         }
     }
@@ -331,6 +343,10 @@ struct SlotInner {
     paused: Option<i64>,
     /// The generation the checkpoint was last restored into.
     restored_into: u64,
+    /// A generation whose kernel came from a process checkpoint: how the
+    /// `criu restore` went (its wall time, milliseconds, or why it failed
+    /// and a fresh kernel was started instead).
+    process_restore: Option<(u64, Result<u64, String>)>,
     /// What the restore of a generation brought back, for that
     /// generation's next result: (generation, note).
     restored_note: Option<(u64, RestoredState)>,
@@ -1284,6 +1300,10 @@ impl Registry {
             k.kill().await;
             let _ = vslot;
         }
+        if let Some(k) = self.restore_process_kernel(slot, generation).await {
+            return Ok(k);
+        }
+        let process_mode = self.effective_mode(slot) == CheckpointMode::Process;
         let workdir = self.session_workdir(&slot.key);
         // A pooled kernel's own directory becomes a new session's workdir;
         // a session that has one already gets a kernel started in it.
@@ -1292,6 +1312,7 @@ impl Registry {
         // kernel started for it, whose writable directory the host knows.
         let checkpointed = self.effective_mode(slot) != CheckpointMode::Off || slot.lock().paused.is_some();
         if self.poolable(slot)
+            && !process_mode
             && !(checkpointed && workdir.is_none())
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && crate::pool::overlay_is_empty(&overlay)
@@ -1383,7 +1404,13 @@ impl Registry {
             g.cwd_alias = None;
             g.ckpt_dir = None;
         }
-        let k = self.templates.spawn(cfg).await?;
+        // A session in `process` mode gets a kernel started cold (a forked
+        // one shares its template's descriptors, which CRIU cannot detach).
+        let k = if process_mode && cfg.starter.is_none() {
+            Kernel::spawn(cfg).await?
+        } else {
+            self.templates.spawn(cfg).await?
+        };
         self.spawned.fetch_add(1, Ordering::Relaxed);
         Ok(k)
     }

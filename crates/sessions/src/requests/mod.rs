@@ -527,6 +527,9 @@ impl RequestError {
             )) => {
                 v["layer"] = layer.clone().into();
             }
+            RequestError::Registry(RegistryError::CheckpointLayer { layer, .. }) => {
+                v["layer"] = layer.clone().into();
+            }
             RequestError::Registry(RegistryError::SandboxBelowFloor(b)) => {
                 v["requested"] = b.requested.as_str().into();
                 v["floor"] = b.floor.as_str().into();
