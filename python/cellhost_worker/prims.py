@@ -211,17 +211,26 @@ def _identity(fd):
     return (st.st_dev, st.st_ino)
 
 
-def _start_time():
-    """This process's start time (``/proc/self/stat`` field 22), or None.
-    A process restored from a process checkpoint (CRIU) starts anew: its
-    start time changes, and so do the identities of the descriptors the
-    host handed it again."""
+def _incarnation():
+    """This process's start time (``/proc/self/stat`` field 22) and time
+    namespace, or None. A process restored from a process checkpoint
+    (CRIU) starts anew in a new time namespace whose offsets may make its
+    start time read as before: one of the two changes, and so do the
+    identities of the descriptors the host handed it again."""
     try:
-        with open("/proc/self/stat", "rb") as f:
-            s = f.read()
-        return s[s.rindex(b")") + 2:].split()[19]
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            s = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        started = s[s.rindex(b")") + 2:].split()[19]
     except (OSError, ValueError, IndexError):
         return None
+    try:
+        timens = os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        timens = None
+    return (started, timens)
 
 
 class GuardedFd:
@@ -232,13 +241,13 @@ class GuardedFd:
 
     def __init__(self, fd, low):
         self.ident = _identity(fd)
-        self.started = _start_time()
+        self.started = _incarnation()
         self.fds = [_fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, low) for _ in range(2)]
 
     def _restored(self):
-        """After a process restore (the start time changed), both copies
+        """After a process restore (a new incarnation), both copies
         name the new file the host handed over: take its identity."""
-        now = _start_time()
+        now = _incarnation()
         if now is None or self.started is None or now == self.started:
             return False
         try:

@@ -223,9 +223,10 @@ impl LocalLink {
             pidfd,
             exit: None,
         };
+        let control_inode = restored.control_inode;
         let (mut link, launch) =
             LocalLink::attach(prep, init, restored.host_end, restored.stdout, restored.stderr)?;
-        link.control_inode = criu::inode_number(&meta.control);
+        link.control_inode = control_inode;
         link.replay = Some(WorkerFrame::Ready {
             pid: meta.ready_pid,
             python: meta.python_version.clone(),

@@ -108,11 +108,6 @@ pub(crate) fn check_channels(meta: &ProcessMeta) -> Result<(), String> {
     Ok(())
 }
 
-/// `socket:[N]` → `N` as a number.
-pub(crate) fn inode_number(name: &str) -> Option<u64> {
-    inode_of(name).parse().ok()
-}
-
 /// `socket:[N]` → `N`.
 fn inode_of(name: &str) -> &str {
     name.trim_start_matches(|c: char| c != '[')
@@ -201,6 +196,9 @@ pub(crate) struct Restored {
     pub host_end: std::os::unix::net::UnixStream,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// Inode of the restored tree's end of the new control socket (what
+    /// the next dump names).
+    pub control_inode: Option<u64>,
 }
 
 /// Restores the image in `dir`; the tree runs when this returns.
@@ -215,6 +213,7 @@ pub(crate) async fn restore(dir: &Path, meta: &ProcessMeta, timeout: Duration) -
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io("pipe", e.into()))?;
     let (err_r, err_w) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io("pipe", e.into()))?;
+    let control_inode = rustix::fs::fstat(&worker_end).ok().map(|st| st.st_ino);
     let _ = std::fs::remove_file(dir.join(PID_FILE));
     let mut cmd = std::process::Command::new(criu_binary());
     cmd.arg("restore")
@@ -257,6 +256,7 @@ pub(crate) async fn restore(dir: &Path, meta: &ProcessMeta, timeout: Duration) -
         host_end,
         stdout: out_r,
         stderr: err_r,
+        control_inode,
     })
 }
 
