@@ -11,6 +11,11 @@
 //!   `restored` (what came back, from when, what was lost).
 //! - A pause takes a checkpoint, stops the kernel (its memory freed) and
 //!   journals the pause; the next cell resumes the session.
+//! - In `process` mode the checkpoint is the kernel's whole tree dumped by
+//!   CRIU (on request and on pause, never after each cell), and the new
+//!   kernel of the next generation is that tree restored
+//!   (`restore_process_kernel`) instead of a fresh one; a failed restore
+//!   starts a fresh kernel and the note says why.
 
 use std::path::PathBuf;
 use std::sync::Arc;
