@@ -429,6 +429,10 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     );
     assert_eq!(r["restored"]["source"], "process", "{r}");
     assert_eq!(r["restored"]["resumed"], false, "{r}");
+    assert_eq!(
+        r["execution_count"], 2,
+        "the count goes on from the checkpoint's: {r}"
+    );
     assert!(r["restored"]["error"].is_null(), "{r}");
 
     // Pause: dumped and stopped, memory freed; the next cell resumes it.
@@ -438,6 +442,7 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     let r = s.exec("whole", "x += 1; x, next(g)");
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["result"]["text/plain"], "(42, 9)", "{r}");
+    assert_eq!(r["execution_count"], 3, "{r}");
     assert_eq!(r["restored"]["source"], "process", "{r}");
     assert_eq!(r["restored"]["resumed"], true, "{r}");
     s.stop();

@@ -798,9 +798,31 @@ impl Registry {
                     g.cwd_alias = None;
                     g.ckpt_dir = None;
                 }
-                Kernel::restore_process(cfg, &c.path)
-                    .await
-                    .map_err(|e| e.to_string())
+                match Kernel::restore_process(cfg, &c.path).await {
+                    Ok(k) => {
+                        // The host's count goes on from the restored
+                        // worker's (a silent cell answers it unchanged).
+                        let opts = ExecOptions {
+                            resume_count: Some(c.execution_count),
+                            ..self.silent()
+                        };
+                        match k.execute("None", opts).await {
+                            Ok(r) if r.status == CellStatus::Ok => Ok(k),
+                            Ok(r) => {
+                                k.kill().await;
+                                Err(format!(
+                                    "the restored kernel's first cell ended {}",
+                                    r.status.as_str()
+                                ))
+                            }
+                            Err(e) => {
+                                k.kill().await;
+                                Err(format!("the restored kernel does not answer: {e}"))
+                            }
+                        }
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
             }
         };
         let ms = started.elapsed().as_millis() as u64;
