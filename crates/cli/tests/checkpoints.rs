@@ -435,10 +435,19 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     );
     assert!(r["restored"]["error"].is_null(), "{r}");
 
-    // Pause: dumped and stopped, memory freed; the next cell resumes it.
+    // Pause: dumped and stopped, memory freed; after a restart of serve
+    // the next cell resumes it, as a child of the new host.
     let p = s.call("POST", "/v1/sessions/whole/pause", None);
     assert!(p["memory_freed_bytes"].as_u64().unwrap_or(0) > 0, "{p}");
     assert!(p["checkpoint"]["bytes"].as_u64().unwrap_or(0) > 0, "{p}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the paused kernel is gone"
+    );
+    s.stop();
+    let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "whole"})));
+    assert_eq!(made["name"], "whole", "{made}");
     let r = s.exec("whole", "x += 1; x, next(g)");
     assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(r["result"]["text/plain"], "(42, 9)", "{r}");
