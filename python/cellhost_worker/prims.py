@@ -280,8 +280,14 @@ class GuardedFd:
                 if self._ok(f):
                     good = f
                     break
-        if good is None and self._restored():
-            good = self.fds[0]
+        if good is None:
+            # After a process restore the identity is taken anew (by this
+            # thread, or by another one at the same time): look again.
+            self._restored()
+            for f in self.fds:
+                if self._ok(f):
+                    good = f
+                    break
         if good is None:
             raise OSError(9, "every copy of the descriptor was closed or replaced")
         for f in self.fds:

@@ -456,3 +456,37 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     assert_eq!(r["restored"]["resumed"], true, "{r}");
     s.stop();
 }
+
+#[test]
+fn an_evicted_process_session_comes_back_from_the_checkpoint_taken_before_eviction() {
+    let Some(dir) = ready() else { return };
+    if let Some(why) = criu_unusable() {
+        eprintln!("process checkpoints cannot run here ({why}): skipped");
+        return;
+    }
+    std::fs::write(
+        dir.path().join("config.toml"),
+        "pool_size = 0\nmax_live_kernels = 1\n",
+    )
+    .expect("config");
+    let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({"name": "ev1", "checkpoint": "process"})),
+    );
+    assert_eq!(made["name"], "ev1", "{made}");
+    let r = s.exec("ev1", "g = iter(range(100)); next(g); x = 7");
+    assert_eq!(r["status"], "ok", "{r}");
+    // A second session takes the only place: ev1 is dumped, then evicted.
+    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "ev2"})));
+    assert_eq!(made["name"], "ev2", "{made}");
+    let r = s.exec("ev2", "1 + 1");
+    assert_eq!(r["status"], "ok", "{r}");
+    let r = s.exec("ev1", "x, next(g)");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["result"]["text/plain"], "(7, 1)", "{r}");
+    assert_eq!(r["restored"]["source"], "process", "{r}");
+    assert!(r["restored"]["error"].is_null(), "{r}");
+    s.stop();
+}

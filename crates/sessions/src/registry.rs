@@ -1297,8 +1297,8 @@ impl Registry {
     async fn start_kernel(&self, slot: &Arc<Slot>, generation: u64) -> Result<Kernel, RegistryError> {
         let victim = self.make_room(slot)?;
         if let Some((k, vslot)) = victim {
+            self.process_checkpoint_before_stop(&vslot, &k).await;
             k.kill().await;
-            let _ = vslot;
         }
         if let Some(k) = self.restore_process_kernel(slot, generation).await {
             return Ok(k);
@@ -1497,11 +1497,12 @@ impl Registry {
                         "idle timeout",
                     );
                 }
-                victims.push(k);
+                victims.push((k, s.clone()));
             }
         }
         self.reaped.fetch_add(victims.len() as u64, Ordering::Relaxed);
-        for k in victims {
+        for (k, s) in victims {
+            self.process_checkpoint_before_stop(&s, &k).await;
             k.kill().await;
         }
     }

@@ -743,6 +743,31 @@ impl Registry {
         Ok(c)
     }
 
+    /// Before an idle kernel of a `process` session is stopped (evicted
+    /// to make room, or reaped after its idle timeout): a process
+    /// checkpoint, so the session's next cell gets it back. Skipped while
+    /// another checkpoint or a pause of the session runs; a failure is
+    /// logged (the kernel is stopped anyway).
+    pub(super) async fn process_checkpoint_before_stop(&self, slot: &Arc<Slot>, kernel: &Kernel) {
+        if self.effective_mode(slot) != CheckpointMode::Process || !kernel.is_alive() || kernel.is_busy() {
+            return;
+        }
+        let Ok(_busy) = slot.ckpt_busy.clone().try_lock_owned() else {
+            return;
+        };
+        let count = slot.lock().last_count;
+        let generation = kernel.info().generation;
+        if let Err(e) = self
+            .process_checkpoint(slot, kernel, generation, count, true)
+            .await
+        {
+            tracing::warn!(
+                "no process checkpoint of {} before its kernel stopped: {e}",
+                slot.key.session
+            );
+        }
+    }
+
     /// A pause of a `process` session: the kernel dumped (the caller stops
     /// it); its resident memory just before.
     async fn process_pause_dump(&self, slot: &Arc<Slot>) -> Result<Option<(Checkpoint, u64)>, RegistryError> {
@@ -810,9 +835,15 @@ impl Registry {
                             Ok(r) if r.status == CellStatus::Ok => Ok(k),
                             Ok(r) => {
                                 k.kill().await;
+                                let said = r
+                                    .background_output
+                                    .as_ref()
+                                    .map(|b| b.stderr.trim().to_string())
+                                    .unwrap_or_default();
                                 Err(format!(
-                                    "the restored kernel's first cell ended {}",
-                                    r.status.as_str()
+                                    "the restored kernel's first cell ended {}: {}",
+                                    r.status.as_str(),
+                                    said.chars().take(400).collect::<String>()
                                 ))
                             }
                             Err(e) => {
