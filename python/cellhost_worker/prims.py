@@ -211,6 +211,28 @@ def _identity(fd):
     return (st.st_dev, st.st_ino)
 
 
+def _incarnation():
+    """This process's start time (``/proc/self/stat`` field 22) and time
+    namespace, or None. A process restored from a process checkpoint
+    (CRIU) starts anew in a new time namespace whose offsets may make its
+    start time read as before: one of the two changes, and so do the
+    identities of the descriptors the host handed it again."""
+    try:
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            s = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        started = s[s.rindex(b")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        timens = os.stat("/proc/self/ns/time").st_ino
+    except OSError:
+        timens = None
+    return (started, timens)
+
+
 class GuardedFd:
     """A descriptor the worker depends on (its control socket, the host's
     output pipes), kept at two high close-on-exec numbers. A cell that
@@ -219,7 +241,24 @@ class GuardedFd:
 
     def __init__(self, fd, low):
         self.ident = _identity(fd)
+        self.started = _incarnation()
         self.fds = [_fcntl.fcntl(fd, _fcntl.F_DUPFD_CLOEXEC, low) for _ in range(2)]
+
+    def _restored(self):
+        """After a process restore (a new incarnation), both copies
+        name the new file the host handed over: take its identity."""
+        now = _incarnation()
+        if now is None or self.started is None or now == self.started:
+            return False
+        try:
+            idents = {_identity(f) for f in self.fds}
+        except OSError:
+            return False
+        if len(idents) != 1:
+            return False
+        self.ident = idents.pop()
+        self.started = now
+        return True
 
     def _ok(self, fd):
         try:
@@ -238,6 +277,14 @@ class GuardedFd:
                 break
         if good is None:
             for f in extra:
+                if self._ok(f):
+                    good = f
+                    break
+        if good is None:
+            # After a process restore the identity is taken anew (by this
+            # thread, or by another one at the same time): look again.
+            self._restored()
+            for f in self.fds:
                 if self._ok(f):
                     good = f
                     break

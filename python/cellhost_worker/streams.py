@@ -200,7 +200,9 @@ def _is_original(fd):
         st = os.fstat(fd)
     except OSError:
         return False
-    return (st.st_dev, st.st_ino) == _identity.get(fd)
+    saved = _saved.get(fd)
+    # The guarded copy's identity: it follows a process restore.
+    return saved is not None and (st.st_dev, st.st_ino) == saved.ident
 
 
 def save_original_fds():

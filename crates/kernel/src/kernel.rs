@@ -16,6 +16,7 @@ use crate::driver::{Command, Driver, QueuedCell, Shared};
 use crate::error::KernelError;
 use crate::handshake;
 use crate::link::local::LocalLink;
+use crate::link::local::criu::{self, ProcessMeta};
 use crate::link::{Launch, WorkerLink};
 use crate::result::CellResult;
 
@@ -24,6 +25,8 @@ struct Inner {
     info: KernelInfo,
     shared: Arc<Mutex<Shared>>,
     label: String,
+    /// What a process checkpoint needs (a local kernel that can be dumped).
+    process: Option<ProcessMeta>,
 }
 
 /// One running kernel. Cloning gives another handle to the same kernel;
@@ -89,6 +92,10 @@ impl Kernel {
             start.add_handshake(began.elapsed());
         }
         let ids = link.worker_ready(ready.pid, &ready.rings);
+        let process = ids.process.clone().map(|mut m| {
+            m.python_version = ready.version.clone();
+            m
+        });
         let info = KernelInfo {
             output_rings: ids.output_rings,
             session: config.session.clone(),
@@ -117,8 +124,71 @@ impl Kernel {
                 info,
                 shared,
                 label: launch.label,
+                process,
             }),
         })
+    }
+
+    /// Takes back a kernel a process checkpoint dumped into `dir`
+    /// ([`Kernel::dump_process`]): `criu restore` brings its whole tree back
+    /// (memory, threads, open files, the execution count) as a new child of
+    /// this host, with fresh channels; `config` (the session's next
+    /// generation, no sandbox, no cgroup limits) describes the kernel.
+    ///
+    /// # Errors
+    /// [`KernelError::Spawn`] when CRIU cannot restore the image (its log's
+    /// error lines); [`KernelError::InvalidRequest`] for a configuration
+    /// with a sandbox or limits; as [`Kernel::attach`].
+    pub async fn restore_process(config: KernelConfig, dir: &std::path::Path) -> Result<Kernel, KernelError> {
+        let (link, launch) = LocalLink::restore(&config, dir).await?;
+        Kernel::attach(config, link, launch).await
+    }
+
+    /// Why this kernel cannot be dumped by a process checkpoint (`None`:
+    /// it can): a remote kernel, one forked from a template, or one with
+    /// sandbox layers or cgroup limits.
+    pub fn process_checkpoint_refusal(&self) -> Option<String> {
+        if self.inner.process.is_some() {
+            return None;
+        }
+        let info = &self.inner.info;
+        Some(if info.placement.is_some() {
+            "process checkpoints are taken of local kernels only".into()
+        } else if info.template.is_some() {
+            "the kernel was forked from a template; process checkpoints are taken of kernels started cold"
+                .into()
+        } else if let Some(l) = info.sandbox.layers.iter().find(|l| l.enforced) {
+            format!(
+                "the kernel runs in a sandbox ({} and more); CRIU cannot restore its confinement exactly",
+                l.name
+            )
+        } else {
+            "the kernel runs in a cgroup with limits, which a process checkpoint does not carry".into()
+        })
+    }
+
+    /// Dumps this kernel's whole process tree (its init as the root) into
+    /// `dir`, an empty directory, with CRIU. With `leave_running` the
+    /// kernel goes on; otherwise CRIU kills the tree once the image is
+    /// complete (a pause). The caller makes sure no cell runs.
+    ///
+    /// # Errors
+    /// [`Kernel::process_checkpoint_refusal`]'s reason, or CRIU's error
+    /// lines when the dump fails (the kernel keeps running with
+    /// `leave_running`).
+    pub async fn dump_process(
+        &self,
+        dir: &std::path::Path,
+        leave_running: bool,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let Some(meta) = &self.inner.process else {
+            return Err(self.process_checkpoint_refusal().unwrap_or_default());
+        };
+        if !self.is_alive() {
+            return Err(format!("kernel {} is not running", self.inner.label));
+        }
+        criu::dump(meta, dir, leave_running, timeout).await
     }
 
     /// Facts about this kernel.

@@ -65,6 +65,7 @@ pub use kernel::{
     PlacementStart, Variables,
 };
 pub use lineage::Lineage;
+pub use link::local::criu;
 pub use restored::{LostCell, LostName, ReplayFailure, ReplayReport, ReplayedCell, RestoredState};
 pub use result::*;
 pub use runtime::python::{PythonRuntime, files as worker_files, resolve_python};

@@ -285,6 +285,7 @@ impl WorkerLink for RemoteLink {
             pid,
             init_pid,
             output_rings: Vec::new(),
+            process: None,
         }
     }
 

@@ -18,8 +18,11 @@
 //! The report each side prints (`CELLHOST-CHECKPOINT <json>`) is parsed as
 //! bounded JSON into typed fields.
 //!
-//! `process` checkpoints (CRIU) are refused with the reason this host cannot
-//! take them ([`process_unavailable`]).
+//! A `process` checkpoint is the whole kernel process tree dumped by CRIU
+//! into an image directory of the store (see
+//! [`cellhost_kernel::criu`]); it is taken only where
+//! [`process_available`] holds and only of kernels without a sandbox or
+//! cgroup limits (the registry refuses the rest, naming the layer).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -361,44 +364,70 @@ pub fn stage(from: &Path, to: &Path) -> std::io::Result<u64> {
     n
 }
 
-/// Why `process` checkpoints cannot be taken on this host: CRIU is not
-/// installed, or `criu check` fails (its own error lines), or the host
-/// lacks root / CAP_CHECKPOINT_RESTORE. Asked once per process.
-pub fn process_unavailable() -> String {
-    static WHY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// Removes a stored checkpoint: a file (`namespace`) or an image
+/// directory (`process`), never following a link.
+pub fn remove_stored(path: &Path) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let _ = std::fs::remove_dir_all(path);
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
+}
+
+/// Whether `process` checkpoints can be taken on this host: CRIU
+/// ([`cellhost_kernel::criu::criu_binary`]) runs and `criu check` passes,
+/// and the host runs as root. Asked once per process.
+///
+/// # Errors
+/// Why not: CRIU missing, `criu check`'s own error lines (with the
+/// kernel's release), or not root (CRIU's unprivileged mode needs
+/// CAP_CHECKPOINT_RESTORE and more, which cellhost does not set up).
+pub fn process_available() -> Result<(), String> {
+    static WHY: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     WHY.get_or_init(|| {
-        let out = match std::process::Command::new("criu")
+        let criu = cellhost_kernel::criu::criu_binary();
+        if !rustix::process::geteuid().is_root() {
+            return Err(format!(
+                "process checkpoints need root: CRIU ({}) dumps and restores a process tree as root; without it, \
+                 CAP_CHECKPOINT_RESTORE (with CAP_SYS_PTRACE) would be needed, which this host does not have",
+                criu.display()
+            ));
+        }
+        let out = match std::process::Command::new(&criu)
             .arg("check")
             .stdin(std::process::Stdio::null())
             .output()
         {
             Ok(o) => o,
             Err(e) => {
-                return format!(
-                    "process checkpoints need CRIU, which cannot be run here ({e}); install it (Debian: apt-get install criu)"
-                );
+                return Err(format!(
+                    "process checkpoints need CRIU, which cannot be run here ({}: {e}); install it \
+                     (Debian: apt-get install criu, or scripts/criu-build.sh for a newer one)",
+                    criu.display()
+                ));
             }
         };
+        if out.status.success() {
+            return Ok(());
+        }
         let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
         let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error")).take(4).collect();
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        if out.status.success() {
-            format!(
-                "criu check passes on kernel {}, but cellhost does not take process checkpoints yet; use checkpoint = \"namespace\"",
-                kernel.trim()
-            )
+        let what = if errors.is_empty() {
+            text.trim().to_string()
         } else {
-            let what = if errors.is_empty() {
-                text.trim().to_string()
-            } else {
-                errors.join("; ")
-            };
-            format!(
-                "CRIU cannot checkpoint on this host (kernel {}): `criu check` failed: {}",
-                kernel.trim(),
-                what.chars().take(600).collect::<String>()
-            )
-        }
+            errors.join("; ")
+        };
+        Err(format!(
+            "CRIU ({}) cannot checkpoint on this host (kernel {}): `criu check` failed: {}",
+            criu.display(),
+            kernel.trim(),
+            what.chars().take(600).collect::<String>()
+        ))
     })
     .clone()
 }

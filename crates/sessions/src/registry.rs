@@ -69,6 +69,17 @@ pub enum RegistryError {
         /// Why.
         message: String,
     },
+    /// A `process` checkpoint refused because of one layer of the
+    /// session's confinement that CRIU cannot restore exactly (`landlock`
+    /// for a sandboxed kernel, `cgroup` for one with limits): code
+    /// `checkpoint_unavailable`, with the layer.
+    #[error("{message}")]
+    CheckpointLayer {
+        /// The layer (`landlock`, `cgroup`).
+        layer: String,
+        /// Why, and what works instead.
+        message: String,
+    },
     /// The registry was shut down.
     #[error("the session registry is shut down")]
     ShutDown,
@@ -93,6 +104,7 @@ impl RegistryError {
             RegistryError::Full { .. } => "registry_full",
             RegistryError::Restore(_) => "restore",
             RegistryError::Checkpoint { code, .. } => code,
+            RegistryError::CheckpointLayer { .. } => "checkpoint_unavailable",
             RegistryError::ShutDown => "shut_down",
         }
     }
@@ -341,6 +353,10 @@ struct SlotInner {
     paused: Option<i64>,
     /// The generation the checkpoint was last restored into.
     restored_into: u64,
+    /// A generation whose kernel came from a process checkpoint: how the
+    /// `criu restore` went (its wall time, milliseconds, or why it failed
+    /// and a fresh kernel was started instead).
+    process_restore: Option<(u64, Result<u64, String>)>,
     /// What the restore of a generation brought back, for that
     /// generation's next result: (generation, note).
     restored_note: Option<(u64, RestoredState)>,
@@ -1423,8 +1439,8 @@ impl Registry {
     async fn start_kernel(&self, slot: &Arc<Slot>, generation: u64) -> Result<Kernel, RegistryError> {
         let victim = self.make_room(slot)?;
         if let Some((k, vslot)) = victim {
+            self.process_checkpoint_before_stop(&vslot, &k).await;
             k.kill().await;
-            let _ = vslot;
         }
         let cow = slot.lock().cow.take();
         if let Some((invite, worker_pid)) = cow {
@@ -1439,6 +1455,10 @@ impl Registry {
             self.spawned.fetch_add(1, Ordering::Relaxed);
             return Ok(k);
         }
+        if let Some(k) = self.restore_process_kernel(slot, generation).await {
+            return Ok(k);
+        }
+        let process_mode = self.effective_mode(slot) == CheckpointMode::Process;
         let workdir = self.session_workdir(&slot.key);
         // A pooled kernel's own directory becomes a new session's workdir;
         // a session that has one already gets a kernel started in it.
@@ -1447,6 +1467,7 @@ impl Registry {
         // kernel started for it, whose writable directory the host knows.
         let checkpointed = self.effective_mode(slot) != CheckpointMode::Off || slot.lock().paused.is_some();
         if self.poolable(slot)
+            && !process_mode
             && !(checkpointed && workdir.is_none())
             && workdir.as_ref().is_none_or(|w| !w.exists())
             && crate::pool::overlay_is_empty(&overlay)
@@ -1545,7 +1566,13 @@ impl Registry {
             g.cwd_alias = None;
             g.ckpt_dir = None;
         }
-        let k = self.templates.spawn(cfg).await?;
+        // A session in `process` mode gets a kernel started cold (a forked
+        // one shares its template's descriptors, which CRIU cannot detach).
+        let k = if process_mode && cfg.starter.is_none() {
+            Kernel::spawn(cfg).await?
+        } else {
+            self.templates.spawn(cfg).await?
+        };
         self.spawned.fetch_add(1, Ordering::Relaxed);
         Ok(k)
     }
@@ -1633,11 +1660,12 @@ impl Registry {
                         "idle timeout",
                     );
                 }
-                victims.push(k);
+                victims.push((k, s.clone()));
             }
         }
         self.reaped.fetch_add(victims.len() as u64, Ordering::Relaxed);
-        for k in victims {
+        for (k, s) in victims {
+            self.process_checkpoint_before_stop(&s, &k).await;
             k.kill().await;
         }
     }

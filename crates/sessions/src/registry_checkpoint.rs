@@ -11,6 +11,11 @@
 //!   `restored` (what came back, from when, what was lost).
 //! - A pause takes a checkpoint, stops the kernel (its memory freed) and
 //!   journals the pause; the next cell resumes the session.
+//! - In `process` mode the checkpoint is the kernel's whole tree dumped by
+//!   CRIU (on request and on pause, never after each cell), and the new
+//!   kernel of the next generation is that tree restored
+//!   (`restore_process_kernel`) instead of a fresh one; a failed restore
+//!   starts a fresh kernel and the note says why.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -166,7 +171,7 @@ fn keep(slot: &Slot, journal: Option<&Arc<Journal>>, c: Checkpoint) {
     if let Some(old) = old
         && old.path != c.path
     {
-        let _ = std::fs::remove_file(&old.path);
+        checkpoint::remove_stored(&old.path);
     }
     if let Some(j) = journal {
         j.checkpoint_saved(&slot.key.owner, &slot.key.session, &c);
@@ -245,7 +250,7 @@ impl Registry {
     pub fn check_checkpoint_mode(&self, key: &Key, mode: CheckpointMode) -> Result<(), RegistryError> {
         match mode {
             CheckpointMode::Off => Ok(()),
-            CheckpointMode::Process => Err(unavailable(checkpoint::process_unavailable())),
+            CheckpointMode::Process => self.check_process_mode(key),
             CheckpointMode::Namespace if key.language != "python" => Err(unavailable(format!(
                 "namespace checkpoints are taken of Python sessions; session {:?} runs {}",
                 key.session, key.language
@@ -282,7 +287,7 @@ impl Registry {
         match j.checkpoint_of(&slot.key.owner, &slot.key.session).await {
             Ok(Some((c, paused))) => {
                 let mut g = slot.lock();
-                if g.ckpt.is_none() && c.path.is_file() {
+                if g.ckpt.is_none() && c.path.exists() {
                     if g.ckpt_mode.is_none() {
                         g.ckpt_mode = Some(c.mode);
                     }
@@ -403,6 +408,11 @@ impl Registry {
                 cell: "running".into(),
             }));
         }
+        if self.effective_mode(slot) == CheckpointMode::Process {
+            return self
+                .process_checkpoint(slot, &kernel, generation, count, true)
+                .await;
+        }
         let job = self.job(slot, &kernel, generation, count)?;
         let handle = kernel.submit(job.code.clone(), self.silent())?;
         let (out, background) = job.finish(handle.wait().await);
@@ -431,7 +441,16 @@ impl Registry {
         let _attach = Attach::new(&slot);
         let _busy = slot.ckpt_busy.lock().await;
         let _spawn = slot.spawn_lock.lock().await;
-        let c = self.checkpoint_locked(&slot).await?;
+        let process = self.effective_mode(&slot) == CheckpointMode::Process;
+        let process_rss = if process {
+            self.process_pause_dump(&slot).await?
+        } else {
+            None
+        };
+        let (c, process_rss) = match process_rss {
+            Some((c, rss)) => (c, Some(rss)),
+            None => (self.checkpoint_locked(&slot).await?, None),
+        };
         let (kernel, generation) = {
             let mut g = slot.lock();
             let gen_ = g.lineage.generation();
@@ -441,7 +460,7 @@ impl Registry {
             return Err(unavailable("the kernel ended during the pause"));
         };
         let pid = kernel.info().pid;
-        let memory_freed_bytes = rss_bytes(pid);
+        let memory_freed_bytes = process_rss.unwrap_or_else(|| rss_bytes(pid));
         let paused_ms = now_ms();
         slot.lock().paused = Some(paused_ms);
         if let Some(j) = self.journal() {
@@ -484,7 +503,7 @@ impl Registry {
         }
         match had {
             Some(c) => {
-                let _ = std::fs::remove_file(&c.path);
+                checkpoint::remove_stored(&c.path);
                 true
             }
             None => false,
@@ -566,6 +585,14 @@ impl Registry {
         generation: u64,
     ) -> Option<RestoredState> {
         let mode = self.effective_mode(slot);
+        if slot
+            .lock()
+            .ckpt
+            .as_ref()
+            .is_some_and(|c| c.mode == CheckpointMode::Process)
+        {
+            return self.process_restore_note(slot, generation).await;
+        }
         let (c, resumed, host_dir, kernel_dir) = {
             let mut g = slot.lock();
             let c = g.ckpt.clone()?;
@@ -689,5 +716,277 @@ impl Registry {
                 status: row.status,
             })
             .collect()
+    }
+}
+
+/// The layer a process checkpoint of a sandboxed session would lose.
+const LANDLOCK_REFUSAL: &str = "process checkpoints are refused for sandboxed sessions: CRIU does not dump or \
+restore Landlock domains, so a restored kernel would come back without its filesystem confinement (and \
+its seccomp filter, namespaces and mounts would have to be rebuilt by CRIU outside the kernel init that \
+sets them up); run the session with sandbox off for process checkpoints, or use checkpoint = \"namespace\"";
+
+impl Registry {
+    /// Checks that `process` checkpoints can work for `key`'s session: a
+    /// working CRIU run as root, a local session without a sandbox.
+    fn check_process_mode(&self, key: &Key) -> Result<(), RegistryError> {
+        checkpoint::process_available().map_err(unavailable)?;
+        if key.sandbox != cellhost_sandbox::profile::SandboxMode::Off {
+            return Err(RegistryError::CheckpointLayer {
+                layer: "landlock".into(),
+                message: LANDLOCK_REFUSAL.into(),
+            });
+        }
+        if key.placement != self.cfg.placements.default {
+            return Err(unavailable("process checkpoints are taken of local kernels only"));
+        }
+        Ok(())
+    }
+
+    /// Dumps the slot's live kernel with CRIU into a fresh image directory
+    /// of the store and keeps it as the session's latest checkpoint.
+    async fn process_checkpoint(
+        &self,
+        slot: &Arc<Slot>,
+        kernel: &Kernel,
+        generation: u64,
+        count: u64,
+        leave_running: bool,
+    ) -> Result<Checkpoint, RegistryError> {
+        self.check_process_mode(&slot.key)?;
+        if let Some(why) = kernel.process_checkpoint_refusal() {
+            let layered = kernel.info().placement.is_none() && kernel.info().template.is_none();
+            return Err(
+                if layered && kernel.info().sandbox.layers.iter().any(|l| l.enforced) {
+                    RegistryError::CheckpointLayer {
+                        layer: "landlock".into(),
+                        message: LANDLOCK_REFUSAL.into(),
+                    }
+                } else if layered {
+                    RegistryError::CheckpointLayer {
+                        layer: "cgroup".into(),
+                        message: format!(
+                            "{why}: CRIU would restore the tree outside the kernel's own cgroup, without its limits; \
+                         drop the session's limits for process checkpoints, or use checkpoint = \"namespace\""
+                        ),
+                    }
+                } else {
+                    unavailable(why)
+                },
+            );
+        }
+        let failed = |message: String| RegistryError::Checkpoint {
+            code: "checkpoint_failed",
+            message,
+        };
+        let store = self
+            .ckpt_store
+            .session_dir(&path_name(&slot.key.owner), &path_name(&slot.key.session))
+            .map_err(|e| failed(format!("the checkpoint store: {e}")))?;
+        let dir = store.join(format!(
+            "g{generation}-c{count}{}.criu",
+            checkpoint::fresh_name("process")
+        ));
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir)
+            .map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+        let started = Instant::now();
+        if let Err(e) = kernel
+            .dump_process(&dir, leave_running, self.config().checkpoint.timeout)
+            .await
+        {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(failed(format!("criu could not dump the kernel: {e}")));
+        }
+        let c = Checkpoint {
+            mode: CheckpointMode::Process,
+            generation,
+            execution_count: count,
+            taken_ms: now_ms(),
+            bytes: cellhost_kernel::criu::dir_bytes(&dir),
+            path: dir,
+            saved: Vec::new(),
+            lost: Vec::new(),
+            write_ms: started.elapsed().as_millis() as u64,
+        };
+        keep(slot, self.journal(), c.clone());
+        Ok(c)
+    }
+
+    /// Before an idle kernel of a `process` session is stopped (evicted
+    /// to make room, or reaped after its idle timeout): a process
+    /// checkpoint, so the session's next cell gets it back. Skipped while
+    /// another checkpoint or a pause of the session runs; a failure is
+    /// logged (the kernel is stopped anyway).
+    pub(super) async fn process_checkpoint_before_stop(&self, slot: &Arc<Slot>, kernel: &Kernel) {
+        if self.effective_mode(slot) != CheckpointMode::Process || !kernel.is_alive() || kernel.is_busy() {
+            return;
+        }
+        let Ok(_busy) = slot.ckpt_busy.clone().try_lock_owned() else {
+            return;
+        };
+        let count = slot.lock().last_count;
+        let generation = kernel.info().generation;
+        if let Err(e) = self
+            .process_checkpoint(slot, kernel, generation, count, true)
+            .await
+        {
+            tracing::warn!(
+                "no process checkpoint of {} before its kernel stopped: {e}",
+                slot.key.session
+            );
+        }
+    }
+
+    /// A pause of a `process` session: the kernel dumped (the caller stops
+    /// it); its resident memory just before.
+    async fn process_pause_dump(&self, slot: &Arc<Slot>) -> Result<Option<(Checkpoint, u64)>, RegistryError> {
+        let (kernel, generation, count) = {
+            let g = slot.lock();
+            let k =
+                g.lineage.live().cloned().ok_or_else(|| {
+                    unavailable(format!("session {:?} has no live kernel", slot.key.session))
+                })?;
+            (k, g.lineage.generation(), g.last_count)
+        };
+        if kernel.is_busy() {
+            return Err(RegistryError::Kernel(KernelError::KernelBusy {
+                kernel: kernel.label().to_string(),
+                cell: "running".into(),
+            }));
+        }
+        let rss = rss_bytes(kernel.info().pid);
+        // Left running and then stopped by the kernel init as any kernel
+        // is: a tree CRIU kills itself leaves its worker to whichever
+        // process adopts orphans, which may never reap it (and the pid a
+        // restore needs stays taken).
+        let c = self
+            .process_checkpoint(slot, &kernel, generation, count, true)
+            .await?;
+        Ok(Some((c, rss)))
+    }
+
+    /// The kernel of `generation` restored from the session's process
+    /// checkpoint, when it keeps process checkpoints (or was paused) and
+    /// the checkpoint is of an earlier generation. `None`: no such
+    /// checkpoint, or the restore failed (the slot remembers why; a fresh
+    /// kernel is started and its first result says so).
+    pub(super) async fn restore_process_kernel(&self, slot: &Arc<Slot>, generation: u64) -> Option<Kernel> {
+        let mode = self.effective_mode(slot);
+        let c = {
+            let g = slot.lock();
+            let c = g.ckpt.clone()?;
+            let wanted = g.paused.is_some() || mode == CheckpointMode::Process;
+            if c.mode != CheckpointMode::Process || !wanted || c.generation >= generation {
+                return None;
+            }
+            c
+        };
+        let started = Instant::now();
+        let outcome = match self.check_process_mode(&slot.key) {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => {
+                let (cfg, _tools) = self.kernel_config(slot, generation);
+                {
+                    let mut g = slot.lock();
+                    g.workdir = Some(cfg.cwd.clone().unwrap_or_else(|| cfg.session_dir.clone()));
+                    g.cwd_alias = None;
+                    g.ckpt_dir = None;
+                }
+                match Kernel::restore_process(cfg, &c.path).await {
+                    Ok(k) => {
+                        // The host's count goes on from the restored
+                        // worker's (a silent cell answers it unchanged).
+                        let opts = ExecOptions {
+                            resume_count: Some(c.execution_count),
+                            ..self.silent()
+                        };
+                        match k.execute("None", opts).await {
+                            Ok(r) if r.status == CellStatus::Ok => Ok(k),
+                            Ok(r) => {
+                                k.kill().await;
+                                let said = r
+                                    .background_output
+                                    .as_ref()
+                                    .map(|b| b.stderr.trim().to_string())
+                                    .unwrap_or_default();
+                                Err(format!(
+                                    "the restored kernel's first cell ended {}: {}",
+                                    r.status.as_str(),
+                                    said.chars().take(400).collect::<String>()
+                                ))
+                            }
+                            Err(e) => {
+                                k.kill().await;
+                                Err(format!("the restored kernel does not answer: {e}"))
+                            }
+                        }
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        };
+        let ms = started.elapsed().as_millis() as u64;
+        let mut g = slot.lock();
+        match outcome {
+            Ok(k) => {
+                g.process_restore = Some((generation, Ok(ms)));
+                Some(k)
+            }
+            Err(e) => {
+                tracing::warn!("process restore of {} failed: {e}", slot.key.session);
+                g.process_restore = Some((generation, Err(e)));
+                None
+            }
+        }
+    }
+
+    /// The `restored` note of a generation whose kernel came (or failed to
+    /// come) from a process checkpoint.
+    async fn process_restore_note(&self, slot: &Arc<Slot>, generation: u64) -> Option<RestoredState> {
+        let (c, resumed, outcome) = {
+            let mut g = slot.lock();
+            let c = g.ckpt.clone()?;
+            let outcome = match g.process_restore.take() {
+                Some((gen_, o)) if gen_ == generation => o,
+                other => {
+                    g.process_restore = other;
+                    return None;
+                }
+            };
+            if g.restored_into == generation {
+                return None;
+            }
+            g.restored_into = generation;
+            (c, g.paused.is_some(), outcome)
+        };
+        let mut note = RestoredState {
+            source: "process".into(),
+            resumed,
+            reason: None,
+            from_generation: c.generation,
+            execution_count: c.execution_count,
+            checkpoint_ms: c.taken_ms,
+            restored: Vec::new(),
+            lost: Vec::new(),
+            lost_cells: self.cells_after(&slot.key, &c).await,
+            restore_ms: 0,
+            error: None,
+            replay: None,
+        };
+        match outcome {
+            Ok(ms) => note.restore_ms = ms,
+            Err(e) => note.error = Some(self.config().template.redactor.redact(&e).into_owned()),
+        }
+        if resumed {
+            slot.lock().paused = None;
+            if let Some(j) = self.journal()
+                && let Err(e) = j
+                    .checkpoint_paused(&slot.key.owner, &slot.key.session, None)
+                    .await
+            {
+                tracing::warn!("resume of {} not journaled: {e}", slot.key.session);
+            }
+        }
+        Some(note)
     }
 }

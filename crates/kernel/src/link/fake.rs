@@ -145,6 +145,7 @@ impl WorkerLink for FakeLink {
             pid,
             init_pid: 0,
             output_rings: Vec::new(),
+            process: None,
         }
     }
 

@@ -4,6 +4,7 @@
 //! or of a template), its pidfd, the two output pipes and their bulk mode,
 //! the worker's shared-memory output rings, the kernel's cgroups, signals.
 
+pub mod criu;
 mod egress;
 mod init_proc;
 pub(crate) mod ring;
@@ -111,6 +112,12 @@ pub struct LocalLink {
     exit: Option<ExitStatus>,
     /// The egress proxy serving the kernel's namespace (allowlist policy).
     egress: Option<egress::ProxyTask>,
+    /// Inode of the worker's end of the control socket (a kernel started
+    /// cold or restored: what a process checkpoint names).
+    control_inode: Option<u64>,
+    /// A frame handed out before anything the worker sends (the `ready` of
+    /// a restored worker, which said it before its dump).
+    replay: Option<WorkerFrame>,
 }
 
 impl LocalLink {
@@ -128,6 +135,7 @@ impl LocalLink {
         let (host_end, worker_end) =
             std::os::unix::net::UnixStream::pair().map_err(|e| KernelError::io(&label, "socketpair", e))?;
         let launcher = config.launcher_path()?;
+        let control_inode = rustix::fs::fstat(&worker_end).ok().map(|st| st.st_ino);
         let launch = LaunchSpec {
             host_pid: std::process::id() as i32,
             cgroup_procs: prep.cgroup.iter().flat_map(KernelCgroup::procs_files).collect(),
@@ -176,6 +184,57 @@ impl LocalLink {
         };
         let (mut link, launch) = LocalLink::attach(prep, init, host_end, stdout, stderr)?;
         link.egress = proxy;
+        // Only a kernel without sandbox layers or cgroups is ever dumped.
+        link.control_inode = control_inode.filter(|_| link.cgroup.is_none() && !launch.sandboxed);
+        Ok((link, launch))
+    }
+
+    /// Takes back a kernel dumped into `dir` by a process checkpoint:
+    /// `criu restore` brings the tree back as a child of this host, with
+    /// fresh channels; the worker's `ready` comes from the image.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidRequest`] for a configuration with a sandbox
+    /// or cgroup limits (never dumped); [`KernelError::Spawn`] when CRIU
+    /// cannot restore (its log's errors) or the image is unreadable;
+    /// [`KernelError::Io`].
+    pub async fn restore(config: &KernelConfig, dir: &Path) -> Result<(LocalLink, Launch), KernelError> {
+        let fail = |reason: String| KernelError::Spawn {
+            python: config.python.display().to_string(),
+            reason: format!("the process checkpoint could not be restored: {reason}"),
+        };
+        let prep = Prepared::new(config)?;
+        if prep.spec.is_some() || prep.cgroup.is_some() {
+            return Err(KernelError::InvalidRequest(
+                "a process checkpoint is restored only into a kernel without a sandbox and without cgroup limits"
+                    .into(),
+            ));
+        }
+        let meta = criu::read_meta(dir).map_err(fail)?;
+        let restored = criu::restore(
+            dir,
+            &meta,
+            config.startup_timeout.max(std::time::Duration::from_secs(30)),
+        )
+        .await
+        .map_err(fail)?;
+        let pidfd = pidfd_of(restored.init_pid).map_err(|e| KernelError::io(&prep.label, "pidfd_open", e))?;
+        let init = InitProc::Restored {
+            pid: restored.init_pid,
+            pidfd,
+            exit: None,
+        };
+        let control_inode = restored.control_inode;
+        let (mut link, launch) =
+            LocalLink::attach(prep, init, restored.host_end, restored.stdout, restored.stderr)?;
+        link.control_inode = control_inode;
+        link.replay = Some(WorkerFrame::Ready {
+            pid: meta.ready_pid,
+            python: meta.python_version.clone(),
+            executable: String::new(),
+            protocol: cellhost_protocol::PROTOCOL_VERSION,
+            rings: meta.rings.clone(),
+        });
         Ok((link, launch))
     }
 
@@ -252,9 +311,34 @@ impl LocalLink {
                 worker_pid: 0,
                 exit: None,
                 egress: None,
+                control_inode: None,
+                replay: None,
             },
             launch,
         ))
+    }
+
+    /// What a process checkpoint needs, when this worker can be dumped:
+    /// its channels named as `/proc` names them (the pipes by the host's
+    /// read ends, which share the inode).
+    fn process_meta(&self, ready_pid: u32, offers: &[RingOffer]) -> Option<criu::ProcessMeta> {
+        let control = self.control_inode?;
+        let pipe = |s: usize| {
+            self.pipes[s]
+                .as_ref()
+                .and_then(|p| rustix::fs::fstat(p).ok())
+                .map(|st| format!("pipe:[{}]", st.st_ino))
+        };
+        Some(criu::ProcessMeta {
+            init_pid: self.init_pid,
+            worker_pid: self.worker_pid,
+            ready_pid,
+            python_version: String::new(),
+            rings: offers.to_vec(),
+            control: format!("socket:[{control}]"),
+            stdout: pipe(0)?,
+            stderr: pipe(1)?,
+        })
     }
 
     fn on_read(&mut self, stream: Stream, n: std::io::Result<usize>) -> LinkEvent {
@@ -322,6 +406,9 @@ impl LocalLink {
 
 impl WorkerLink for LocalLink {
     async fn next_event(&mut self) -> LinkEvent {
+        if let Some(f) = self.replay.take() {
+            return LinkEvent::Frame(f);
+        }
         self.prepare_buffers();
         loop {
             let alive = self.exit.is_none();
@@ -386,6 +473,7 @@ impl WorkerLink for LocalLink {
             .unwrap_or(pid);
         self.worker_pid = host_pid;
         self.rings = open_rings(host_pid, offers, &self.label);
+        let process = self.process_meta(pid, offers);
         let output_rings = Stream::BOTH
             .iter()
             .zip(&self.rings)
@@ -396,6 +484,7 @@ impl WorkerLink for LocalLink {
             pid: host_pid,
             init_pid: self.init_pid,
             output_rings,
+            process,
         }
     }
 

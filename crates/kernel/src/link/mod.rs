@@ -111,6 +111,10 @@ pub struct WorkerIds {
     /// Streams whose large writes come through a side channel of the link
     /// (the local link's shared-memory rings), by name.
     pub output_rings: Vec<String>,
+    /// What a process checkpoint of this worker needs (a local kernel
+    /// started cold; `None` for other links). Its `python_version` is
+    /// filled in by the kernel.
+    pub process: Option<local::criu::ProcessMeta>,
 }
 
 /// A connection to one running worker.

@@ -391,7 +391,8 @@ impl RequestError {
     /// `fork_failed`, `placement_mismatch`, `journal_failed`, `unsupported_language`, `kernel_failed`, `stale_generation` (a request
     /// named a replaced kernel generation), `restore_failed`,
     /// `checkpoint_unavailable` (a checkpoint mode this host or session
-    /// cannot have: `process` without a working CRIU, with CRIU's error),
+    /// cannot have: `process` without a working CRIU, with CRIU's error, or
+    /// with a layer CRIU cannot restore, with `layer`),
     /// `checkpoint_failed`, or the
     /// registry's ([`RegistryError::code`]: `sandbox_below_floor`,
     /// `sandbox_unavailable`, `registry_full`, `shut_down`). The one
@@ -525,6 +526,9 @@ impl RequestError {
             RequestError::Registry(RegistryError::Kernel(
                 KernelError::SandboxUnavailable { layer, .. } | KernelError::WeakSandbox { layer, .. },
             )) => {
+                v["layer"] = layer.clone().into();
+            }
+            RequestError::Registry(RegistryError::CheckpointLayer { layer, .. }) => {
                 v["layer"] = layer.clone().into();
             }
             RequestError::Registry(RegistryError::SandboxBelowFloor(b)) => {

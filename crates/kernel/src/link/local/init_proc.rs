@@ -36,6 +36,13 @@ pub(crate) enum InitProc {
         status: std::fs::File,
         exit: Option<ExitStatus>,
     },
+    /// Brought back by `criu restore` as a child of this host (not a
+    /// `std::process::Child`): waited for through its pidfd.
+    Restored {
+        pid: u32,
+        pidfd: OwnedFd,
+        exit: Option<ExitStatus>,
+    },
 }
 
 impl InitProc {
@@ -43,7 +50,7 @@ impl InitProc {
     pub(crate) fn id(&self) -> u32 {
         match self {
             InitProc::Child(c) => c.id(),
-            InitProc::Adopted { pid, .. } => *pid,
+            InitProc::Adopted { pid, .. } | InitProc::Restored { pid, .. } => *pid,
         }
     }
 
@@ -53,6 +60,24 @@ impl InitProc {
     pub(crate) fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
         match self {
             InitProc::Child(c) => c.try_wait(),
+            InitProc::Restored { pidfd, exit, .. } => {
+                if exit.is_none() {
+                    use rustix::process::{WaitId, WaitIdOptions, waitid};
+                    let got = waitid(
+                        WaitId::PidFd(std::os::fd::AsFd::as_fd(pidfd)),
+                        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+                    )?;
+                    if let Some(st) = got {
+                        let raw = match (st.exit_status(), st.terminating_signal()) {
+                            (Some(code), _) => (code & 0xff) << 8,
+                            (None, Some(sig)) => sig & 0x7f,
+                            (None, None) => libc::SIGKILL,
+                        };
+                        *exit = Some(ExitStatus::from_raw(raw));
+                    }
+                }
+                Ok(*exit)
+            }
             InitProc::Adopted {
                 status, exit, pidfd, ..
             } => {
@@ -74,7 +99,7 @@ impl InitProc {
             InitProc::Child(c) => {
                 let _ = signal::kill(c.id() as i32, sig.as_raw());
             }
-            InitProc::Adopted { pidfd, .. } => {
+            InitProc::Adopted { pidfd, .. } | InitProc::Restored { pidfd, .. } => {
                 let _ = rustix::process::pidfd_send_signal(pidfd, sig);
             }
         }
@@ -97,8 +122,19 @@ impl InitProc {
         }
         signal::kill_descendants(init, 20);
         self.signal(rustix::process::Signal::KILL);
-        if let InitProc::Child(c) = self {
-            let _ = c.wait();
+        match self {
+            InitProc::Child(c) => {
+                let _ = c.wait();
+            }
+            InitProc::Restored { pidfd, exit, .. } if exit.is_none() => {
+                use rustix::process::{WaitId, WaitIdOptions, waitid};
+                let _ = waitid(
+                    WaitId::PidFd(std::os::fd::AsFd::as_fd(pidfd)),
+                    WaitIdOptions::EXITED,
+                );
+                *exit = Some(ExitStatus::from_raw(libc::SIGKILL));
+            }
+            _ => {}
         }
     }
 }

@@ -57,11 +57,16 @@ impl OutputRing {
                 RING_HEADER + offer.size
             )));
         }
+        // The read position the host published last: 0 for a new ring,
+        // where it was for a ring of a worker restored from a process
+        // checkpoint.
+        let mut pos = [0u8; 8];
+        file.read_exact_at(&mut pos, 8)?;
         Ok(OutputRing {
             file,
             notify,
             size: offer.size,
-            read_pos: 0,
+            read_pos: u64::from_le_bytes(pos),
             buf: Vec::new(),
         })
     }
