@@ -526,6 +526,13 @@ export interface components {
             execution_count: number;
             /** @description Names left out, and why. */
             lost: components["schemas"]["LostName"][];
+            /**
+             * @description What it holds: `namespace` (the picklable names, listed in `saved`
+             *     and `lost`) or `process` (a CRIU image of the kernel's whole tree:
+             *     `saved` and `lost` stay empty). Absent in replies of older hosts:
+             *     `namespace`.
+             */
+            mode?: components["schemas"]["CheckpointMode"];
             /** @description Names saved. */
             saved: string[];
             /**

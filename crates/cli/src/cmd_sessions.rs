@@ -295,7 +295,7 @@ pub fn sessions(args: SessionsArgs) -> u8 {
             for s in &list {
                 if let (Some(at), Some(c)) = (s.paused_ms, s.checkpoint.as_ref()) {
                     println!(
-                        "{:<24} {:>4} {:>8} {:<5} {}  paused {} s ago (checkpoint after cell {}, {} names saved; the next exec --session {} resumes it)",
+                        "{:<24} {:>4} {:>8} {:<5} {}  paused {} s ago (checkpoint after cell {}, {}; the next exec --session {} resumes it)",
                         s.name,
                         s.generation,
                         "-",
@@ -303,7 +303,7 @@ pub fn sessions(args: SessionsArgs) -> u8 {
                         s.python.display(),
                         (cellhost_sessions::journal::now_ms() - at).max(0) / 1000,
                         c.execution_count,
-                        c.saved.len(),
+                        checkpoint_holds(c),
                         s.name
                     );
                     continue;
@@ -397,15 +397,14 @@ pub fn pause(args: NameArgs) -> u8 {
             Ok(Reply::Paused { report }) => {
                 let c = &report.checkpoint;
                 println!(
-                    "paused session {} (generation {}, pid {} stopped, {} MiB freed): checkpoint after cell {} ({} bytes, {} names saved, {} lost); the next exec --session {} resumes it",
+                    "paused session {} (generation {}, pid {} stopped, {} MiB freed): checkpoint after cell {} ({} bytes, {}); the next exec --session {} resumes it",
                     report.session,
                     report.generation,
                     report.pid,
                     report.memory_freed_bytes >> 20,
                     c.execution_count,
                     c.bytes,
-                    c.saved.len(),
-                    c.lost.len(),
+                    checkpoint_holds(c),
                     report.session
                 );
                 for l in &c.lost {
@@ -426,4 +425,13 @@ pub fn interrupt(args: NameArgs) -> u8 {
         session: args.name,
         cwd: caller_cwd(),
     })
+}
+
+/// What a checkpoint holds, for a reader: the whole process, or how many
+/// names were saved and left out.
+fn checkpoint_holds(c: &cellhost_sessions::CheckpointSummary) -> String {
+    match c.mode {
+        cellhost_sessions::checkpoint::CheckpointMode::Process => "the whole kernel process".to_string(),
+        _ => format!("{} names saved, {} lost", c.saved.len(), c.lost.len()),
+    }
 }

@@ -68,6 +68,12 @@ pub struct PausedSession {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSummary {
+    /// What it holds: `namespace` (the picklable names, listed in `saved`
+    /// and `lost`) or `process` (a CRIU image of the kernel's whole tree:
+    /// `saved` and `lost` stay empty). Absent in replies of older hosts:
+    /// `namespace`.
+    #[serde(default = "namespace_mode")]
+    pub mode: CheckpointMode,
     /// Taken after the cell of this execution_count.
     pub execution_count: u64,
     /// When, milliseconds since the Unix epoch.
@@ -85,6 +91,7 @@ pub struct CheckpointSummary {
 impl From<&Checkpoint> for CheckpointSummary {
     fn from(c: &Checkpoint) -> Self {
         CheckpointSummary {
+            mode: c.mode,
             execution_count: c.execution_count,
             taken_ms: c.taken_ms,
             bytes: c.bytes,
@@ -93,6 +100,10 @@ impl From<&Checkpoint> for CheckpointSummary {
             write_ms: c.write_ms,
         }
     }
+}
+
+fn namespace_mode() -> CheckpointMode {
+    CheckpointMode::Namespace
 }
 
 /// One checkpoint to write: where the kernel writes it, where the host
