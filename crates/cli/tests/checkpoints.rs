@@ -102,6 +102,31 @@ impl Serve {
         )
     }
 
+    /// Creates a session from `body` (`POST /v1/sessions`), asserting it
+    /// was made under the name `body` gives.
+    #[track_caller]
+    fn create(&self, body: Value) {
+        let made = self.call("POST", "/v1/sessions", Some(body.clone()));
+        assert_eq!(made["name"], body["name"], "{made}");
+    }
+
+    /// Runs `code` in `session`, asserting it ended `ok`.
+    #[track_caller]
+    fn exec_ok(&self, session: &str, code: &str) -> Value {
+        let r = self.exec(session, code);
+        assert_eq!(r["status"], "ok", "{r}");
+        r
+    }
+
+    /// Runs a cell that SIGKILLs its own kernel, asserting it came back
+    /// `crashed`.
+    #[track_caller]
+    fn exec_sigkill(&self, session: &str) -> Value {
+        let killed = self.exec(session, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
+        assert_eq!(killed["status"], "crashed", "{killed}");
+        killed
+    }
+
     /// SIGTERM, then reaped.
     fn stop(mut self) {
         let _ = Command::new("kill")
@@ -138,6 +163,17 @@ fn lost_names(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `restored`'s reason names the signal that killed the kernel.
+#[track_caller]
+fn assert_killed_by_a_signal(restored: &Value) {
+    assert!(
+        restored["reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("SIGKILL") || w.contains("signal")),
+        "{restored}"
+    );
+}
+
 fn ready() -> Option<tempfile::TempDir> {
     if Command::new("curl").arg("--version").output().is_err() || !has("numpy") || !has("pandas") {
         eprintln!("curl, numpy or pandas missing: skipped");
@@ -152,12 +188,7 @@ fn ready() -> Option<tempfile::TempDir> {
 fn a_kernel_sigkilled_mid_analysis_continues_from_its_last_checkpoint() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "ana", "checkpoint": "namespace"})),
-    );
-    assert_eq!(made["name"], "ana", "{made}");
+    s.create(json!({"name": "ana", "checkpoint": "namespace"}));
     let r = s.exec(
         "ana",
         "import numpy as np, pandas as pd, threading\n\
@@ -175,11 +206,10 @@ fn a_kernel_sigkilled_mid_analysis_continues_from_its_last_checkpoint() {
         "df['y'] = df.x * 2\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     );
     assert_eq!(r["status"], "crashed", "{r}");
-    let r = s.exec(
+    let r = s.exec_ok(
         "ana",
         "(round(float(df.x.sum()) - total, 9), list(df.columns), len(means))",
     );
-    assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(
         r["result"]["text/plain"], "(0.0, ['x', 'g'], 4)",
         "the analysis continues from the checkpoint: {r}"
@@ -203,12 +233,7 @@ fn a_kernel_sigkilled_mid_analysis_continues_from_its_last_checkpoint() {
         lost_cells.iter().any(|c| c["status"] == "crashed"),
         "the crashed cell is named as lost: {restored}"
     );
-    assert!(
-        restored["reason"]
-            .as_str()
-            .is_some_and(|w| w.contains("SIGKILL") || w.contains("signal")),
-        "{restored}"
-    );
+    assert_killed_by_a_signal(restored);
     assert_eq!(
         r["execution_count"], 2,
         "the count goes on from the checkpoint: {r}"
@@ -224,17 +249,11 @@ fn a_kernel_sigkilled_mid_analysis_continues_from_its_last_checkpoint() {
 fn a_kernel_killed_while_idle_gives_the_next_cell_a_restored_kernel_not_a_crash() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "idle", "checkpoint": "namespace"})),
-    );
-    assert_eq!(made["name"], "idle", "{made}");
-    let mut r = s.exec("idle", "x = 41");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.create(json!({"name": "idle", "checkpoint": "namespace"}));
+    s.exec_ok("idle", "x = 41");
     for round in 0..5 {
         // The checkpoint of the last cell is written before the next runs.
-        r = s.exec("idle", "x + 0");
+        let r = s.exec("idle", "x + 0");
         assert_eq!(r["status"], "ok", "round {round}: {r}");
         let pid = r["kernel"]["pid"].as_i64().expect("the kernel's pid");
         let killed = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
@@ -254,6 +273,11 @@ fn a_kernel_killed_while_idle_gives_the_next_cell_a_restored_kernel_not_a_crash(
     s.stop();
 }
 
+/// A cell's answer's `cell_id` (`?` when it has none).
+fn cell_id(cell: &Value) -> String {
+    cell["cell_id"].as_str().unwrap_or("?").to_string()
+}
+
 fn cell_ids(v: &Value, field: &str) -> Vec<String> {
     v.as_array()
         .map(|a| {
@@ -269,12 +293,7 @@ fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replay
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
     // No checkpoints: the journal's cells are all there is.
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "rep", "restore": "replay", "checkpoint": "off"})),
-    );
-    assert_eq!(made["name"], "rep", "{made}");
+    s.create(json!({"name": "rep", "restore": "replay", "checkpoint": "off"}));
     let load = s.exec(
         "rep",
         "import numpy as np, pandas as pd\n\
@@ -284,11 +303,10 @@ fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replay
          print('loaded', len(df))",
     );
     assert_eq!(load["status"], "ok", "{load}");
-    let group = s.exec(
+    let group = s.exec_ok(
         "rep",
         "means = df.groupby('g').x.mean()\nsteps = ['load', 'group']\nmeans",
     );
-    assert_eq!(group["status"], "ok", "{group}");
     let typo = s.exec("rep", "df.nosuchcolumn");
     assert_eq!(typo["status"], "error", "{typo}");
     // The next cell changes the frame and is SIGKILLed halfway.
@@ -297,11 +315,10 @@ fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replay
         "df['y'] = df.x * 2\nsteps.append('y')\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     );
     assert_eq!(killed["status"], "crashed", "{killed}");
-    let r = s.exec(
+    let r = s.exec_ok(
         "rep",
         "(round(float(df.x.sum()) - total, 9), list(df.columns), len(means), steps)",
     );
-    assert_eq!(r["status"], "ok", "{r}");
     assert_eq!(
         r["result"]["text/plain"], "(0.0, ['x', 'g'], 4, ['load', 'group'])",
         "the analysis continues from the replayed cells, without the killed cell's changes: {r}"
@@ -316,10 +333,7 @@ fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replay
     let replay = &restored["replay"];
     assert_eq!(
         cell_ids(&replay["replayed"], "cell"),
-        vec![
-            load["cell_id"].as_str().unwrap_or("?").to_string(),
-            group["cell_id"].as_str().unwrap_or("?").to_string()
-        ],
+        vec![cell_id(&load), cell_id(&group)],
         "the two ok cells, in order: {restored}"
     );
     assert!(
@@ -329,16 +343,11 @@ fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replay
     let lost = cell_ids(&restored["lost_cells"], "cell");
     for c in [&typo, &killed] {
         assert!(
-            lost.contains(&c["cell_id"].as_str().unwrap_or("?").to_string()),
+            lost.contains(&cell_id(c)),
             "the cells that did not end ok are named as lost: {restored}"
         );
     }
-    assert!(
-        restored["reason"]
-            .as_str()
-            .is_some_and(|w| w.contains("SIGKILL") || w.contains("signal")),
-        "{restored}"
-    );
+    assert_killed_by_a_signal(restored);
     assert_eq!(
         r["execution_count"], 5,
         "the count goes on from the original cells, not the replays: {r}"
@@ -354,36 +363,22 @@ fn a_kernel_sigkilled_mid_analysis_with_restore_replay_continues_from_its_replay
 fn a_replay_stops_at_a_cell_whose_side_effect_cannot_happen_twice_and_a_restart_replays_nothing() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "side", "restore": "replay"})),
-    );
-    assert_eq!(made["name"], "side", "{made}");
-    let a = s.exec("side", "a = 1");
-    assert_eq!(a["status"], "ok", "{a}");
+    s.create(json!({"name": "side", "restore": "replay"}));
+    let a = s.exec_ok("side", "a = 1");
     // A cell with an effect outside the namespace, refusing to run twice.
-    let once = s.exec(
+    let once = s.exec_ok(
         "side",
         "import os\nif os.path.exists('sent.marker'):\n    raise RuntimeError('already sent')\nopen('sent.marker', 'w').close()\nb = 2",
     );
-    assert_eq!(once["status"], "ok", "{once}");
-    let c = s.exec("side", "c = 3");
-    assert_eq!(c["status"], "ok", "{c}");
-    let killed = s.exec("side", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
-    assert_eq!(killed["status"], "crashed", "{killed}");
-    let r = s.exec("side", "[n in globals() for n in ('a', 'b', 'c')]");
-    assert_eq!(r["status"], "ok", "{r}");
+    let c = s.exec_ok("side", "c = 3");
+    let killed = s.exec_sigkill("side");
+    let r = s.exec_ok("side", "[n in globals() for n in ('a', 'b', 'c')]");
     assert_eq!(
         r["result"]["text/plain"], "[True, False, False]",
         "the replay stopped at the failing cell: {r}"
     );
     let replay = &r["restored"]["replay"];
-    assert_eq!(
-        cell_ids(&replay["replayed"], "cell"),
-        vec![a["cell_id"].as_str().unwrap_or("?").to_string()],
-        "{r}"
-    );
+    assert_eq!(cell_ids(&replay["replayed"], "cell"), vec![cell_id(&a)], "{r}");
     assert_eq!(replay["failed"]["cell"], once["cell_id"], "{r}");
     assert!(
         replay["failed"]["error"]
@@ -393,10 +388,7 @@ fn a_replay_stops_at_a_cell_whose_side_effect_cannot_happen_twice_and_a_restart_
     );
     let lost = cell_ids(&r["restored"]["lost_cells"], "cell");
     for cell in [&once, &c, &killed] {
-        assert!(
-            lost.contains(&cell["cell_id"].as_str().unwrap_or("?").to_string()),
-            "{r}"
-        );
+        assert!(lost.contains(&cell_id(cell)), "{r}");
     }
     assert_eq!(
         r["execution_count"], 2,
@@ -415,28 +407,19 @@ fn a_replay_stops_at_a_cell_whose_side_effect_cannot_happen_twice_and_a_restart_
 fn a_session_with_restore_replay_gets_its_cells_back_after_a_serve_restart() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "host", "restore": "replay"})),
-    );
-    assert_eq!(made["name"], "host", "{made}");
-    let r = s.exec(
+    s.create(json!({"name": "host", "restore": "replay"}));
+    s.exec_ok(
         "host",
         "import pandas as pd\nframe = pd.DataFrame({'v': range(10)})",
     );
-    assert_eq!(r["status"], "ok", "{r}");
-    let r = s.exec("host", "frame['w'] = frame.v ** 2");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.exec_ok("host", "frame['w'] = frame.v ** 2");
     s.stop();
 
     // The server ended with the kernel; created again (as a client does
     // after a restart), the session replays its cells before the next one.
     let s = Serve::start(dir.path());
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "host"})));
-    assert_eq!(made["name"], "host", "{made}");
-    let r = s.exec("host", "int(frame.w.sum())");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.create(json!({"name": "host"}));
+    let r = s.exec_ok("host", "int(frame.w.sum())");
     assert_eq!(r["result"]["text/plain"], "285", "{r}");
     assert_eq!(r["restored"]["source"], "replay", "{r}");
     assert_eq!(
@@ -463,12 +446,7 @@ fn a_session_with_restore_replay_gets_its_cells_back_after_a_serve_restart() {
         .output()
         .expect("curl");
     assert_eq!(String::from_utf8_lossy(&gone.stdout), "204");
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "host", "restore": "replay"})),
-    );
-    assert_eq!(made["name"], "host", "{made}");
+    s.create(json!({"name": "host", "restore": "replay"}));
     let r = s.exec("host", "'frame' in globals()");
     assert_eq!(r["result"]["text/plain"], "False", "{r}");
     assert!(r.get("restored").is_none(), "{r}");
@@ -485,16 +463,14 @@ fn a_replay_is_cut_at_its_cell_bound_and_says_so() {
     .expect("config");
     let s = Serve::start(dir.path());
     // The server's default for every session (config `restore.mode`).
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "cut"})));
-    assert_eq!(made["name"], "cut", "{made}");
+    s.create(json!({"name": "cut"}));
     let mut ids = Vec::new();
     for code in ["x = [1]", "x.append(2)", "x.append(3)"] {
         let r = s.exec("cut", code);
         assert_eq!(r["status"], "ok", "{r}");
-        ids.push(r["cell_id"].as_str().unwrap_or("?").to_string());
+        ids.push(cell_id(&r));
     }
-    let killed = s.exec("cut", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
-    assert_eq!(killed["status"], "crashed", "{killed}");
+    s.exec_sigkill("cut");
     let r = s.exec("cut", "x");
     assert_eq!(r["result"]["text/plain"], "[1, 2]", "{r}");
     let replay = &r["restored"]["replay"];
@@ -516,10 +492,8 @@ fn a_replay_is_cut_at_its_cell_bound_and_says_so() {
 fn a_paused_session_frees_its_kernel_is_listed_paused_and_survives_a_serve_restart() {
     let Some(dir) = ready() else { return };
     let s = Serve::start(dir.path());
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
-    assert_eq!(made["name"], "p", "{made}");
-    let r = s.exec("p", "import numpy as np\na = np.ones(10_000_000)\nlabel = 'kept'");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.create(json!({"name": "p"}));
+    let r = s.exec_ok("p", "import numpy as np\na = np.ones(10_000_000)\nlabel = 'kept'");
     let pid = r["kernel"]["pid"].as_u64().expect("pid");
     let p = s.call("POST", "/v1/sessions/p/pause", None);
     assert_eq!(p["session"], "p", "{p}");
@@ -554,8 +528,7 @@ fn a_paused_session_frees_its_kernel_is_listed_paused_and_survives_a_serve_resta
     // next cell resumes it without the session being created again.
     let s = Serve::start(dir.path());
     listed_paused(&s);
-    let r = s.exec("p", "(float(a.sum()), label)");
-    assert_eq!(r["status"], "ok", "{r}");
+    let r = s.exec_ok("p", "(float(a.sum()), label)");
     assert_eq!(r["result"]["text/plain"], "(10000000.0, 'kept')", "{r}");
     assert_eq!(r["restored"]["resumed"], true, "{r}");
     assert_ne!(r["kernel"]["pid"].as_u64(), Some(pid));
@@ -570,8 +543,7 @@ fn a_paused_session_frees_its_kernel_is_listed_paused_and_survives_a_serve_resta
     assert_eq!(p["session"], "p", "{p}");
     s.stop();
     let s = Serve::start(dir.path());
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "p"})));
-    assert_eq!(made["name"], "p", "{made}");
+    s.create(json!({"name": "p"}));
     let r = s.exec("p", "label");
     assert_eq!(r["result"]["text/plain"], "'kept'", "{r}");
     s.stop();
@@ -610,8 +582,7 @@ x = 41
 "#;
     let r = s.exec("h", forge);
     assert_eq!(r["status"], "ok", "{r}");
-    let r = s.exec("h", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
-    assert_eq!(r["status"], "crashed", "{r}");
+    s.exec_sigkill("h");
     let r = s.exec("h", "(x + 1, proof)");
     assert_eq!(r["status"], "ok", "the host and the session go on: {r}");
     assert_eq!(
@@ -624,15 +595,12 @@ x = 41
         "garbage is named lost: {restored}"
     );
     // A garbage file in place of the whole checkpoint: nothing restored, said so.
-    let r = s.exec(
+    s.exec_ok(
         "h",
         "ck.save = lambda path, m, c: (open(path, 'wb').write(b'garbage'), print('CELLHOST-CHECKPOINT {\"ok\": true}'))\ny = 1",
     );
-    assert_eq!(r["status"], "ok", "{r}");
-    let r = s.exec("h", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)");
-    assert_eq!(r["status"], "crashed", "{r}");
-    let r = s.exec("h", "'y' in dir()");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.exec_sigkill("h");
+    let r = s.exec_ok("h", "'y' in dir()");
     assert_eq!(r["result"]["text/plain"], "False", "{r}");
     assert!(
         r["restored"]["error"]
@@ -684,13 +652,19 @@ fn criu_unusable() -> Option<String> {
     }
 }
 
-#[test]
-fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
-    let Some(dir) = ready() else { return };
+/// [`ready`], and a host that can take process checkpoints.
+fn process_ready() -> Option<tempfile::TempDir> {
+    let dir = ready()?;
     if let Some(why) = criu_unusable() {
         eprintln!("process checkpoints cannot run here ({why}): skipped");
-        return;
+        return None;
     }
+    Some(dir)
+}
+
+#[test]
+fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
+    let Some(dir) = process_ready() else { return };
     // The floor off: sessions without a sandbox are allowed.
     let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);
     // A sandboxed session is refused, naming the layer CRIU cannot restore.
@@ -702,12 +676,7 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     assert_eq!(made["error"]["code"], "checkpoint_unavailable", "{made}");
     assert_eq!(made["error"]["layer"], "landlock", "{made}");
 
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "whole", "checkpoint": "process", "sandbox": "off"})),
-    );
-    assert_eq!(made["name"], "whole", "{made}");
+    s.create(json!({"name": "whole", "checkpoint": "process", "sandbox": "off"}));
     // State no pickle holds: a generator half consumed, a thread-local
     // lock, an open file position.
     let r = s.exec(
@@ -731,8 +700,7 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
         "x = 1000\nimport signal\nos.kill(os.getpid(), signal.SIGKILL)",
     );
     assert_eq!(r["status"], "crashed", "{r}");
-    let r = s.exec("whole", "x, next(g), int(a.sum()), f.tell(), os.getpid()");
-    assert_eq!(r["status"], "ok", "{r}");
+    let r = s.exec_ok("whole", "x, next(g), int(a.sum()), f.tell(), os.getpid()");
     assert_eq!(
         r["result"]["text/plain"],
         format!("(41, 4, 499999500000, 5, {pid})"),
@@ -757,10 +725,8 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     );
     s.stop();
     let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "whole"})));
-    assert_eq!(made["name"], "whole", "{made}");
-    let r = s.exec("whole", "x += 1; x, next(g)");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.create(json!({"name": "whole"}));
+    let r = s.exec_ok("whole", "x += 1; x, next(g)");
     assert_eq!(r["result"]["text/plain"], "(42, 9)", "{r}");
     assert_eq!(r["execution_count"], 3, "{r}");
     assert_eq!(r["restored"]["source"], "process", "{r}");
@@ -770,32 +736,19 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
 
 #[test]
 fn an_evicted_process_session_comes_back_from_the_checkpoint_taken_before_eviction() {
-    let Some(dir) = ready() else { return };
-    if let Some(why) = criu_unusable() {
-        eprintln!("process checkpoints cannot run here ({why}): skipped");
-        return;
-    }
+    let Some(dir) = process_ready() else { return };
     std::fs::write(
         dir.path().join("config.toml"),
         "pool_size = 0\nmax_live_kernels = 1\n",
     )
     .expect("config");
     let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);
-    let made = s.call(
-        "POST",
-        "/v1/sessions",
-        Some(json!({"name": "ev1", "checkpoint": "process"})),
-    );
-    assert_eq!(made["name"], "ev1", "{made}");
-    let r = s.exec("ev1", "g = iter(range(100)); next(g); x = 7");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.create(json!({"name": "ev1", "checkpoint": "process"}));
+    s.exec_ok("ev1", "g = iter(range(100)); next(g); x = 7");
     // A second session takes the only place: ev1 is dumped, then evicted.
-    let made = s.call("POST", "/v1/sessions", Some(json!({"name": "ev2"})));
-    assert_eq!(made["name"], "ev2", "{made}");
-    let r = s.exec("ev2", "1 + 1");
-    assert_eq!(r["status"], "ok", "{r}");
-    let r = s.exec("ev1", "x, next(g)");
-    assert_eq!(r["status"], "ok", "{r}");
+    s.create(json!({"name": "ev2"}));
+    s.exec_ok("ev2", "1 + 1");
+    let r = s.exec_ok("ev1", "x, next(g)");
     assert_eq!(r["result"]["text/plain"], "(7, 1)", "{r}");
     assert_eq!(r["restored"]["source"], "process", "{r}");
     assert!(r["restored"]["error"].is_null(), "{r}");

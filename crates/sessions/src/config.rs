@@ -377,6 +377,47 @@ pub fn default_config_path() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// Takes the table `[NAME]` out of `table`: its keys go back as settings
+/// named `NAME.KEY`, but for `[NAME.sessions]` (session-name pattern =
+/// mode, each mode read by `parse`), which is returned in its order.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] when `NAME` or `NAME.sessions` is not a table or a
+/// mode is not a string `parse` takes.
+fn sessions_section<M>(
+    table: &mut toml::Table,
+    name: &str,
+    parse: impl Fn(&str) -> Result<M, String>,
+) -> Result<Vec<(String, M)>, ConfigError> {
+    let mut sessions = Vec::new();
+    match table.remove(name) {
+        Some(toml::Value::Table(mut t)) => {
+            match t.remove("sessions") {
+                Some(toml::Value::Table(pats)) => {
+                    for (pat, mode) in pats {
+                        let m = mode
+                            .as_str()
+                            .ok_or_else(|| format!("a mode is a string, got {mode}"))
+                            .and_then(&parse)
+                            .map_err(|e| ConfigError::Invalid(format!("[{name}.sessions] {pat:?}: {e}")))?;
+                        sessions.push((pat, m));
+                    }
+                }
+                Some(_) => {
+                    return Err(ConfigError::Invalid(format!("`{name}.sessions` must be a table")));
+                }
+                None => {}
+            }
+            for (k, v) in t {
+                table.insert(format!("{name}.{k}"), v);
+            }
+        }
+        Some(_) => return Err(ConfigError::Invalid(format!("`{name}` must be a table"))),
+        None => {}
+    }
+    Ok(sessions)
+}
+
 fn parse_tools(table: toml::Table, origin: &str) -> Result<BTreeMap<String, ToolSpec>, ConfigError> {
     let mut out = BTreeMap::new();
     for (name, v) in table {
@@ -452,65 +493,10 @@ impl Config {
         };
         // `[checkpoint]`: its keys are settings named `checkpoint.KEY`, but
         // for `[checkpoint.sessions]` (session-name pattern = mode).
-        let mut checkpoint_sessions = Vec::new();
-        match table.remove("checkpoint") {
-            Some(toml::Value::Table(mut t)) => {
-                match t.remove("sessions") {
-                    Some(toml::Value::Table(pats)) => {
-                        for (pat, mode) in pats {
-                            let m = mode
-                                .as_str()
-                                .ok_or_else(|| format!("a mode is a string, got {mode}"))
-                                .and_then(crate::checkpoint::CheckpointMode::parse)
-                                .map_err(|e| {
-                                    ConfigError::Invalid(format!("[checkpoint.sessions] {pat:?}: {e}"))
-                                })?;
-                            checkpoint_sessions.push((pat, m));
-                        }
-                    }
-                    Some(_) => {
-                        return Err(ConfigError::Invalid(
-                            "`checkpoint.sessions` must be a table".into(),
-                        ));
-                    }
-                    None => {}
-                }
-                for (k, v) in t {
-                    table.insert(format!("checkpoint.{k}"), v);
-                }
-            }
-            Some(_) => return Err(ConfigError::Invalid("`checkpoint` must be a table".into())),
-            None => {}
-        }
+        let checkpoint_sessions =
+            sessions_section(&mut table, "checkpoint", crate::checkpoint::CheckpointMode::parse)?;
         // `[restore]`: as `[checkpoint]` (`[restore.sessions]`: pattern = mode).
-        let mut restore_sessions = Vec::new();
-        match table.remove("restore") {
-            Some(toml::Value::Table(mut t)) => {
-                match t.remove("sessions") {
-                    Some(toml::Value::Table(pats)) => {
-                        for (pat, mode) in pats {
-                            let m = mode
-                                .as_str()
-                                .ok_or_else(|| format!("a mode is a string, got {mode}"))
-                                .and_then(crate::replay::RestoreMode::parse)
-                                .map_err(|e| {
-                                    ConfigError::Invalid(format!("[restore.sessions] {pat:?}: {e}"))
-                                })?;
-                            restore_sessions.push((pat, m));
-                        }
-                    }
-                    Some(_) => {
-                        return Err(ConfigError::Invalid("`restore.sessions` must be a table".into()));
-                    }
-                    None => {}
-                }
-                for (k, v) in t {
-                    table.insert(format!("restore.{k}"), v);
-                }
-            }
-            Some(_) => return Err(ConfigError::Invalid("`restore` must be a table".into())),
-            None => {}
-        }
+        let restore_sessions = sessions_section(&mut table, "restore", crate::replay::RestoreMode::parse)?;
         // `[packages]` (or `packages.KEY = …`): its keys are settings named
         // `packages.KEY`.
         match table.remove("packages") {
@@ -895,6 +881,15 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// A registry's configuration of state under `dir`, to apply a
+    /// [`Config`] to.
+    fn registry_config(dir: &Path) -> crate::registry::RegistryConfig {
+        crate::registry::RegistryConfig::new(
+            dir.join("state"),
+            cellhost_kernel::KernelConfig::new(std::path::PathBuf::from("python3"), dir.join("s")),
+        )
+    }
+
     #[test]
     fn preload_lists_are_kept_per_language() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -905,10 +900,7 @@ mod tests {
         )
         .expect("write");
         let c = Config::load_with(Some(&p), |_| None).expect("load");
-        let mut rc = crate::registry::RegistryConfig::new(
-            dir.path().join("state"),
-            cellhost_kernel::KernelConfig::new(std::path::PathBuf::from("python3"), dir.path().join("s")),
-        );
+        let mut rc = registry_config(dir.path());
         c.apply_to_registry(&mut rc);
         assert_eq!(rc.preload, vec!["numpy", "pandas"]);
         assert_eq!(rc.r_preload, vec!["dplyr", "ggplot2"]);
@@ -929,10 +921,7 @@ mod tests {
         )
         .expect("write");
         let c = Config::load_with(Some(&p), |_| None).expect("load");
-        let mut rc = crate::registry::RegistryConfig::new(
-            dir.path().join("state"),
-            cellhost_kernel::KernelConfig::new(std::path::PathBuf::from("python3"), dir.path().join("s")),
-        );
+        let mut rc = registry_config(dir.path());
         c.apply_to_registry(&mut rc);
         assert_eq!(rc.restore.default, crate::replay::RestoreMode::Replay);
         assert_eq!(rc.restore.max_cells, 7);

@@ -239,6 +239,30 @@ fn unavailable(message: impl Into<String>) -> RegistryError {
     }
 }
 
+/// `slot`'s live kernel, its generation and the execution count of its
+/// last cell, for a checkpoint taken now.
+///
+/// # Errors
+/// `checkpoint_unavailable` (no live kernel), a busy kernel.
+fn idle_live_kernel(slot: &Slot) -> Result<(Kernel, u64, u64), RegistryError> {
+    let (kernel, generation, count) = {
+        let g = slot.lock();
+        let k = g
+            .lineage
+            .live()
+            .cloned()
+            .ok_or_else(|| unavailable(format!("session {:?} has no live kernel", slot.key.session)))?;
+        (k, g.lineage.generation(), g.last_count)
+    };
+    if kernel.is_busy() {
+        return Err(RegistryError::Kernel(KernelError::KernelBusy {
+            kernel: kernel.label().to_string(),
+            cell: "running".into(),
+        }));
+    }
+    Ok((kernel, generation, count))
+}
+
 impl Registry {
     /// The checkpoint mode of `key`'s session: a request's (or the
     /// journal's, for a session an earlier host ran), else the configured
@@ -405,20 +429,7 @@ impl Registry {
     }
 
     async fn checkpoint_locked(&self, slot: &Arc<Slot>) -> Result<Checkpoint, RegistryError> {
-        let (kernel, generation, count) = {
-            let g = slot.lock();
-            let k =
-                g.lineage.live().cloned().ok_or_else(|| {
-                    unavailable(format!("session {:?} has no live kernel", slot.key.session))
-                })?;
-            (k, g.lineage.generation(), g.last_count)
-        };
-        if kernel.is_busy() {
-            return Err(RegistryError::Kernel(KernelError::KernelBusy {
-                kernel: kernel.label().to_string(),
-                cell: "running".into(),
-            }));
-        }
+        let (kernel, generation, count) = idle_live_kernel(slot)?;
         if self.effective_mode(slot) == CheckpointMode::Process {
             return self
                 .process_checkpoint(slot, &kernel, generation, count, true)
@@ -851,20 +862,7 @@ impl Registry {
     /// A pause of a `process` session: the kernel dumped (the caller stops
     /// it); its resident memory just before.
     async fn process_pause_dump(&self, slot: &Arc<Slot>) -> Result<Option<(Checkpoint, u64)>, RegistryError> {
-        let (kernel, generation, count) = {
-            let g = slot.lock();
-            let k =
-                g.lineage.live().cloned().ok_or_else(|| {
-                    unavailable(format!("session {:?} has no live kernel", slot.key.session))
-                })?;
-            (k, g.lineage.generation(), g.last_count)
-        };
-        if kernel.is_busy() {
-            return Err(RegistryError::Kernel(KernelError::KernelBusy {
-                kernel: kernel.label().to_string(),
-                cell: "running".into(),
-            }));
-        }
+        let (kernel, generation, count) = idle_live_kernel(slot)?;
         let rss = rss_bytes(kernel.info().pid);
         // Left running and then stopped by the kernel init as any kernel
         // is: a tree CRIU kills itself leaves its worker to whichever

@@ -95,6 +95,24 @@ fn fork(parent: &str, name: &str) -> ForkRequest {
     }
 }
 
+/// A fork of `p`, where the thread `waiter` runs, to `t`: refused with
+/// `threads_running` naming the thread, then made with `threads: drop`,
+/// which names it among the threads dropped.
+async fn fork_dropping_threads(reg: &Registry) -> cellhost_sessions::requests::ForkReport {
+    let e = fork("p", "t").execute(reg).await.expect_err("threads");
+    assert_eq!(e.code(), "threads_running", "{e}");
+    assert!(e.to_string().contains("waiter"), "{e}");
+    let mut drop_req = fork("p", "t");
+    drop_req.threads = ForkThreads::Drop;
+    let r = drop_req.execute(reg).await.expect("fork dropping threads");
+    assert!(
+        r.threads_dropped.iter().any(|t| t.starts_with("waiter")),
+        "{:?}",
+        r.threads_dropped
+    );
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fork_has_the_parents_state_and_its_own_and_counts_on() {
     let report = state_and_isolation(None).await;
@@ -285,17 +303,7 @@ async fn a_busy_parent_a_taken_name_and_running_threads_are_refused_with_their_c
         "import threading\nstop = threading.Event()\nt = threading.Thread(target=stop.wait, name='waiter', daemon=True)\nt.start()",
     )
     .await;
-    let e = fork("p", "t").execute(&reg).await.expect_err("threads");
-    assert_eq!(e.code(), "threads_running", "{e}");
-    assert!(e.to_string().contains("waiter"), "{e}");
-    let mut drop_req = fork("p", "t");
-    drop_req.threads = ForkThreads::Drop;
-    let r = drop_req.execute(&reg).await.expect("fork dropping threads");
-    assert!(
-        r.threads_dropped.iter().any(|t| t.starts_with("waiter")),
-        "{:?}",
-        r.threads_dropped
-    );
+    let r = fork_dropping_threads(&reg).await;
     assert!(r.lost.contains_key("t") && r.lost.contains_key("stop"), "{r:?}");
     assert!(r.names.iter().any(|n| n == "y"), "{r:?}");
     assert_eq!(text(&run(&reg, "t", "y").await), "1");
@@ -452,18 +460,8 @@ async fn a_copy_on_write_fork_is_refused_for_threads_unless_dropped() {
         "import threading\ny = 1\nstop = threading.Event()\nt = threading.Thread(target=stop.wait, name='waiter', daemon=True)\nt.start()",
     )
     .await;
-    let e = fork("p", "t").execute(&reg).await.expect_err("threads");
-    assert_eq!(e.code(), "threads_running", "{e}");
-    assert!(e.to_string().contains("waiter"), "{e}");
-    let mut drop_req = fork("p", "t");
-    drop_req.threads = ForkThreads::Drop;
-    let r = drop_req.execute(&reg).await.expect("fork dropping threads");
+    let r = fork_dropping_threads(&reg).await;
     assert_eq!(r.method, ForkMethod::Cow);
-    assert!(
-        r.threads_dropped.iter().any(|t| t.starts_with("waiter")),
-        "{:?}",
-        r.threads_dropped
-    );
     assert_eq!(text(&run(&reg, "t", "y").await), "1");
     run(&reg, "p", "stop.set(); t.join()").await;
 }

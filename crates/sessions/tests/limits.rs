@@ -6,7 +6,8 @@
 //!
 //! The interpreter is `CELLHOST_TEST_PYTHON` or `python3` on PATH.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cellhost_sessions::limits::{LimitRule, LimitsPolicy, SessionLimits};
@@ -96,6 +97,41 @@ async fn sessions_with_limits_never_adopt_pooled_kernels() {
     reg.shutdown().await;
 }
 
+/// A registry of kernels like `template`, without a pool, whose sessions
+/// work in directories under `dir/work`.
+async fn start_with_workdirs(dir: &Path, template: cellhost_kernel::KernelConfig) -> Arc<Registry> {
+    let mut cfg = RegistryConfig::new(dir.join("state"), template);
+    cfg.pool_size = 0;
+    cfg.session_workdirs = Some(dir.join("work"));
+    Registry::start(cfg, None).await.expect("registry")
+}
+
+/// The session `name` of owner `o` with a 4 MiB `disk_mb`.
+fn disk_capped(name: &str) -> SessionSpec {
+    SessionSpec {
+        limits: SessionLimits {
+            disk_mb: Some(4),
+            ..Default::default()
+        },
+        ..SessionSpec::new("o", name)
+    }
+}
+
+/// `r`'s kernel's sandbox gives a reason for layer `disk` that contains
+/// `says`.
+#[track_caller]
+fn assert_disk_reason(r: &cellhost_kernel::CellResult, says: &str) {
+    assert!(
+        r.kernel
+            .sandbox
+            .reasons
+            .get("disk")
+            .is_some_and(|w| w.contains(says)),
+        "{:?}",
+        r.kernel.sandbox
+    );
+}
+
 /// The workdir holder (`__cellhost-disk-holder`) `pid` still runs.
 fn holder_runs(pid: u32) -> bool {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
@@ -112,17 +148,8 @@ fn holder_runs(pid: u32) -> bool {
 async fn disk_mb_mount_outlives_a_killed_kernel_and_names_its_absence() {
     let dir = tempfile::tempdir().expect("tempdir");
     let template = cellhost_kernel::KernelConfig::new(python(), dir.path().join("unused"));
-    let mut cfg = RegistryConfig::new(dir.path().join("state"), template);
-    cfg.pool_size = 0;
-    cfg.session_workdirs = Some(dir.path().join("work"));
-    let reg = Registry::start(cfg, None).await.expect("registry");
-    let capped = SessionSpec {
-        limits: SessionLimits {
-            disk_mb: Some(4),
-            ..Default::default()
-        },
-        ..SessionSpec::new("o", "capped")
-    };
+    let reg = start_with_workdirs(dir.path(), template).await;
+    let capped = disk_capped("capped");
     let key = capped.key(&reg).expect("key");
     let r = run(
         &reg,
@@ -178,11 +205,7 @@ async fn disk_mb_mount_outlives_a_killed_kernel_and_names_its_absence() {
     std::fs::create_dir_all(&own).expect("own dir");
     let in_cwd = SessionSpec {
         cwd: Some(own),
-        limits: SessionLimits {
-            disk_mb: Some(4),
-            ..Default::default()
-        },
-        ..SessionSpec::new("o", "in-cwd")
+        ..disk_capped("in-cwd")
     };
     let r = run(&reg, in_cwd, "1").await;
     assert!(
@@ -190,15 +213,7 @@ async fn disk_mb_mount_outlives_a_killed_kernel_and_names_its_absence() {
         "{:?}",
         r.kernel.sandbox
     );
-    assert!(
-        r.kernel
-            .sandbox
-            .reasons
-            .get("disk")
-            .is_some_and(|w| w.contains("cwd")),
-        "{:?}",
-        r.kernel.sandbox
-    );
+    assert_disk_reason(&r, "cwd");
     reg.shutdown().await;
 }
 
@@ -210,31 +225,14 @@ async fn disk_mb_with_the_sandbox_off_names_the_missing_mount() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut template = cellhost_kernel::KernelConfig::new(python(), dir.path().join("unused"));
     template.sandbox = cellhost_sandbox::profile::SandboxProfile::off();
-    let mut cfg = RegistryConfig::new(dir.path().join("state"), template);
-    cfg.pool_size = 0;
-    cfg.session_workdirs = Some(dir.path().join("work"));
-    let reg = Registry::start(cfg, None).await.expect("registry");
-    let off = SessionSpec {
-        limits: SessionLimits {
-            disk_mb: Some(4),
-            ..Default::default()
-        },
-        ..SessionSpec::new("o", "off")
-    };
+    let reg = start_with_workdirs(dir.path(), template).await;
+    let off = disk_capped("off");
     let key = off.key(&reg).expect("key");
     // Nothing bounds the cell's own writes (no mount, and no rlimits
     // without a sandbox): the result says so.
     let r = run(&reg, off, "1").await;
     assert_eq!(r.kernel.sandbox.missing, ["disk"], "{:?}", r.kernel.sandbox);
-    assert!(
-        r.kernel
-            .sandbox
-            .reasons
-            .get("disk")
-            .is_some_and(|w| w.contains("sandbox is off")),
-        "{:?}",
-        r.kernel.sandbox
-    );
+    assert_disk_reason(&r, "sandbox is off");
     assert_eq!(reg.disk_holder(&key), None, "no holder without a sandbox");
     reg.shutdown().await;
 }
@@ -248,20 +246,10 @@ async fn disk_mb_with_the_sandbox_off_names_the_missing_mount() {
 async fn disk_mb_copy_back_mirrors_the_tmpfs_and_a_failed_copy_in_keeps_the_disk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let template = cellhost_kernel::KernelConfig::new(python(), dir.path().join("unused"));
-    let mut cfg = RegistryConfig::new(dir.path().join("state"), template);
-    cfg.pool_size = 0;
-    cfg.session_workdirs = Some(dir.path().join("work"));
-    let reg = Registry::start(cfg, None).await.expect("registry");
-    let spec = |name: &str| SessionSpec {
-        limits: SessionLimits {
-            disk_mb: Some(4),
-            ..Default::default()
-        },
-        ..SessionSpec::new("o", name)
-    };
+    let reg = start_with_workdirs(dir.path(), template).await;
 
     // Mirrored: removed, added, replaced, a link kept as a link.
-    let key = spec("mirror").key(&reg).expect("key");
+    let key = disk_capped("mirror").key(&reg).expect("key");
     let wd = reg.workdir(&key).expect("workdir");
     std::fs::create_dir_all(wd.join("olddir")).expect("workdir");
     std::fs::write(wd.join("old.txt"), b"old").expect("old");
@@ -269,7 +257,7 @@ async fn disk_mb_copy_back_mirrors_the_tmpfs_and_a_failed_copy_in_keeps_the_disk
     std::fs::write(wd.join("kept.txt"), b"v1").expect("kept");
     let r = run(
         &reg,
-        spec("mirror"),
+        disk_capped("mirror"),
         "import os, shutil
 print(open('old.txt').read())
 os.remove('old.txt')
@@ -295,21 +283,18 @@ os.symlink('kept.txt', 'ln')",
     );
 
     // Over the cap already: no mount, and the files on disk untouched.
-    let key = spec("over").key(&reg).expect("key");
+    let key = disk_capped("over").key(&reg).expect("key");
     let wd = reg.workdir(&key).expect("workdir");
     std::fs::create_dir_all(&wd).expect("workdir");
     std::fs::write(wd.join("big.bin"), vec![7u8; 5 << 20]).expect("big");
     std::fs::write(wd.join("small.txt"), b"small").expect("small");
-    let r = run(&reg, spec("over"), "print(sorted(__import__('os').listdir('.')))").await;
-    assert!(
-        r.kernel
-            .sandbox
-            .reasons
-            .get("disk")
-            .is_some_and(|w| w.contains("more than the cap")),
-        "{:?}",
-        r.kernel.sandbox
-    );
+    let r = run(
+        &reg,
+        disk_capped("over"),
+        "print(sorted(__import__('os').listdir('.')))",
+    )
+    .await;
+    assert_disk_reason(&r, "more than the cap");
     assert_eq!(reg.disk_holder(&key), None);
     reg.dispose(&key).await;
     assert_eq!(std::fs::metadata(wd.join("big.bin")).expect("big").len(), 5 << 20);

@@ -173,6 +173,27 @@ fn failed(session: &str, reason: impl Into<String>) -> RequestError {
     }
 }
 
+impl ForkThreads {
+    /// The name a forkstate step takes for it.
+    fn as_arg(self) -> &'static str {
+        match self {
+            ForkThreads::Refuse => "refuse",
+            ForkThreads::Drop => "drop",
+        }
+    }
+}
+
+/// How a forkstate step runs: silent, refused by a busy kernel, bounded by
+/// [`STEP_TIMEOUT`].
+fn silent() -> ExecOptions {
+    ExecOptions {
+        silent: true,
+        fail_if_busy: true,
+        timeout: Some(STEP_TIMEOUT),
+        ..Default::default()
+    }
+}
+
 /// The JSON line a forkstate step printed last on stdout.
 fn step_answer(session: &str, what: &str, r: &cellhost_kernel::CellResult) -> Result<Value, RequestError> {
     if r.status != CellStatus::Ok {
@@ -297,21 +318,12 @@ impl ForkRequest {
         );
         let snap_host = parent_dir.join(&snap_name);
         let snap_kernel = reg.kernel_path(&parent, &snap_host);
-        let threads = match self.threads {
-            ForkThreads::Refuse => "refuse",
-            ForkThreads::Drop => "drop",
-        };
+        let threads = self.threads.as_arg();
         let code = format!(
             "__import__('cellhost_worker.forkstate').forkstate.snapshot({}, {})",
             py_str(&snap_kernel.display().to_string()),
             py_str(threads)
         );
-        let silent = || ExecOptions {
-            silent: true,
-            fail_if_busy: true,
-            timeout: Some(STEP_TIMEOUT),
-            ..Default::default()
-        };
         let remove_snapshot = || {
             let _ = std::fs::remove_file(&snap_host);
         };
@@ -330,25 +342,15 @@ impl ForkRequest {
                 return Err(e);
             }
         };
-        if answer.get("ok").and_then(Value::as_bool) != Some(true) {
-            remove_snapshot();
-            let threads = answer
-                .get("threads")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().map(thread_label).collect())
-                .unwrap_or_default();
-            return Err(RequestError::ThreadsRunning {
-                session: parent.session.clone(),
-                threads,
-            });
-        }
+        let threads_dropped = match step_threads(&parent.session, &answer) {
+            Ok(t) => t,
+            Err(e) => {
+                remove_snapshot();
+                return Err(e);
+            }
+        };
         let fork_point = answer.get("execution_count").and_then(Value::as_u64).unwrap_or(0);
         let snapshot_bytes = answer.get("bytes").and_then(Value::as_u64).unwrap_or(0);
-        let threads_dropped: Vec<String> = answer
-            .get("threads")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(thread_label).collect())
-            .unwrap_or_default();
         // The working directory, bounded by the session's disk cap (the
         // snapshot counts: it lands in the fork's directory too).
         let disk_mb = reg.session_limits(&parent).disk_mb;
@@ -504,22 +506,13 @@ impl ForkRequest {
                 return Err(failed(&parent.session, format!("the fork's socket: {e}")));
             }
         };
-        let threads = match self.threads {
-            ForkThreads::Refuse => "refuse",
-            ForkThreads::Drop => "drop",
-        };
+        let threads = self.threads.as_arg();
         let code = format!(
             "__import__('cellhost_worker.forkstate').forkstate.cow_arm({}, {}, {})",
             py_str(&invite.path().display().to_string()),
             py_str(invite.token()),
             py_str(threads)
         );
-        let silent = || ExecOptions {
-            silent: true,
-            fail_if_busy: true,
-            timeout: Some(STEP_TIMEOUT),
-            ..Default::default()
-        };
         let armed = match c.kernel.execute(code, silent()).await {
             Ok(r) => step_answer(&parent.session, "fork", &r),
             Err(KernelError::KernelBusy { cell, .. }) => Err(busy(cell)),
@@ -532,24 +525,14 @@ impl ForkRequest {
                 return Err(e);
             }
         };
-        if answer.get("ok").and_then(Value::as_bool) != Some(true) {
-            undo();
-            let threads = answer
-                .get("threads")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().map(thread_label).collect())
-                .unwrap_or_default();
-            return Err(RequestError::ThreadsRunning {
-                session: parent.session.clone(),
-                threads,
-            });
-        }
+        let threads_dropped = match step_threads(&parent.session, &answer) {
+            Ok(t) => t,
+            Err(e) => {
+                undo();
+                return Err(e);
+            }
+        };
         let fork_point = answer.get("execution_count").and_then(Value::as_u64).unwrap_or(0);
-        let threads_dropped: Vec<String> = answer
-            .get("threads")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(thread_label).collect())
-            .unwrap_or_default();
         reg.inherit_session(parent, child);
         reg.set_fork_dir(child, c.child_dir);
         reg.set_cow_fork(child, invite, c.kernel.info().pid);
@@ -670,6 +653,23 @@ fn pickle_reason(
         );
     }
     None
+}
+
+/// The threads a forkstate step's answer names: those it dropped when the
+/// answer says `ok`, else `threads_running` naming those that refused it.
+fn step_threads(session: &str, answer: &Value) -> Result<Vec<String>, RequestError> {
+    let threads: Vec<String> = answer
+        .get("threads")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().map(thread_label).collect())
+        .unwrap_or_default();
+    if answer.get("ok").and_then(Value::as_bool) != Some(true) {
+        return Err(RequestError::ThreadsRunning {
+            session: session.to_string(),
+            threads,
+        });
+    }
+    Ok(threads)
 }
 
 fn thread_label(t: &Value) -> String {
