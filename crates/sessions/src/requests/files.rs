@@ -128,6 +128,23 @@ fn open_workdir(reg: &Registry, spec: &SessionSpec) -> Result<(OwnedFd, PathBuf)
     Ok((fd, dir))
 }
 
+/// A failed write of `size` bytes so far into `path`: with a disk cap
+/// (`budget`: the cap and the bytes used, both in bytes), a full workdir
+/// tmpfs (`ENOSPC`) is the cap (`disk_full`), not an I/O failure.
+fn write_error(path: String, size: u64, budget: Option<(u64, u64)>, e: std::io::Error) -> RequestError {
+    match budget {
+        Some((cap, used)) if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error()) => {
+            RequestError::DiskFull {
+                path,
+                bytes: size,
+                used,
+                max_mb: cap >> 20,
+            }
+        }
+        _ => io_error(&path, e),
+    }
+}
+
 fn io_error(path: &str, e: impl std::fmt::Display) -> RequestError {
     RequestError::FileIo {
         path: path.to_string(),
@@ -367,18 +384,7 @@ impl WriteFileRequest {
             }
             if let Err(e) = file.write_all(&buf[..n]).await {
                 cleanup(&dir);
-                // The workdir's tmpfs is full (`disk_mb`): the cap, not a failure.
-                if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error())
-                    && let Some((cap, used)) = budget
-                {
-                    return Err(RequestError::DiskFull {
-                        path: shown,
-                        bytes: size,
-                        used,
-                        max_mb: cap >> 20,
-                    });
-                }
-                return Err(io_error(&shown, e));
+                return Err(write_error(shown, size, budget, e));
             }
         }
         if let Err(e) = async {
@@ -388,17 +394,7 @@ impl WriteFileRequest {
         .await
         {
             cleanup(&dir);
-            if e.raw_os_error() == Some(Errno::NOSPC.raw_os_error())
-                && let Some((cap, used)) = budget
-            {
-                return Err(RequestError::DiskFull {
-                    path: shown,
-                    bytes: size,
-                    used,
-                    max_mb: cap >> 20,
-                });
-            }
-            return Err(io_error(&shown, e));
+            return Err(write_error(shown, size, budget, e));
         }
         drop(file);
         if let Err(e) = rustix::fs::renameat(&dir, &tmp, &dir, name) {
