@@ -662,16 +662,22 @@ impl Registry {
         }
         note.restore_ms = started.elapsed().as_millis() as u64;
         if resumed {
-            slot.lock().paused = None;
-            if let Some(j) = self.journal()
-                && let Err(e) = j
-                    .checkpoint_paused(&slot.key.owner, &slot.key.session, None)
-                    .await
-            {
-                tracing::warn!("resume of {} not journaled: {e}", slot.key.session);
-            }
+            self.end_pause(slot).await;
         }
         Some(note)
+    }
+
+    /// A paused session was resumed: it is no longer paused, here and in
+    /// the journal.
+    async fn end_pause(&self, slot: &Slot) {
+        slot.lock().paused = None;
+        if let Some(j) = self.journal()
+            && let Err(e) = j
+                .checkpoint_paused(&slot.key.owner, &slot.key.session, None)
+                .await
+        {
+            tracing::warn!("resume of {} not journaled: {e}", slot.key.session);
+        }
     }
 
     async fn run_restore(
@@ -987,14 +993,7 @@ impl Registry {
             Err(e) => note.error = Some(self.config().template.redactor.redact(&e).into_owned()),
         }
         if resumed {
-            slot.lock().paused = None;
-            if let Some(j) = self.journal()
-                && let Err(e) = j
-                    .checkpoint_paused(&slot.key.owner, &slot.key.session, None)
-                    .await
-            {
-                tracing::warn!("resume of {} not journaled: {e}", slot.key.session);
-            }
+            self.end_pause(slot).await;
         }
         Some(note)
     }
