@@ -38,7 +38,7 @@
 //! a copy-on-write fork) becomes its parent and reaps it when its kernel
 //! ends ([`crate::link`]'s adopted init).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -50,7 +50,7 @@ use serde_json::Value;
 use crate::config::KernelConfig;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::template::{fork_kernel, read_line, send_with_fds};
+use crate::template::{fork_kernel, read_line, send_fork_request};
 
 /// How long the worker may take to connect once invited.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -143,14 +143,7 @@ impl CowInvite {
         extra.insert("watch_host".into(), Value::from(std::process::id()));
         let exchange = move |req: Value, fds: [OwnedFd; 4]| -> std::io::Result<Value> {
             let sock = self.accept(worker_pid)?;
-            let [a, b, c, d] = &fds;
-            send_with_fds(
-                &sock,
-                format!("{req}\n").as_bytes(),
-                &[a.as_fd(), b.as_fd(), c.as_fd(), d.as_fd()],
-            )?;
-            drop(fds);
-            sock.set_read_timeout(Some(FORK_REPLY))?;
+            send_fork_request(&sock, &req, fds, FORK_REPLY)?;
             let line = read_line(&sock)?;
             serde_json::from_str(&line).map_err(std::io::Error::other)
         };

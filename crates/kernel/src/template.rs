@@ -321,15 +321,7 @@ impl Template {
                 .sock
                 .lock()
                 .map_err(|_| std::io::Error::other("template socket lock poisoned"))?;
-            let [a, b, c, d] = &fds;
-            send_with_fds(
-                &sock,
-                format!("{req}\n").as_bytes(),
-                &[a.as_fd(), b.as_fd(), c.as_fd(), d.as_fd()],
-            )?;
-            // Our copies of the child's ends go now: EOF must mean the child.
-            drop(fds);
-            sock.set_read_timeout(Some(FORK_REPLY))?;
+            send_fork_request(&sock, &req, fds, FORK_REPLY)?;
             // A reply that came too late for an earlier request is skipped.
             loop {
                 let line = read_line(&sock)?;
@@ -473,6 +465,25 @@ pub(crate) fn read_line(sock: &UnixStream) -> std::io::Result<String> {
         }
     }
     String::from_utf8(line).map_err(std::io::Error::other)
+}
+
+/// Sends one fork request (`req` as a JSON line) with the child's four
+/// channel ends attached, closes this process's copies of them (EOF must
+/// mean the child), and bounds the wait for the reply by `reply_timeout`.
+pub(crate) fn send_fork_request(
+    sock: &UnixStream,
+    req: &Value,
+    fds: [OwnedFd; 4],
+    reply_timeout: Duration,
+) -> std::io::Result<()> {
+    let [a, b, c, d] = &fds;
+    send_with_fds(
+        sock,
+        format!("{req}\n").as_bytes(),
+        &[a.as_fd(), b.as_fd(), c.as_fd(), d.as_fd()],
+    )?;
+    drop(fds);
+    sock.set_read_timeout(Some(reply_timeout))
 }
 
 /// Sends `bytes` with `fds` attached to the first byte (SCM_RIGHTS).
