@@ -721,7 +721,12 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     assert!(p["checkpoint"]["bytes"].as_u64().unwrap_or(0) > 0, "{p}");
     assert!(
         !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-        "the paused kernel is gone"
+        "the paused kernel is gone (reaped, not left a zombie): {:?}",
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map(|s| s
+            .lines()
+            .filter(|l| l.starts_with("State") || l.starts_with("PPid"))
+            .collect::<Vec<_>>()
+            .join(" "))
     );
     s.stop();
     let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);

@@ -1418,6 +1418,40 @@ async fn sandbox_off_behaves_as_before() {
     k.kill().await;
 }
 
+/// A killed kernel is reaped before `kill` returns, also when its worker
+/// is a large, many-threaded process whose group stays unwaitable for a
+/// while after its leader shows as a zombie (sandbox off: the init spares
+/// forked kernels and used to stop at "only zombies left").
+#[tokio::test]
+async fn a_killed_many_threaded_worker_is_reaped_before_kill_returns() {
+    for round in 0..4 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let k = sandboxed(&dir, SandboxProfile::off()).await;
+        let r = run(
+            &k,
+            "import threading, time\n\
+             ev = threading.Event()\n\
+             ts = [threading.Thread(target=ev.wait, daemon=True) for _ in range(16)]\n\
+             [t.start() for t in ts]\n\
+             heap = b'x' * (768 << 20)\n\
+             len(threading.enumerate())",
+        )
+        .await;
+        assert_ok(&r);
+        let pid = k.info().pid;
+        k.kill().await;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+        assert!(
+            status.is_none(),
+            "round {round}: the worker {pid} is still listed after kill: {:?}",
+            status.as_deref().map(|s| s
+                .lines()
+                .filter(|l| l.starts_with("State") || l.starts_with("PPid"))
+                .collect::<Vec<_>>())
+        );
+    }
+}
+
 #[tokio::test]
 async fn sandbox_writing_outside_the_workdir_fails() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -954,14 +954,12 @@ fn kill_tree_and_reap(init_pid: i32, python: i32, python_status: &mut Option<lib
     loop {
         if spare {
             // Subtrees of adopted kernel inits (copy-on-write forks) live
-            // on: done once nothing else is left, dead ones reaped.
+            // on: done once nothing else is left, not even a zombie (one
+            // whose other threads still exit is not yet waitable; leaving
+            // it hands it to whoever adopts orphans).
             let left = signal::kill_descendants_sparing(init_pid, is_adopted_init);
             let children = reap_nohang(python, python_status);
             if left == 0 || !children {
-                // Grandchildren that died last became our children as
-                // their parents were reaped: reap them too.
-                std::thread::sleep(Duration::from_millis(2));
-                reap_nohang(python, python_status);
                 return;
             }
         } else {

@@ -59,8 +59,16 @@ pub fn kill_descendants(root: i32, rounds: usize) -> usize {
 }
 
 /// SIGKILL to every live descendant of `root` but the subtrees rooted at a
-/// process `spare` accepts (one sweep). Returns how many were signalled
-/// (0: nothing but spared subtrees and zombies is left).
+/// process `spare` accepts (one sweep). Returns how many processes of the
+/// unspared tree are left: those signalled, and zombies not yet reaped
+/// (0: nothing but spared subtrees is left).
+///
+/// A zombie counts because `/proc` shows a thread-group leader as `Z` as
+/// soon as its own thread has exited, while the group is not waitable
+/// until its other threads have (a killed worker with a BLAS pool and a
+/// large heap takes a while): a caller that stops at "only zombies left"
+/// exits before it can reap them, and leaves them to whichever process
+/// adopts orphans (the pid stays taken until that one reaps).
 pub fn kill_descendants_sparing(root: i32, spare: impl Fn(i32) -> bool) -> usize {
     let procs = procfs::all_processes();
     let mut children: std::collections::HashMap<i32, Vec<procfs::ProcStat>> =
@@ -68,20 +76,20 @@ pub fn kill_descendants_sparing(root: i32, spare: impl Fn(i32) -> bool) -> usize
     for p in &procs {
         children.entry(p.ppid).or_default().push(*p);
     }
-    let mut sent = 0;
+    let mut left = 0;
     let mut stack = vec![root];
     while let Some(pid) = stack.pop() {
         for k in children.get(&pid).map(Vec::as_slice).unwrap_or_default() {
             if k.pid == root || (k.state != 'Z' && spare(k.pid)) {
                 continue;
             }
-            if k.state != 'Z' && kill(k.pid, libc::SIGKILL).is_ok() {
-                sent += 1;
+            if k.state == 'Z' || kill(k.pid, libc::SIGKILL).is_ok() {
+                left += 1;
             }
             stack.push(k.pid);
         }
     }
-    sent
+    left
 }
 
 /// Name of a signal number, e.g. `SIGSEGV` for 11.
