@@ -19,6 +19,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+/// The binary under test: `CELLHOST_TEST_BIN` when set (the non-root run
+/// of `scripts/escape-nonroot.sh` copies it where that user can run it).
+fn cellhost_bin() -> String {
+    std::env::var("CELLHOST_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_cellhost").to_string())
+}
+
 fn python() -> String {
     std::env::var("CELLHOST_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
@@ -46,7 +52,7 @@ impl Serve {
 
     /// With `extra` flags for `serve`.
     fn start_with(dir: &std::path::Path, extra: &[&str]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cellhost"))
+        let mut child = Command::new(cellhost_bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--python", &python()])
             .args(extra)
             .env("CELLHOST_STATE_DIR", dir.join("state"))
@@ -286,6 +292,36 @@ fn cell_ids(v: &Value, field: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[test]
+fn a_pip_install_cell_is_replayed_after_a_kill_and_what_it_installed_imports_again() {
+    let Some(dir) = ready() else { return };
+    if !cellhost_testkit::index::reachable(cellhost_testkit::index::TOMLI) {
+        return;
+    }
+    let s = Serve::start(dir.path());
+    s.create(json!({"name": "pipr", "restore": "replay", "checkpoint": "off"}));
+    let install = s.exec_ok("pipr", "%pip install tomli==2.0.1");
+    let use_it = s.exec_ok(
+        "pipr",
+        "import tomli\nconf = tomli.loads('x = 41')\nconf['x'] += 1",
+    );
+    s.exec_sigkill("pipr");
+    let r = s.exec_ok("pipr", "conf['x'], tomli.__name__");
+    assert_eq!(r["result"]["text/plain"], "(42, 'tomli')", "{r}");
+    let replay = &r["restored"]["replay"];
+    assert_eq!(r["restored"]["source"], "replay", "{r}");
+    assert_eq!(
+        cell_ids(&replay["replayed"], "cell"),
+        vec![cell_id(&install), cell_id(&use_it)],
+        "the install is replayed as any cell, in order: {replay}"
+    );
+    assert!(
+        replay["failed"].is_null(),
+        "the install ran again without failing: {replay}"
+    );
+    s.stop();
 }
 
 #[test]
@@ -630,19 +666,23 @@ fn process_checkpoints_are_refused_with_the_reason() {
     s.stop();
 }
 
-/// Why this host cannot take process checkpoints (`None`: it can): not
-/// root, or no CRIU whose `criu check` passes (Debian 12's 3.17.1 fails on
-/// 6.x kernels; `scripts/criu-build.sh` installs one that passes).
+/// Why this host cannot take process checkpoints (`None`: it can): no
+/// CRIU whose `criu check` passes (Debian 12's 3.17.1 fails on 6.x
+/// kernels; `scripts/criu-build.sh` installs one that passes), run as
+/// root, or as another user in CRIU's unprivileged mode (a binary with the
+/// CAP_CHECKPOINT_RESTORE file capability, named by `CELLHOST_CRIU`).
 fn criu_unusable() -> Option<String> {
-    if !rustix::process::geteuid().is_root() {
-        return Some("not root".into());
-    }
     let criu = cellhost_kernel::criu::criu_binary();
-    match Command::new(&criu).arg("check").output() {
+    match cellhost_kernel::criu::command("check").output() {
         Ok(o) if o.status.success() => None,
         Ok(o) => Some(format!(
-            "`{} check` fails: {}",
+            "`{} check{}` fails: {}",
             criu.display(),
+            if cellhost_kernel::criu::unprivileged() {
+                " --unprivileged"
+            } else {
+                ""
+            },
             String::from_utf8_lossy(&o.stderr)
                 .lines()
                 .last()
@@ -652,10 +692,21 @@ fn criu_unusable() -> Option<String> {
     }
 }
 
-/// [`ready`], and a host that can take process checkpoints.
+/// [`ready`], and a host that can take process checkpoints. With
+/// `CELLHOST_REQUIRE_CRIU` set (the non-root run of
+/// `scripts/escape-nonroot.sh`, which sets CRIU up) a host that cannot is
+/// a failure, not a skip.
 fn process_ready() -> Option<tempfile::TempDir> {
-    let dir = ready()?;
+    let required = std::env::var_os("CELLHOST_REQUIRE_CRIU").is_some();
+    let Some(dir) = ready() else {
+        assert!(
+            !required,
+            "CELLHOST_REQUIRE_CRIU: curl, numpy and pandas are needed"
+        );
+        return None;
+    };
     if let Some(why) = criu_unusable() {
+        assert!(!required, "CELLHOST_REQUIRE_CRIU: {why}");
         eprintln!("process checkpoints cannot run here ({why}): skipped");
         return None;
     }
@@ -691,6 +742,15 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     );
     assert_eq!(r["status"], "ok", "{r}");
     let pid = r["kernel"]["pid"].as_u64().expect("pid");
+    // A kernel CRIU may dump runs under no_new_privs (what its
+    // unprivileged restore needs).
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["NoNewPrivs:", "1"]),
+        "{status}"
+    );
     let c = s.call("POST", "/v1/sessions/whole/checkpoint", None);
     assert!(c["bytes"].as_u64().unwrap_or(0) > 0, "an image was written: {c}");
     // SIGKILLed halfway through a cell: the next cell runs in the tree
@@ -736,6 +796,91 @@ fn process_checkpoints_restore_the_whole_kernel_after_a_kill_and_a_pause() {
     assert_eq!(r["execution_count"], 3, "{r}");
     assert_eq!(r["restored"]["source"], "process", "{r}");
     assert_eq!(r["restored"]["resumed"], true, "{r}");
+    s.stop();
+}
+
+/// The memory line of `/proc/PID/cgroup` (v1: the `memory` controller's,
+/// v2: the unified one).
+fn memory_group(pid: u64) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let line = text
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+        })
+        .or_else(|| text.lines().find(|l| l.starts_with("0::")));
+    line.and_then(|l| l.splitn(3, ':').nth(2))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn process_checkpoints_bring_a_limited_kernel_back_under_its_new_generations_limits() {
+    let Some(dir) = process_ready() else { return };
+    let s = Serve::start_with(dir.path(), &["--sandbox", "off"]);
+    let made = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(json!({
+            "name": "lim", "checkpoint": "process", "sandbox": "off",
+            "limits": {"memory_mb": 256, "pids": 64}
+        })),
+    );
+    if made["name"] != "lim" && !rustix::process::geteuid().is_root() {
+        // A v1 host gives users no groups: the named limit is refused.
+        eprintln!(
+            "cgroup limits are not this user's here ({}): skipped",
+            made["error"]
+        );
+        s.stop();
+        return;
+    }
+    assert_eq!(made["name"], "lim", "{made}");
+    let r = s.exec_ok("lim", "import os\nx = 41\nos.getpid()");
+    let pid = r["kernel"]["pid"].as_u64().expect("pid");
+    let before = memory_group(pid);
+    if before.is_empty() || before == "/" {
+        eprintln!("the kernel has no memory group here ({before:?}): skipped");
+        s.stop();
+        return;
+    }
+    let c = s.call("POST", "/v1/sessions/lim/checkpoint", None);
+    assert!(c["bytes"].as_u64().unwrap_or(0) > 0, "an image was written: {c}");
+    s.exec_sigkill("lim");
+    let r = s.exec_ok("lim", "x, os.getpid()");
+    assert_eq!(r["result"]["text/plain"], format!("(41, {pid})"), "{r}");
+    assert_eq!(r["restored"]["source"], "process", "{r}");
+    // Back in the new generation's own group, not the dumped one's (gone
+    // with its kernel) nor the host's.
+    let after = memory_group(pid);
+    assert_ne!(after, before, "the restored tree is in a fresh group");
+    assert!(
+        after.contains(&format!("-g{}-", r["kernel"]["generation"])),
+        "the group of generation {}: {after}",
+        r["kernel"]["generation"]
+    );
+    // And its limit holds: 400 MiB under 256 MiB is an OOM of this kernel.
+    let r = s.exec("lim", "big = b'x' * (400 << 20)");
+    assert_eq!(r["status"], "crashed", "{r}");
+    assert_eq!(r["fault"], "oom", "{r}");
+    assert!(
+        r["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("restored from the session's checkpoint")),
+        "the hint says the state comes back: {r}"
+    );
+    assert!(
+        r["crash"]["message"]
+            .as_str()
+            .is_some_and(|w| w.contains("memory limit (256 MiB)")),
+        "the limit is named: {r}"
+    );
+    // The next cell comes back from the checkpoint again, still limited.
+    let r = s.exec_ok("lim", "x");
+    assert_eq!(r["result"]["text/plain"], "41", "{r}");
+    assert_eq!(r["restored"]["source"], "process", "{r}");
     s.stop();
 }
 

@@ -18,31 +18,15 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
-const INDEX: &str = "https://pypi.org/simple/tomli/";
+const INDEX: &str = cellhost_testkit::index::TOMLI;
 
 fn python() -> String {
     std::env::var("CELLHOST_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// Whether the package index answers (curl, 20 s); prints why not.
+/// Whether the package index answers; prints why not.
 fn index_reachable() -> bool {
-    let o = Command::new("curl")
-        .args(["-sS", "-f", "-o", "/dev/null", "-m", "20", INDEX])
-        .output();
-    match o {
-        Ok(o) if o.status.success() => true,
-        Ok(o) => {
-            println!(
-                "skipped: the package index {INDEX} is unreachable: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
-            false
-        }
-        Err(e) => {
-            println!("skipped: cannot run curl to reach {INDEX}: {e}");
-            false
-        }
-    }
+    cellhost_testkit::index::reachable(INDEX)
 }
 
 struct Env {

@@ -77,6 +77,14 @@ pub struct KernelConfig {
     /// Starts the worker somewhere else (a placement of the
     /// `cellhost-remote` crate); `None` (default): a local worker.
     pub starter: Option<Arc<dyn KernelStarter>>,
+    /// The kernel may be dumped by a process checkpoint (CRIU): its init
+    /// and worker run under `no_new_privs` (setuid and file-capability
+    /// programs do not raise privileges in the tree). CRIU's unprivileged
+    /// restore needs it on a host whose capability bounding set is
+    /// reduced (a container's): it trims the restored tasks' bounding set
+    /// without `CAP_SETPCAP` only when the image records `no_new_privs`.
+    /// Default `false`.
+    pub checkpointable: bool,
 }
 
 /// Starts a kernel's worker other than as a local process, for
@@ -175,6 +183,7 @@ impl KernelConfig {
             egress: None,
             packages_dir: None,
             starter: None,
+            checkpointable: false,
         }
     }
 

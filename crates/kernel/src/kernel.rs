@@ -146,7 +146,7 @@ impl Kernel {
 
     /// Why this kernel cannot be dumped by a process checkpoint (`None`:
     /// it can): a remote kernel, one forked from a template, or one with
-    /// sandbox layers or cgroup limits.
+    /// sandbox layers.
     pub fn process_checkpoint_refusal(&self) -> Option<String> {
         if self.inner.process.is_some() {
             return None;
@@ -163,7 +163,7 @@ impl Kernel {
                 l.name
             )
         } else {
-            "the kernel runs in a cgroup with limits, which a process checkpoint does not carry".into()
+            "the kernel's channels to the host could not be named for a checkpoint".into()
         })
     }
 

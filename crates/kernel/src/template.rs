@@ -164,6 +164,7 @@ impl Template {
             env: spawn::env_strings(&env),
             keep_tree: true,
             spare_forks: false,
+            no_new_privs: false,
         };
         if let Some(cwd) = &config.cwd {
             cmd.current_dir(cwd);

@@ -124,6 +124,31 @@ pub fn close_inherited_on_exec(cmd: &mut std::process::Command) {
     }
 }
 
+/// Makes `cmd`'s child raise its soft `RLIMIT_NOFILE` to the hard limit
+/// before it execs. For `criu`: it keeps its own descriptors above the
+/// largest descriptor table of the tree it restores, and refuses
+/// (`Can't chose service_fd_base`) when the soft limit leaves no room;
+/// as root it raises the limit itself, in its unprivileged mode it cannot
+/// go past the hard limit, and the usual soft 1024 is too little.
+pub fn raise_nofile_on_exec(cmd: &mut std::process::Command) {
+    // SAFETY: the hook runs in the child between fork and exec and makes
+    // only async-signal-safe system calls (getrlimit, setrlimit) on a
+    // stack value; a failure leaves the limit as it was.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+                lim.rlim_cur = lim.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+            Ok(())
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +157,18 @@ mod tests {
         let mut v = Vec::new();
         each_gap(keep, |a, b| v.push((a, b)));
         v
+    }
+
+    #[test]
+    fn the_soft_descriptor_limit_is_raised_to_the_hard_one() {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "ulimit -Sn; ulimit -Hn"]);
+        raise_nofile_on_exec(&mut cmd);
+        let out = cmd.output().expect("sh");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: Vec<&str> = text.lines().collect();
+        assert_eq!(v.len(), 2, "{text}");
+        assert_eq!(v[0], v[1], "soft = hard: {text}");
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //! 5. core dumps off (soft `RLIMIT_CORE` 0, the hard limit kept): a crashed
 //!    worker never writes its memory (secrets, data) to disk;
 //! 6. the kernel's control groups joined, so every descendant is counted
-//!    and limited from its first instruction.
+//!    and limited from its first instruction;
+//! 7. `no_new_privs` when asked (a kernel a process checkpoint may dump:
+//!    CRIU's unprivileged restore relies on it), last, so nothing above
+//!    depends on it.
 
 use std::path::PathBuf;
 
@@ -31,6 +34,8 @@ pub struct Prelude {
     pub host_pid: i32,
     /// `cgroup.procs` files to join, in order.
     pub cgroups: Vec<PathBuf>,
+    /// Set `no_new_privs` for the whole tree.
+    pub no_new_privs: bool,
 }
 
 /// A prelude step that failed; the init exits with status 70 and this
@@ -102,6 +107,9 @@ pub fn run(sys: &dyn Sys, p: &Prelude) -> Result<(), PreludeError> {
             why: e.to_string(),
         })?;
     }
+    if p.no_new_privs {
+        sys.set_no_new_privs().map_err(step("set no_new_privs"))?;
+    }
     Ok(())
 }
 
@@ -118,7 +126,32 @@ mod tests {
                 "/cg/memory/k/cgroup.procs".into(),
                 "/cg/pids/k/cgroup.procs".into(),
             ],
+            no_new_privs: false,
         }
+    }
+
+    #[test]
+    fn no_new_privs_comes_last_when_asked() {
+        let sys = Record::new(0);
+        let p = Prelude {
+            no_new_privs: true,
+            ..prelude(false)
+        };
+        assert_eq!(run(&sys, &p), Ok(()));
+        assert_eq!(sys.names().last(), Some(&"set_no_new_privs"));
+        assert_eq!(sys.names().len(), 8);
+        let sys = Record::failing(0, &["set_no_new_privs"]);
+        let e = run(&sys, &p).expect_err("refused");
+        assert!(
+            matches!(
+                e,
+                PreludeError::Step {
+                    step: "set no_new_privs",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

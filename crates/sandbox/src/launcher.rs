@@ -334,7 +334,7 @@ fn init_main(args: &[OsString]) -> ! {
             _ => fail("usage: __cellhost-kernel-init --launch-fd FD (or the adopt-mode flags)"),
         }
     }
-    let (program, env, cgroups, spec, keep_tree, spare_forks) = match launch {
+    let (program, env, cgroups, spec, keep_tree, spare_forks, no_new_privs) = match launch {
         Some(l) => {
             host_pid = Some(l.host_pid);
             (
@@ -344,9 +344,10 @@ fn init_main(args: &[OsString]) -> ! {
                 l.sandbox,
                 l.keep_tree,
                 l.spare_forks,
+                l.no_new_privs,
             )
         }
-        None => (Vec::new(), Vec::new(), Vec::new(), None, false, false),
+        None => (Vec::new(), Vec::new(), Vec::new(), None, false, false, false),
     };
     // Nothing the host's caller left open without close-on-exec reaches the
     // kernel: every descriptor but the standard streams (control socket and
@@ -370,6 +371,7 @@ fn init_main(args: &[OsString]) -> ! {
         adopted: adopt.is_some(),
         host_pid,
         cgroups,
+        no_new_privs,
     };
     if let Err(e) = crate::init_prelude::run(&Linux, &prelude) {
         fail(&e.to_string());

@@ -330,6 +330,11 @@ pub struct LaunchSpec {
     /// worker the host may fork (`cellhost_kernel::cow`).
     #[serde(default)]
     pub spare_forks: bool,
+    /// The init sets `no_new_privs` before it forks anything, so the whole
+    /// tree runs under it (a sandbox sets it anyway; for sandbox-off
+    /// kernels a process checkpoint may dump).
+    #[serde(default)]
+    pub no_new_privs: bool,
 }
 
 /// Where a sandboxed kernel's `MPLCONFIGDIR` is, in its private `/tmp`.

@@ -379,26 +379,20 @@ pub fn remove_stored(path: &Path) {
 }
 
 /// Whether `process` checkpoints can be taken on this host: CRIU
-/// ([`cellhost_kernel::criu::criu_binary`]) runs and `criu check` passes,
-/// and the host runs as root. Asked once per process.
+/// ([`cellhost_kernel::criu::criu_binary`]) runs and `criu check` passes
+/// — as root, or as another user in CRIU's unprivileged mode, for which
+/// the binary must carry the `CAP_CHECKPOINT_RESTORE` file capability.
+/// Asked once per process.
 ///
 /// # Errors
 /// Why not: CRIU missing, `criu check`'s own error lines (with the
-/// kernel's release), or not root (CRIU's unprivileged mode needs
-/// CAP_CHECKPOINT_RESTORE and more, which cellhost does not set up).
+/// kernel's release), or, not as root, how to give CRIU the capability.
 pub fn process_available() -> Result<(), String> {
     static WHY: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     WHY.get_or_init(|| {
         let criu = cellhost_kernel::criu::criu_binary();
-        if !rustix::process::geteuid().is_root() {
-            return Err(format!(
-                "process checkpoints need root: CRIU ({}) dumps and restores a process tree as root; without it, \
-                 CAP_CHECKPOINT_RESTORE (with CAP_SYS_PTRACE) would be needed, which this host does not have",
-                criu.display()
-            ));
-        }
-        let out = match std::process::Command::new(&criu)
-            .arg("check")
+        let unprivileged = cellhost_kernel::criu::unprivileged();
+        let out = match cellhost_kernel::criu::command("check")
             .stdin(std::process::Stdio::null())
             .output()
         {
@@ -422,6 +416,16 @@ pub fn process_available() -> Result<(), String> {
         } else {
             errors.join("; ")
         };
+        if unprivileged {
+            return Err(format!(
+                "process checkpoints as a user other than root need a CRIU binary with the CAP_CHECKPOINT_RESTORE \
+                 file capability (as root: `install -m 0755 {criu} /usr/local/libexec/criu-unprivileged && setcap \
+                 cap_checkpoint_restore+eip /usr/local/libexec/criu-unprivileged`, then CELLHOST_CRIU names that copy; \
+                 with Yama's ptrace_scope at 1 or more also cap_sys_ptrace): `criu check --unprivileged` failed: {}",
+                what.chars().take(600).collect::<String>(),
+                criu = criu.display(),
+            ));
+        }
         Err(format!(
             "CRIU ({}) cannot checkpoint on this host (kernel {}): `criu check` failed: {}",
             criu.display(),

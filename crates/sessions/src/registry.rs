@@ -1569,6 +1569,7 @@ impl Registry {
         // A session in `process` mode gets a kernel started cold (a forked
         // one shares its template's descriptors, which CRIU cannot detach).
         let k = if process_mode && cfg.starter.is_none() {
+            cfg.checkpointable = true;
             Kernel::spawn(cfg).await?
         } else {
             self.templates.spawn(cfg).await?
@@ -1796,6 +1797,11 @@ impl Registry {
         };
         r.kernel.session = key.session.clone();
         r.kernel.generation = generation;
+        if r.status == cellhost_kernel::CellStatus::Crashed
+            && let Some(h) = self.crash_hint(&slot)
+        {
+            r.hint = Some(h);
+        }
         {
             let mut g = slot.lock();
             if let Some((seen, real)) = &g.cwd_alias {

@@ -789,14 +789,6 @@ impl Registry {
                         layer: "landlock".into(),
                         message: LANDLOCK_REFUSAL.into(),
                     }
-                } else if layered {
-                    RegistryError::CheckpointLayer {
-                        layer: "cgroup".into(),
-                        message: format!(
-                            "{why}: CRIU would restore the tree outside the kernel's own cgroup, without its limits; \
-                         drop the session's limits for process checkpoints, or use checkpoint = \"namespace\""
-                        ),
-                    }
                 } else {
                     unavailable(why)
                 },

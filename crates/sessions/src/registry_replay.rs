@@ -87,6 +87,31 @@ impl Registry {
             .is_ok_and(|rows| rows.iter().any(|c| c.generation == last && c.status == "ok"))
     }
 
+    /// The hint of a `crashed` result in `slot`'s session when its next
+    /// kernel gets state back (a checkpoint it keeps, or a replay of the
+    /// journal), instead of the kernel's "the variables are gone"; `None`
+    /// when the next kernel starts empty.
+    pub(super) fn crash_hint(&self, slot: &Slot) -> Option<String> {
+        let mode = self.restore_mode(&slot.key);
+        let ckpt = slot.lock().ckpt.as_ref().map(|c| c.execution_count);
+        match (mode, ckpt) {
+            (RestoreMode::None, _) | (RestoreMode::Checkpoint, None) => None,
+            (RestoreMode::Checkpoint, Some(n)) => Some(format!(
+                "The worker died; the next cell starts a new kernel restored from the session's checkpoint \
+                 (taken after execution count {n}): what ran after it is lost. The result's `restored` says what came back."
+            )),
+            (RestoreMode::Replay, Some(n)) => Some(format!(
+                "The worker died; the next cell starts a new kernel restored from the session's checkpoint \
+                 (taken after execution count {n}), then re-runs the journaled cells after it (restore = replay)."
+            )),
+            (RestoreMode::Replay, None) => Some(
+                "The worker died; the next cell starts a new kernel that first re-runs this session's \
+                 journaled cells (restore = replay). The result's `restored` says what came back."
+                    .into(),
+            ),
+        }
+    }
+
     /// Marks `key`'s session so its next kernel replays nothing (its state
     /// is dropped on purpose, or rebuilt by a caller).
     pub(super) fn skip_next_replay(&self, slot: &Slot) {

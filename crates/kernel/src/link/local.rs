@@ -144,6 +144,7 @@ impl LocalLink {
             env: spawn::env_strings(&worker_env(config, prep.spec.is_some())),
             keep_tree: false,
             spare_forks: prep.spec.is_none(),
+            no_new_privs: config.checkpointable,
         };
         let mut cmd = spawn::init_command(&launcher, OwnedFd::from(worker_end));
         if let Some(cwd) = &config.cwd {
@@ -184,36 +185,38 @@ impl LocalLink {
         };
         let (mut link, launch) = LocalLink::attach(prep, init, host_end, stdout, stderr)?;
         link.egress = proxy;
-        // Only a kernel without sandbox layers or cgroups is ever dumped.
-        link.control_inode = control_inode.filter(|_| link.cgroup.is_none() && !launch.sandboxed);
+        // Only a kernel without sandbox layers is ever dumped.
+        link.control_inode = control_inode.filter(|_| !launch.sandboxed);
         Ok((link, launch))
     }
 
     /// Takes back a kernel dumped into `dir` by a process checkpoint:
     /// `criu restore` brings the tree back as a child of this host, with
-    /// fresh channels; the worker's `ready` comes from the image.
+    /// fresh channels, inside this generation's own groups when the
+    /// configuration has limits; the worker's `ready` comes from the image.
     ///
     /// # Errors
     /// [`KernelError::InvalidRequest`] for a configuration with a sandbox
-    /// or cgroup limits (never dumped); [`KernelError::Spawn`] when CRIU
-    /// cannot restore (its log's errors) or the image is unreadable;
-    /// [`KernelError::Io`].
+    /// (never dumped); [`KernelError::Spawn`] when the limits cannot be
+    /// set up, or CRIU cannot restore (its log's errors) or the image is
+    /// unreadable; [`KernelError::Io`].
     pub async fn restore(config: &KernelConfig, dir: &Path) -> Result<(LocalLink, Launch), KernelError> {
         let fail = |reason: String| KernelError::Spawn {
             python: config.python.display().to_string(),
             reason: format!("the process checkpoint could not be restored: {reason}"),
         };
         let prep = Prepared::new(config)?;
-        if prep.spec.is_some() || prep.cgroup.is_some() {
+        if prep.spec.is_some() {
             return Err(KernelError::InvalidRequest(
-                "a process checkpoint is restored only into a kernel without a sandbox and without cgroup limits"
-                    .into(),
+                "a process checkpoint is restored only into a kernel without a sandbox".into(),
             ));
         }
         let meta = criu::read_meta(dir).map_err(fail)?;
+        let groups: Vec<PathBuf> = prep.cgroup.iter().flat_map(KernelCgroup::procs_files).collect();
         let restored = criu::restore(
             dir,
             &meta,
+            &groups,
             config.startup_timeout.max(std::time::Duration::from_secs(30)),
         )
         .await

@@ -18,8 +18,11 @@
 //! reason; the kernel reports it as a missing sandbox layer.
 //!
 //! The kernel init joins the groups (writes `0` to each `cgroup.procs`)
-//! before it forks Python, so every descendant is inside from the start.
+//! before it forks Python, so every descendant is inside from the start;
+//! [`join_on_exec`] does the same for a host tool that forks a kernel's
+//! tree itself (`criu restore`).
 
+mod join;
 pub mod layout;
 pub mod systemd;
 pub mod v1;
@@ -30,6 +33,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+pub use join::join_on_exec;
 use layout::{Layout, Mode, Mount};
 use v1::V1Groups;
 use v2::{Subtree, V2Group};

@@ -13,7 +13,10 @@
 //! never learns it was restored: its `ready` (pid, version, rings) is kept
 //! in the image's [`ProcessMeta`] and replayed by the link.
 //!
-//! Only kernels without a sandbox and without a cgroup are dumped (the
+//! A kernel with cgroup limits comes back under them: the restore runs
+//! inside the new generation's groups (CRIU's own cgroup handling is
+//! off at both ends), so the tree and its restored memory are charged to
+//! and limited by them. Only kernels without a sandbox are dumped (the
 //! session layer refuses the rest, naming the layer): CRIU does not carry
 //! Landlock domains across a restore, and a kernel must never come back
 //! weaker than its sandbox.
@@ -139,6 +142,26 @@ async fn wait(mut child: std::process::Child, timeout: Duration, what: &str) -> 
     }
 }
 
+/// CRIU runs in its unprivileged mode (`--unprivileged`): this host is
+/// not root, so the binary must carry `CAP_CHECKPOINT_RESTORE` as a file
+/// capability, and the tree runs under `no_new_privs`
+/// ([`crate::KernelConfig::checkpointable`]).
+pub fn unprivileged() -> bool {
+    !rustix::process::geteuid().is_root()
+}
+
+/// `criu ACTION`, with `--unprivileged` when [`unprivileged`], its soft
+/// descriptor limit raised to the hard one.
+pub fn command(action: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(criu_binary());
+    cellhost_sandbox::fds::raise_nofile_on_exec(&mut cmd);
+    cmd.arg(action);
+    if unprivileged() {
+        cmd.arg("--unprivileged");
+    }
+    cmd
+}
+
 /// Dumps the tree under `meta.init_pid` into `dir` (which must exist and
 /// be empty), and writes [`META_FILE`]. With `leave_running` the tree goes
 /// on; without it CRIU kills it once the image is complete.
@@ -151,9 +174,8 @@ pub(crate) async fn dump(
     leave_running: bool,
     timeout: Duration,
 ) -> Result<(), String> {
-    let mut cmd = std::process::Command::new(criu_binary());
-    cmd.arg("dump")
-        .arg("--tree")
+    let mut cmd = command("dump");
+    cmd.arg("--tree")
         .arg(meta.init_pid.to_string())
         .arg("--images-dir")
         .arg(dir)
@@ -162,6 +184,10 @@ pub(crate) async fn dump(
         .arg("-v2")
         .arg("--external")
         .arg(format!("unix[{}]", inode_of(&meta.control)))
+        // The tree is restored into the new generation's own groups,
+        // never into the dumped ones (ignored at both ends, as CRIU
+        // requires for a restore into another cgroup).
+        .arg("--manage-cgroups=ignore")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     if leave_running {
@@ -201,12 +227,20 @@ pub(crate) struct Restored {
     pub control_inode: Option<u64>,
 }
 
-/// Restores the image in `dir`; the tree runs when this returns.
+/// Restores the image in `dir`; the tree runs when this returns. `groups`
+/// (`cgroup.procs` files of the new generation's groups, empty for none):
+/// `criu` joins them before it execs, so the tree it forks comes back
+/// inside them, its restored memory charged to them.
 ///
 /// # Errors
 /// Why CRIU could not restore (its log's error lines), or a descriptor
-/// could not be made.
-pub(crate) async fn restore(dir: &Path, meta: &ProcessMeta, timeout: Duration) -> Result<Restored, String> {
+/// could not be made, or a group could not be joined.
+pub(crate) async fn restore(
+    dir: &Path,
+    meta: &ProcessMeta,
+    groups: &[PathBuf],
+    timeout: Duration,
+) -> Result<Restored, String> {
     let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
     let (host_end, worker_end) = std::os::unix::net::UnixStream::pair().map_err(|e| io("socketpair", e))?;
     let (out_r, out_w) =
@@ -215,9 +249,8 @@ pub(crate) async fn restore(dir: &Path, meta: &ProcessMeta, timeout: Duration) -
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io("pipe", e.into()))?;
     let control_inode = rustix::fs::fstat(&worker_end).ok().map(|st| st.st_ino);
     let _ = std::fs::remove_file(dir.join(PID_FILE));
-    let mut cmd = std::process::Command::new(criu_binary());
-    cmd.arg("restore")
-        .arg("--images-dir")
+    let mut cmd = command("restore");
+    cmd.arg("--images-dir")
         .arg(dir)
         .arg("--log-file")
         .arg(RESTORE_LOG)
@@ -232,12 +265,17 @@ pub(crate) async fn restore(dir: &Path, meta: &ProcessMeta, timeout: Duration) -
         .arg(format!("fd[1]:{}", meta.stdout))
         .arg("--inherit-fd")
         .arg(format!("fd[2]:{}", meta.stderr))
+        .arg("--manage-cgroups=ignore")
         .stdin(std::process::Stdio::from(OwnedFd::from(worker_end)))
         .stdout(std::process::Stdio::from(out_w))
         .stderr(std::process::Stdio::from(err_w));
-    let child = super::spawn::spawn(cmd)
-        .await
-        .map_err(|e| format!("cannot run {}: {e}", criu_binary().display()))?;
+    cellhost_sandbox::cgroup::join_on_exec(&mut cmd, groups).map_err(|e| io("the kernel's groups", e))?;
+    let child = super::spawn::spawn(cmd).await.map_err(|e| {
+        format!(
+            "cannot run {} in the kernel's groups: {e}",
+            criu_binary().display()
+        )
+    })?;
     wait(child, timeout, "criu restore")
         .await
         .map_err(|e| format!("{e}: {}", log_errors(dir, RESTORE_LOG)))?;
