@@ -1418,6 +1418,41 @@ async fn sandbox_off_behaves_as_before() {
     k.kill().await;
 }
 
+/// An init that cannot act (stopped by its own worker: with the sandbox
+/// off they share a uid) does not hang `kill`: its tree is swept, then the
+/// init is SIGKILLed and reaped, the worker with it.
+#[tokio::test]
+async fn a_kill_ends_a_kernel_whose_init_was_stopped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = sandboxed(&dir, SandboxProfile::off()).await;
+    let init = k.info().init_pid as i32;
+    let pid = k.info().pid as i32;
+    let r = run(
+        &k,
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nos.getppid()",
+    )
+    .await;
+    assert_ok(&r);
+    assert_eq!(
+        r.result.and_then(|b| b.get("text/plain").cloned()),
+        Some(init.to_string().into())
+    );
+    tokio::time::timeout(Duration::from_secs(30), k.kill())
+        .await
+        .expect("kill returns");
+    assert!(!k.is_alive());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{init}")).exists(),
+        "the init {init} is reaped"
+    );
+    let worker = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        worker.is_empty()
+            || cellhost_sandbox::procfs::parse_stat(pid, &worker).is_some_and(|p| p.state == 'Z'),
+        "the worker {pid} is dead: {worker}"
+    );
+}
+
 /// A killed kernel is reaped before `kill` returns, also when its worker
 /// is a large, many-threaded process whose group stays unwaitable for a
 /// while after its leader shows as a zombie (sandbox off: the init spares

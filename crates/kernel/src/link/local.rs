@@ -118,6 +118,8 @@ pub struct LocalLink {
     /// A frame handed out before anything the worker sends (the `ready` of
     /// a restored worker, which said it before its dump).
     replay: Option<WorkerFrame>,
+    /// How many times [`WorkerLink::force_kill`] ran.
+    force_kills: u8,
 }
 
 impl LocalLink {
@@ -316,6 +318,7 @@ impl LocalLink {
                 egress: None,
                 control_inode: None,
                 replay: None,
+                force_kills: 0,
             },
             launch,
         ))
@@ -505,9 +508,17 @@ impl WorkerLink for LocalLink {
     }
 
     fn force_kill(&mut self) {
-        // The init did not finish in time: sweep the tree from here.
+        // The init did not finish in time. First its tree is swept from
+        // here and the init left alive to reap it (killed first, the init
+        // would hand every process still exiting — a large worker takes a
+        // while — to whoever adopts orphans, the pid taken until that one
+        // reaps). The next grace over: the init and its groups too.
         let init = self.init_pid as i32;
+        self.force_kills = self.force_kills.saturating_add(1);
         signal::kill_descendants(init, 20);
+        if self.force_kills == 1 {
+            return;
+        }
         if let Some(cg) = &self.cgroup {
             cg.kill_all(20);
         }

@@ -105,18 +105,24 @@ impl InitProc {
         }
     }
 
-    /// SIGTERM to the init (which kills and reaps its tree), then SIGKILL
-    /// of whatever is left after ~1 s; for a child of the host, reaps it.
-    /// Blocks for at most ~1.5 s.
+    /// SIGTERM to the init (which kills and reaps its tree); after ~1 s
+    /// SIGKILL to its tree, the init left to reap it; after ~1 s more
+    /// SIGKILL to the init; for a child of the host, reaps it. Blocks for
+    /// at most ~2.5 s.
     pub(crate) fn kill_and_reap(&mut self) {
         if matches!(self.try_wait(), Ok(Some(_))) {
             return;
         }
         let init = self.id() as i32;
         self.signal(rustix::process::Signal::TERM);
-        for _ in 0..200 {
+        for round in 0..400 {
             if let Ok(Some(_)) = self.try_wait() {
                 return;
+            }
+            if round == 200 {
+                // Killed before the tree, the init would leave whatever is
+                // still exiting to whoever adopts orphans.
+                signal::kill_descendants(init, 20);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
