@@ -23,7 +23,8 @@
 # a guest that runs out of time still leaves the suites it finished.
 #
 # CELLHOST_VM_PHASES (default "doctor,cgroup_limits limits,templates,bench,
-# escape") and CELLHOST_VM_WHO (default "root,user") run a part again.
+# escape") and CELLHOST_VM_WHO (default "root,user") run a part again; the
+# phase "disk" runs only the escape suite's `disk_mb` tests.
 # CELLHOST_VM_BINARIES=DIR takes cellhost, cellhost-bench, escape, kernel and
 # cgroup_limits from DIR instead of building them.
 # CPU: CELLHOST_VM_ACCEL=auto (default) | kvm | tcg. `auto` takes KVM when
@@ -267,6 +268,7 @@ for s in "$@"; do
         bench) suite bench /mnt/cellhost/cellhost bench --workload W2,W2T --kernels "${CELLHOST_VM_KERNELS:-5}" \
                    --python "$PY" --output "$OUT/$WHO.bench.md" ;;
         escape) suite escape /mnt/cellhost/escape --test-threads=1 ;;
+        disk) suite disk /mnt/cellhost/escape --test-threads=1 disk_mb ;;
         *) echo "suites.sh: no suite $s" >&2 ;;
     esac
 done
