@@ -106,6 +106,25 @@ pub const COPY_IN: &str = ".cellhost-copy-in";
 /// the workdir's files: copy them back when stdin closes).
 const KEEP_LINE: &[u8] = b"keep\n";
 
+/// Why a tmpfs cannot be idmapped on this host (`None`: it can): Linux
+/// before 6.3 has no idmapped mounts of tmpfs. As root the kernel runs as
+/// a uid of its own and writes its workdir through an idmapped mount; on
+/// such a host a tmpfs workdir would be unwritable to it, so the session
+/// keeps the uid layer and the cap is the host's accounting instead.
+pub fn tmpfs_idmap_missing() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    tmpfs_idmap_missing_on(release.trim())
+}
+
+/// [`tmpfs_idmap_missing`] for the kernel release `release` (`6.1.0-28-amd64`).
+/// A release that does not parse is taken as able.
+pub fn tmpfs_idmap_missing_on(release: &str) -> Option<String> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.parse().ok()?;
+    ((major, minor) < (6, 3)).then(|| format!("Linux {release} cannot idmap a tmpfs (6.3 and later can)"))
+}
+
 /// The holder a kernel enters ([`crate::profile::InitSpec::workdir_disk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderNs {
@@ -505,6 +524,17 @@ pub(crate) fn dispatch(args: &[OsString]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tmpfs_idmaps_from_linux_6_3() {
+        use super::tmpfs_idmap_missing_on as missing;
+        assert!(missing("6.1.0-28-amd64").is_some_and(|w| w.contains("6.1.0-28-amd64")));
+        assert!(missing("5.15.0").is_some());
+        assert_eq!(missing("6.3.0"), None);
+        assert_eq!(missing("6.18.2-generic"), None);
+        assert_eq!(missing("7.0"), None);
+        assert_eq!(missing("garbage"), None, "an unknown release is taken as able");
+    }
+
     use super::*;
 
     #[test]

@@ -88,6 +88,15 @@ pub(crate) fn no_mount_reason(cfg: &cellhost_kernel::KernelConfig, own_dir: bool
                 .into(),
         );
     }
+    let own_uid = rustix::process::geteuid().is_root()
+        && cfg.sandbox.mode != cellhost_sandbox::profile::SandboxMode::Off
+        && !cfg.sandbox.disable.iter().any(|d| d == "uid");
+    if own_uid && let Some(why) = cellhost_sandbox::workdir_disk::tmpfs_idmap_missing() {
+        return Some(format!(
+            "{why}: on a tmpfs the kernel's own uid could not write its workdir, and that layer is kept; \
+             the cap is the host's accounting and RLIMIT_FSIZE (each file)"
+        ));
+    }
     None
 }
 

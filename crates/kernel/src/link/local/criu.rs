@@ -271,10 +271,12 @@ pub(crate) async fn restore(
         .stderr(std::process::Stdio::from(err_w));
     cellhost_sandbox::cgroup::join_on_exec(&mut cmd, groups).map_err(|e| io("the kernel's groups", e))?;
     let child = super::spawn::spawn(cmd).await.map_err(|e| {
-        format!(
-            "cannot run {} in the kernel's groups: {e}",
-            criu_binary().display()
-        )
+        let place = if groups.is_empty() {
+            ""
+        } else {
+            " in the kernel's groups"
+        };
+        format!("cannot run {}{place}: {e}", criu_binary().display())
     })?;
     wait(child, timeout, "criu restore")
         .await
