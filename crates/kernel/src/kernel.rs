@@ -219,6 +219,12 @@ impl Kernel {
             .unwrap_or(false)
     }
 
+    /// Cells submitted and not yet taken by the worker (waiting behind the
+    /// running one, or not yet sent).
+    pub fn queued(&self) -> usize {
+        self.inner.shared.lock().map(|s| s.queued).unwrap_or(0)
+    }
+
     /// Cells this kernel has settled.
     pub fn cells_settled(&self) -> u64 {
         self.inner.shared.lock().map(|s| s.cells_settled).unwrap_or(0)

@@ -1716,9 +1716,11 @@ impl Registry {
         let cancel = options.cancel.clone();
         let silent = options.silent;
         // A worker that died before it took the cell (killed while idle,
-        // before the host saw it die) ran none of its code: the cell runs
-        // once more, on a fresh generation (restored as the session's
-        // settings say), instead of coming back `crashed`.
+        // before the host saw it die: the cell comes back `crashed` with
+        // reason "not started", or, still queued when the death is seen,
+        // fails with `Dead`) ran none of its code: the cell runs once more,
+        // on a fresh generation (restored as the session's settings say),
+        // instead of coming back `crashed` or as an error.
         let mut retried = false;
         let (start, mut r) = loop {
             let handle = match kernel.submit(code, options.clone()) {
@@ -1752,8 +1754,26 @@ impl Registry {
                 // interrupt may have found no cell, so this one is interrupted here.
                 let _ = handle.interrupt().await;
             }
-            let r = match handle.wait().await {
-                Ok(r) => r,
+            let waited = handle.wait().await;
+            let may_retry = !retried && !cancelled() && !self.closed.load(Ordering::SeqCst);
+            match waited {
+                Ok(r) => {
+                    let not_started = r.status == cellhost_kernel::CellStatus::Crashed
+                        && r.crash
+                            .as_ref()
+                            .is_some_and(|c| c.reason.as_deref() == Some(cellhost_kernel::CRASH_NOT_STARTED));
+                    if !not_started || !may_retry {
+                        break (start, r);
+                    }
+                    // The dead generation's end is the lineage's to tell the
+                    // next one (its reset reason), as for any crash.
+                    let mut dead = r;
+                    slot.lock().lineage.settle(generation, false, &mut dead);
+                }
+                // Still queued when the kernel was found dead: the driver
+                // failed it without sending it (the next `ensure` records
+                // the dead generation's end).
+                Err(KernelError::Dead { .. }) if may_retry => {}
                 Err(e) => {
                     if let Some(j) = &self.journal
                         && let Err(je) = j.cell_failed(&start.id, "failed", &e.to_string()).await
@@ -1762,13 +1782,6 @@ impl Registry {
                     }
                     return Err(e.into());
                 }
-            };
-            let not_started = r.status == cellhost_kernel::CellStatus::Crashed
-                && r.crash
-                    .as_ref()
-                    .is_some_and(|c| c.reason.as_deref() == Some(cellhost_kernel::CRASH_NOT_STARTED));
-            if retried || !not_started || cancelled() || self.closed.load(Ordering::SeqCst) {
-                break (start, r);
             }
             retried = true;
             tracing::info!(
@@ -1776,12 +1789,6 @@ impl Registry {
                 key.session,
                 start.id
             );
-            {
-                // The dead generation's end is the lineage's to tell the
-                // next one (its reset reason), as for any crash.
-                let mut dead = r;
-                slot.lock().lineage.settle(generation, false, &mut dead);
-            }
             if let Some(j) = &self.journal
                 && let Err(je) = j
                     .cell_failed(

@@ -675,6 +675,57 @@ async fn restore_replays_successful_cells_into_a_new_host() {
     reg.shutdown().await;
 }
 
+/// A cell queued behind one whose kernel is SIGKILLed never ran: the
+/// driver fails it with `Dead` without sending it, and the registry runs
+/// it on the next generation instead of answering `kernel_failed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cell_queued_behind_a_killed_kernel_runs_on_the_next_generation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reg = start(reg_config(dir.path()), true).await;
+    let k = reg.key("o", "queued");
+    let first = reg
+        .execute(&k, "x = 1", ExecOptions::default(), &o())
+        .await
+        .expect("cell");
+    let flag = dir.path().join("running");
+    let long = {
+        let (reg, k) = (reg.clone(), k.clone());
+        let code = format!(
+            "import time\nopen({:?}, 'w').close()\ntime.sleep(120)",
+            flag.display().to_string()
+        );
+        tokio::spawn(async move { reg.execute(&k, &code, ExecOptions::default(), &o()).await })
+    };
+    let kernel = reg.kernel(&k).expect("live kernel");
+    while !flag.exists() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let queued = {
+        let (reg, k) = (reg.clone(), k.clone());
+        tokio::spawn(async move { reg.execute(&k, "41 + 1", ExecOptions::default(), &o()).await })
+    };
+    while kernel.queued() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = cellhost_sandbox::signal::kill(first.kernel.pid as i32, libc_sigkill());
+    let long = long.await.expect("join").expect("the running cell's answer");
+    assert_eq!(long.status, cellhost_kernel::CellStatus::Crashed, "{long:?}");
+    let r = queued
+        .await
+        .expect("join")
+        .expect("the queued cell ran, not kernel_failed");
+    assert_eq!(r.status, cellhost_kernel::CellStatus::Ok, "{r:?}");
+    assert_eq!(
+        r.result
+            .as_ref()
+            .and_then(|b| b.get("text/plain"))
+            .and_then(|v| v.as_str()),
+        Some("42")
+    );
+    assert_eq!(r.kernel.generation, 2, "{r:?}");
+    reg.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_killed_from_outside_is_replaced_with_a_reset() {
     let dir = tempfile::tempdir().expect("tempdir");
