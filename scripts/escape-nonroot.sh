@@ -97,9 +97,12 @@ elif [[ -z "$CRIU" ]] || ! "$CRIU" check >/dev/null 2>&1; then
     say "process checkpoints as $USER_NAME: skipped (no CRIU whose \`criu check\` passes; scripts/criu-build.sh)"
 elif ! command -v setcap >/dev/null 2>&1; then
     say "process checkpoints as $USER_NAME: skipped (no setcap: apt-get install libcap2-bin)"
+elif ! { install -m 0755 -- "$CRIU" "$SCRATCH/criu" && setcap cap_checkpoint_restore+eip "$SCRATCH/criu"; }; then
+    say "process checkpoints as $USER_NAME: skipped (setcap on $SCRATCH/criu failed: no file capabilities on this filesystem?)"
+elif ! why="$(as_user "$SCRATCH/criu" check --unprivileged 2>&1)"; then
+    say "process checkpoints as $USER_NAME: skipped (\`criu check --unprivileged\` fails as the user: $(tail -n 1 <<< "$why"))"
 else
-    install -m 0755 -- "$CRIU" "$SCRATCH/criu"
-    setcap cap_checkpoint_restore+eip "$SCRATCH/criu"
+    # From here CRIU works as the user: a test that skips for want of it fails.
     say "process checkpoints as $USER_NAME ($SCRATCH/criu with cap_checkpoint_restore+eip)"
     as_user env CELLHOST_CRIU="$SCRATCH/criu" CELLHOST_REQUIRE_CRIU=1 \
         "$SCRATCH/checkpoints" process_checkpoints_ || status=$?
