@@ -672,24 +672,7 @@ fn process_checkpoints_are_refused_with_the_reason() {
 /// root, or as another user in CRIU's unprivileged mode (a binary with the
 /// CAP_CHECKPOINT_RESTORE file capability, named by `CELLHOST_CRIU`).
 fn criu_unusable() -> Option<String> {
-    let criu = cellhost_kernel::criu::criu_binary();
-    match cellhost_kernel::criu::command("check").output() {
-        Ok(o) if o.status.success() => None,
-        Ok(o) => Some(format!(
-            "`{} check{}` fails: {}",
-            criu.display(),
-            if cellhost_kernel::criu::unprivileged() {
-                " --unprivileged"
-            } else {
-                ""
-            },
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or_default()
-        )),
-        Err(e) => Some(format!("{}: {e}", criu.display())),
-    }
+    cellhost_sessions::checkpoint::process_available().err()
 }
 
 /// [`ready`], and a host that can take process checkpoints. With

@@ -111,9 +111,14 @@ const KEEP_LINE: &[u8] = b"keep\n";
 /// a uid of its own and writes its workdir through an idmapped mount; on
 /// such a host a tmpfs workdir would be unwritable to it, so the session
 /// keeps the uid layer and the cap is the host's accounting instead.
+/// Read once per process.
 pub fn tmpfs_idmap_missing() -> Option<String> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
-    tmpfs_idmap_missing_on(release.trim())
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WHY.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+        tmpfs_idmap_missing_on(release.trim())
+    })
+    .clone()
 }
 
 /// [`tmpfs_idmap_missing`] for the kernel release `release` (`6.1.0-28-amd64`).

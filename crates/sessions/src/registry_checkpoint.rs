@@ -631,18 +631,8 @@ impl Registry {
         };
         let started = Instant::now();
         let mut note = RestoredState {
-            source: "checkpoint".into(),
-            resumed,
-            reason: None,
-            from_generation: c.generation,
-            execution_count: c.execution_count,
-            checkpoint_ms: c.taken_ms,
-            restored: Vec::new(),
             lost: c.lost.clone(),
-            lost_cells: self.cells_after(&slot.key, &c).await,
-            restore_ms: 0,
-            error: None,
-            replay: None,
+            ..self.restored_from(&slot.key, &c, "checkpoint", resumed).await
         };
         let outcome = self.run_restore(kernel, &c, &host_dir, &kernel_dir).await;
         match outcome {
@@ -723,6 +713,20 @@ impl Registry {
             return Err(report.error.unwrap_or_else(|| "the restore failed".into()));
         }
         Ok(report)
+    }
+
+    /// The note of a restore from checkpoint `c` (`source` `checkpoint` or
+    /// `process`) before it runs: where from, and the cells it lacks.
+    async fn restored_from(&self, key: &Key, c: &Checkpoint, source: &str, resumed: bool) -> RestoredState {
+        RestoredState {
+            source: source.into(),
+            resumed,
+            from_generation: c.generation,
+            execution_count: c.execution_count,
+            checkpoint_ms: c.taken_ms,
+            lost_cells: self.cells_after(key, c).await,
+            ..RestoredState::default()
+        }
     }
 
     /// Cells of the session journaled after checkpoint `c` was taken (at
@@ -966,20 +970,7 @@ impl Registry {
             g.restored_into = generation;
             (c, g.paused.is_some(), outcome)
         };
-        let mut note = RestoredState {
-            source: "process".into(),
-            resumed,
-            reason: None,
-            from_generation: c.generation,
-            execution_count: c.execution_count,
-            checkpoint_ms: c.taken_ms,
-            restored: Vec::new(),
-            lost: Vec::new(),
-            lost_cells: self.cells_after(&slot.key, &c).await,
-            restore_ms: 0,
-            error: None,
-            replay: None,
-        };
+        let mut note = self.restored_from(&slot.key, &c, "process", resumed).await;
         match outcome {
             Ok(ms) => note.restore_ms = ms,
             Err(e) => note.error = Some(self.config().template.redactor.redact(&e).into_owned()),

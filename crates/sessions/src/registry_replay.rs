@@ -203,6 +203,86 @@ impl Registry {
         Some(note)
     }
 
+    /// Runs journaled cell `c` again in `kernel` as a silent cell within
+    /// `left` of the replay's `bound`, journaled in `generation` as a replay
+    /// of it with its original execution count.
+    #[allow(clippy::too_many_arguments)]
+    async fn replay_one(
+        &self,
+        key: &Key,
+        j: &Arc<Journal>,
+        kernel: &Kernel,
+        generation: u64,
+        c: &CellRow,
+        left: Duration,
+        bound: Duration,
+    ) -> Step {
+        let t0 = Instant::now();
+        let opts = ExecOptions {
+            silent: true,
+            timeout: Some(left),
+            ..ExecOptions::default()
+        };
+        let handle = match kernel.submit(c.code.clone(), opts) {
+            Ok(h) => h,
+            Err(e) => {
+                return Step::Failed {
+                    status: "not_run".into(),
+                    error: e.to_string(),
+                };
+            }
+        };
+        let start = CellStart {
+            id: handle.id().to_string(),
+            owner: key.owner.clone(),
+            session: key.session.clone(),
+            generation,
+            code: c.code.clone(),
+            origin: "replay".into(),
+            context: Some(serde_json::json!({"replay_of": c.id})),
+        };
+        j.cell_started(start.clone());
+        let mut r = match handle.wait().await {
+            Ok(r) => r,
+            Err(e) => {
+                if let Err(je) = j.cell_failed(&start.id, "failed", &e.to_string()).await {
+                    tracing::warn!("{je}");
+                }
+                return Step::Failed {
+                    status: "failed".into(),
+                    error: e.to_string(),
+                };
+            }
+        };
+        // Journaled as the original cell: its count, this generation.
+        r.execution_count = c.execution_count;
+        r.kernel.session = key.session.clone();
+        r.kernel.generation = generation;
+        if let Err(e) = j.cell_settled(&start, &r).await {
+            tracing::warn!("replayed cell {} not journaled: {e}", r.cell_id);
+        }
+        match r.status {
+            CellStatus::Ok => Step::Replayed(ReplayedCell {
+                cell: c.id.clone(),
+                execution_count: c.execution_count,
+                duration_ms: t0.elapsed().as_millis() as u64,
+            }),
+            CellStatus::Timeout => Step::Cut(format!(
+                "the replay reached its time bound of {} s (restore.timeout_s) in cell {}",
+                bound.as_secs_f64(),
+                c.id
+            )),
+            status => Step::Failed {
+                status: status.as_str().to_string(),
+                error: r
+                    .error
+                    .as_ref()
+                    .map(|e| format!("{}: {}", e.ename, e.evalue))
+                    .unwrap_or_else(|| format!("its replay ended {}", status.as_str())),
+            },
+        }
+    }
+
     /// Runs `cells` (one generation's, oldest first) again in `kernel`:
     /// the `ok` ones as silent cells until one fails or a bound is
     /// reached. Returns the report, the cells whose effects are lost, and
@@ -239,104 +319,36 @@ impl Registry {
                 continue;
             }
             let left = bounds.timeout.saturating_sub(started.elapsed());
-            if report.replayed.len() >= bounds.max_cells || left.is_zero() {
-                report.cut = Some(if left.is_zero() {
-                    format!(
-                        "the replay reached its time bound of {} s (restore.timeout_s)",
-                        bounds.timeout.as_secs_f64()
-                    )
-                } else {
-                    format!(
-                        "the replay reached its bound of {} cells (restore.max_cells)",
-                        bounds.max_cells
-                    )
-                });
-                stopped = true;
-                lost.push(lost_cell(c));
-                continue;
-            }
-            let t0 = Instant::now();
-            let opts = ExecOptions {
-                silent: true,
-                timeout: Some(left),
-                ..ExecOptions::default()
+            let step = if left.is_zero() {
+                Step::Cut(format!(
+                    "the replay reached its time bound of {} s (restore.timeout_s)",
+                    bounds.timeout.as_secs_f64()
+                ))
+            } else if report.replayed.len() >= bounds.max_cells {
+                Step::Cut(format!(
+                    "the replay reached its bound of {} cells (restore.max_cells)",
+                    bounds.max_cells
+                ))
+            } else {
+                self.replay_one(key, j, kernel, generation, c, left, bounds.timeout)
+                    .await
             };
-            let handle = match kernel.submit(c.code.clone(), opts) {
-                Ok(h) => h,
-                Err(e) => {
-                    report.failed = Some(ReplayFailure {
-                        cell: c.id.clone(),
-                        execution_count: c.execution_count,
-                        status: "not_run".into(),
-                        error: e.to_string(),
-                    });
-                    stopped = true;
-                    lost.push(lost_cell(c));
-                    continue;
-                }
-            };
-            let start = CellStart {
-                id: handle.id().to_string(),
-                owner: key.owner.clone(),
-                session: key.session.clone(),
-                generation,
-                code: c.code.clone(),
-                origin: "replay".into(),
-                context: Some(serde_json::json!({"replay_of": c.id})),
-            };
-            j.cell_started(start.clone());
-            let mut r = match handle.wait().await {
-                Ok(r) => r,
-                Err(e) => {
-                    if let Err(je) = j.cell_failed(&start.id, "failed", &e.to_string()).await {
-                        tracing::warn!("{je}");
-                    }
-                    report.failed = Some(ReplayFailure {
-                        cell: c.id.clone(),
-                        execution_count: c.execution_count,
-                        status: "failed".into(),
-                        error: e.to_string(),
-                    });
-                    stopped = true;
-                    lost.push(lost_cell(c));
-                    continue;
-                }
-            };
-            // Journaled as the original cell: its count, this generation.
-            r.execution_count = c.execution_count;
-            r.kernel.session = key.session.clone();
-            r.kernel.generation = generation;
-            if let Err(e) = j.cell_settled(&start, &r).await {
-                tracing::warn!("replayed cell {} not journaled: {e}", r.cell_id);
-            }
-            match r.status {
-                CellStatus::Ok => {
+            match step {
+                Step::Replayed(cell) => {
                     count = c.execution_count;
-                    report.replayed.push(ReplayedCell {
-                        cell: c.id.clone(),
-                        execution_count: c.execution_count,
-                        duration_ms: t0.elapsed().as_millis() as u64,
-                    });
+                    report.replayed.push(cell);
                 }
-                CellStatus::Timeout => {
-                    report.cut = Some(format!(
-                        "the replay reached its time bound of {} s (restore.timeout_s) in cell {}",
-                        bounds.timeout.as_secs_f64(),
-                        c.id
-                    ));
+                Step::Cut(why) => {
+                    report.cut = Some(why);
                     stopped = true;
                     lost.push(lost_cell(c));
                 }
-                status => {
+                Step::Failed { status, error } => {
                     report.failed = Some(ReplayFailure {
                         cell: c.id.clone(),
                         execution_count: c.execution_count,
-                        status: status.as_str().to_string(),
-                        error: r
-                            .error
-                            .as_ref()
-                            .map(|e| format!("{}: {}", e.ename, e.evalue))
-                            .unwrap_or_else(|| format!("its replay ended {}", status.as_str())),
+                        status,
+                        error,
                     });
                     stopped = true;
                     lost.push(lost_cell(c));
@@ -370,4 +382,14 @@ impl Registry {
         report.replay_ms = started.elapsed().as_millis() as u64;
         (report, lost, count)
     }
+}
+
+/// How one replayed cell ended.
+enum Step {
+    /// It ran `ok`.
+    Replayed(ReplayedCell),
+    /// A bound stopped it (why).
+    Cut(String),
+    /// It did not run, or ended otherwise than `ok`.
+    Failed { status: String, error: String },
 }
